@@ -1,0 +1,127 @@
+"""The reference backend: plain PyTorch, exact integer semantics, any device. The oracle.
+
+On the CPU it computes in float64 so that float summation order (which differs between a
+width-1 AR step and a width-(D+1) verify step) cannot flip a greedy choice: the ternary
+projections are exact integer products either way, and float64 keeps the float parts
+(norms, attention, head) ~1e-16 apart, far below any int8 rounding boundary or logit tie.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kv import SegmentedKV
+from ..masks import causal_step_mask, draft_step_mask, prefill_mask
+from ..model import TernaryLM
+from ..replay import ReplayState
+from ..segments import KVPlan
+from .base import DraftResult, StepLog
+
+PREFILL_CHUNK = 512
+
+
+class ReferenceBackend:
+    name = "reference"
+
+    def __init__(self, model: TernaryLM, plan: KVPlan, mask_token_id: int | None, dtype: torch.dtype, device):
+        self.model, self.plan, self.mask_token_id = model, plan, mask_token_id
+        self.dtype, self.device = dtype, torch.device(device)
+        self.kv = SegmentedKV(model.cfg, plan, dtype, self.device)
+        self.log = StepLog()
+        self._last_verify_width = 0
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def history_length(self) -> int:
+        return self.kv.length
+
+    @property
+    def max_context(self) -> int:
+        return self.kv.max_capacity
+
+    def reset(self) -> None:
+        self.kv.reset()
+        self.log = StepLog()
+        self._last_verify_width = 0
+
+    def _ensure(self, needed: int) -> None:
+        if self.kv.ensure_capacity(needed):
+            self.log.segment_growths += 1
+
+    def _record(self, width: int, role: str) -> None:
+        self.log.states.append(ReplayState(width, self.kv.segment_index, role))
+
+    # -- steps ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def _run(self, tokens: list[int], positions: list[int], mask: torch.Tensor, slots: torch.Tensor):
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        pos = torch.tensor([positions], dtype=torch.long, device=self.device)
+        return self.model(ids, pos, mask.unsqueeze(0), kv=self.kv.buffer, write_slots=slots)[0]
+
+    def prefill(self, token_ids: list[int]) -> None:
+        for start in range(0, len(token_ids), PREFILL_CHUNK):
+            chunk = token_ids[start:start + PREFILL_CHUNK]
+            self._ensure(self.kv.length + len(chunk))
+            slots = self.kv.history_slots(len(chunk))
+            mask = prefill_mask(self.kv.buffer.slots, self.kv.length, len(chunk), self.device)
+            self._run(chunk, list(range(self.kv.length, self.kv.length + len(chunk))), mask, slots)
+            self.kv.advance(len(chunk))
+
+    def ar_step(self, token: int) -> int:
+        length = self.kv.length
+        self._ensure(length + 1)
+        mask = causal_step_mask(self.kv.capacity, self.kv.buffer.workspace, length, 1, self.device)
+        hidden = self._run([token], [length], mask, self.kv.buffer.workspace_slots(1))
+        self._record(1, "verify")
+        self.kv.promote([0])
+        self.log.host_syncs += 1
+        return int(self.model.verify_logits(hidden).argmax(-1)[0])
+
+    def draft_step(self, pending: list[int], block_size: int) -> DraftResult:
+        if self.mask_token_id is None:
+            raise RuntimeError("this artifact has no MTP block (AR-only); use policy='ar'")
+        k, length = len(pending), self.kv.length
+        # History must later hold the pending rows plus up to D promoted drafts.
+        self._ensure(length + k + block_size)
+        length = self.kv.length
+        tokens = pending + [pending[-1]] + [self.mask_token_id] * (block_size - 1)
+        anchor_pos = length + k - 1
+        positions = list(range(length, length + k)) + list(range(anchor_pos, anchor_pos + block_size))
+        width = k + block_size
+        mask = draft_step_mask(self.kv.capacity, self.kv.buffer.workspace, length, k, block_size, self.device)
+        hidden = self._run(tokens, positions, mask, self.kv.buffer.workspace_slots(width))
+        self._record(width, "draft")
+        probs = torch.softmax(self.model.draft_logits(hidden[k:]), dim=-1)
+        conf, top = probs.max(dim=-1)
+        self.kv.promote(list(range(k)))
+        self.log.host_syncs += 1
+        return DraftResult(top.tolist(), conf.tolist())
+
+    def verify_step(self, anchor: int, drafts: list[int]) -> list[int]:
+        length = self.kv.length
+        if length == 0:
+            raise RuntimeError("verify needs a materialised anchor")
+        anchor_slot = length - 1
+        width = len(drafts) + 1
+        mask = causal_step_mask(self.kv.capacity, self.kv.buffer.workspace, length, width, self.device,
+                                hidden_slot=anchor_slot)
+        hidden = self._run([anchor] + drafts, list(range(anchor_slot, anchor_slot + width)), mask,
+                           self.kv.buffer.workspace_slots(width))
+        self._record(width, "verify")
+        self._last_verify_width = width
+        self.log.host_syncs += 1
+        return self.model.verify_logits(hidden).argmax(-1).tolist()
+
+    def accept(self, accepted: int) -> None:
+        if not 0 <= accepted < max(self._last_verify_width, 1):
+            raise ValueError(f"accepted={accepted} outside the last verify's drafts")
+        self.kv.promote(list(range(1, accepted + 1)))
+        self._last_verify_width = 0
+
+    @torch.no_grad()
+    def logits(self, token_ids: torch.Tensor) -> torch.Tensor:
+        ids = token_ids.to(self.device).view(1, -1)
+        t = ids.shape[1]
+        pos = torch.arange(t, device=self.device).unsqueeze(0)
+        mask = torch.ones(t, t, dtype=torch.bool, device=self.device).tril().unsqueeze(0)
+        return self.model.verify_logits(self.model(ids, pos, mask)[0])

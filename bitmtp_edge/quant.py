@@ -1,0 +1,100 @@
+"""The quantisers: one definition shared by training (straight-through), export and runtime.
+
+Numerics follow transformers' BitNet integration exactly (``integrations/bitnet.py``):
+
+* weights, per tensor (BitNet): ``s = mean|W|`` clamped at 1e-5, codes
+  ``round(W * (1/s))`` clamped to [-1, 1]; dequantised ``W ≈ codes * s``;
+* weights, per 128-group along K (Bonsai): ``s = max|W|`` of the group; a released Bonsai
+  checkpoint is exactly {-s, 0, +s} per group, which the exporter asserts;
+* activations, per token: ``q = 127 / max|x|`` clamped at 1e-5, ``x_int8 = round(x * q)``
+  clamped to [-128, 127]; the *dequantisation multiplier* handed to the linear is ``1/q``;
+* the int8 draft head, per output row: ``s = max|W_row| / 127``, ``W_int8 = round(W / s)``.
+
+``torch.round`` rounds half to even, as ``rint`` / ``__float2int_rn`` do in kernels.
+Every quantiser computes in float32 whatever the input dtype, as transformers does.
+The ``*_ste`` variants return the fake-quantised value with a straight-through gradient
+(forward identical to the runtime's integer path up to float rounding).
+"""
+
+from __future__ import annotations
+
+import torch
+
+GROUP_SIZE = 128
+ACT_QMAX = 127.0
+SCALE_EPS = 1e-5
+
+
+def ternarize_absmean(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] float -> (codes [N, K] int8, scale [1] float32): per-tensor absmean ternary."""
+    w32 = w.float()
+    scale = w32.abs().mean().clamp(min=SCALE_EPS)
+    codes = torch.round(w32 * (1.0 / scale)).clamp(-1, 1)
+    return codes.to(torch.int8), scale.reshape(1)
+
+
+def ternarize_group_absmax(w: torch.Tensor, group: int = GROUP_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] float -> (codes int8 [N, K], scales float32 [N, K // group]): absmax per group."""
+    n, k = w.shape
+    if k % group:
+        raise ValueError(f"in_features {k} is not a multiple of the group size {group}")
+    g = w.float().view(n, k // group, group)
+    scale = g.abs().amax(dim=-1)
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    codes = torch.round(g / safe.unsqueeze(-1)).clamp(-1, 1)
+    return codes.to(torch.int8).view(n, k), scale
+
+
+def dequantize_ternary(codes: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """codes [N, K] int8 and scale ([1], [N] or [N, K/128]) -> [N, K] float weight."""
+    c = codes.to(dtype)
+    if scale.dim() == 2:  # group-128
+        n, k = codes.shape
+        return (c.view(n, scale.shape[1], -1) * scale.to(dtype).unsqueeze(-1)).view(n, k)
+    if scale.numel() == codes.shape[0] and scale.numel() != 1:
+        return c * scale.to(dtype).unsqueeze(1)
+    return c * scale.to(dtype)
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., K] float -> (x_int8 [..., K] int8, dequant scale [...] float32), per token absmax."""
+    x32 = x.float()
+    q = ACT_QMAX / x32.abs().amax(dim=-1, keepdim=True).clamp(min=SCALE_EPS)
+    x_int = torch.round(x32 * q).clamp(-128, 127)
+    return x_int.to(torch.int8), (1.0 / q).squeeze(-1)
+
+
+def quantize_rows_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[V, H] float -> (W_int8 [V, H], row scale [V] float32): the int8 draft head."""
+    w32 = w.float()
+    scale = (w32.abs().amax(dim=-1) / ACT_QMAX).clamp(min=SCALE_EPS / ACT_QMAX)
+    q = torch.round(w32 / scale.unsqueeze(-1)).clamp(-127, 127)
+    return q.to(torch.int8), scale
+
+
+def int_matmul(a_int8: torch.Tensor, w_int8: torch.Tensor) -> torch.Tensor:
+    """Exact int32 product [M, K] x [N, K]^T -> [M, N].
+
+    Done in float64 on every device: each partial sum is an integer below 2**53, so the
+    result is exact and identical on CPU and CUDA (CPU torch has no int32 GEMM, and TF32
+    cannot touch float64).
+    """
+    return (a_int8.double() @ w_int8.double().t()).to(torch.int32)
+
+
+# --- straight-through variants for quantisation-aware training ---------------------------
+
+def _ste(value: torch.Tensor, quantized: torch.Tensor) -> torch.Tensor:
+    return value + (quantized - value).detach()
+
+
+def ternary_absmean_ste(w: torch.Tensor) -> torch.Tensor:
+    """Fake-quantised per-tensor ternary weight with a straight-through gradient."""
+    codes, scale = ternarize_absmean(w.detach())
+    return _ste(w, (codes.float() * scale).to(w.dtype))
+
+
+def activations_int8_ste(x: torch.Tensor) -> torch.Tensor:
+    """Fake-quantised per-token int8 activations with a straight-through gradient."""
+    x_int, dq = quantize_activations(x.detach())
+    return _ste(x, (x_int.float() * dq.unsqueeze(-1)).to(x.dtype))

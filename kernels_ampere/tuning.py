@@ -1,0 +1,170 @@
+"""Launch configurations tuned offline and shipped as one JSON table per GPU model.
+
+Launchers only *read* this table (a dictionary lookup, no timing, no compilation of
+alternatives), so they are safe to call while a CUDA graph is being captured.
+``tools/bench_kernels.py --tune`` times the small candidate lists below on the device and
+writes ``kernels_ampere/tuned/<gpu>.json``, where ``<gpu>`` is the CUDA device name
+lower-cased with every non-alphanumeric run replaced by ``_`` ("NVIDIA H200" ->
+``nvidia_h200.json``, a Jetson "Orin" -> ``orin.json``).
+
+Lookup order for one call: the exact shape key in this GPU's table; else the same shape
+at the nearest tuned width M; else the fallback heuristic (``default_*``), which is also
+what the CPU interpreter and unseen GPUs get.
+
+Table format (a list of records, so it stays readable in a diff)::
+
+    {"gpu": "NVIDIA H200", "triton": "3.6.0", "created": "...", "command": "...",
+     "entries": [{"op": "w2a8_linear", "key": {"N": 3840, "K": 2560, "M": 1, "scales": "row"},
+                  "config": {"kernel": "gemv", "block_n": 8, ...}, "us": 2.9}, ...]}
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TUNED_DIR = Path(__file__).parent / "tuned"
+
+GEMV = "gemv"  # packed words decoded in registers, dp4a (int8) or FMA (16-bit), no tensor cores
+DOT = "dot"  # tiles unpacked to int8/16-bit and fed to tl.dot (tensor cores), M padded to 16
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    """One launch of a packed ternary linear (``w2a8_linear`` / ``w2a16_linear``)."""
+
+    kernel: str  # GEMV or DOT
+    block_n: int  # output rows per program
+    block_kb: int  # packed bytes of one row read per K step: a multiple of 32 (one 128-chunk)
+    num_warps: int = 4
+    num_stages: int = 1
+
+    def __post_init__(self):
+        if self.kernel not in (GEMV, DOT):
+            raise ValueError(f"LinearConfig.kernel must be {GEMV!r} or {DOT!r}, got {self.kernel!r}")
+        if self.block_kb % 32 or self.block_kb & (self.block_kb - 1):
+            raise ValueError(f"LinearConfig.block_kb={self.block_kb}: need a power of two >= 32")
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """One launch of a fused head matmul + argmax (``int8_head_argmax`` / ``f16_head_argmax``)."""
+
+    block_v: int  # vocabulary rows per program
+    block_h: int  # hidden features per K step
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """One launch of ``small_width_attention``."""
+
+    block_s: int  # key slots per inner step
+    split_slots: int  # history slots owned by one split program (flash-decoding)
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+_CONFIG_TYPES = {
+    "w2a8_linear": LinearConfig,
+    "w2a16_linear": LinearConfig,
+    "int8_head_argmax": HeadConfig,
+    "f16_head_argmax": HeadConfig,
+    "small_width_attention": AttentionConfig,
+}
+
+
+def gpu_table_name(device_name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", device_name.lower()).strip("_")
+
+
+@functools.lru_cache(maxsize=None)
+def _device_name(device: torch.device) -> str:
+    if device.type != "cuda":
+        return device.type
+    return torch.cuda.get_device_name(device)
+
+
+@functools.lru_cache(maxsize=None)
+def load_table(device_name: str) -> tuple[dict, ...]:
+    """The shipped entries for one GPU model (empty when none were tuned)."""
+    path = TUNED_DIR / f"{gpu_table_name(device_name)}.json"
+    if not path.is_file():
+        return ()
+    data = json.loads(path.read_text())
+    return tuple(data.get("entries", ()))
+
+
+def lookup(op: str, key: dict[str, Any], device: torch.device):
+    """The tuned config for ``op`` at ``key`` on ``device``'s GPU model, or None.
+
+    Exact key first; else the entry that differs only in ``M`` with the nearest M.
+    """
+    entries = [e for e in load_table(_device_name(device)) if e["op"] == op]
+    for e in entries:
+        if e["key"] == key:
+            return _CONFIG_TYPES[op](**e["config"])
+    if "M" in key:
+        rest = {k: v for k, v in key.items() if k != "M"}
+        same_shape = [e for e in entries if {k: v for k, v in e["key"].items() if k != "M"} == rest]
+        if same_shape:
+            best = min(same_shape, key=lambda e: (abs(e["key"]["M"] - key["M"]), e["key"]["M"]))
+            return _CONFIG_TYPES[op](**best["config"])
+    return None
+
+
+def save_table(path: Path, device_name: str, entries: list[dict], meta: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"gpu": device_name, **meta, "entries": entries}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def record(op: str, key: dict[str, Any], config, us: float) -> dict:
+    return {"op": op, "key": key, "config": asdict(config), "us": round(us, 3)}
+
+
+# --- fallbacks (unseen GPUs, the interpreter) and the candidate lists --tune times -------
+
+def linear_key(n: int, k: int, m: int, grouped: bool) -> dict[str, Any]:
+    return {"N": n, "K": k, "M": m, "scales": "group128" if grouped else "row"}
+
+
+def default_linear(m: int, grouped: bool, *, weight_only: bool = False) -> LinearConfig:
+    # Decode with byte-parallel dp4a while a few rows share the unpacked weights; past that
+    # the per-row dp4a cost passes the tensor-core path's fixed unpack cost.
+    if m <= 2 or (weight_only and m <= 1):
+        return LinearConfig(GEMV, block_n=8, block_kb=32 if grouped else 256, num_warps=4, num_stages=1)
+    return LinearConfig(DOT, block_n=64, block_kb=32 if grouped else 64, num_warps=4, num_stages=3)
+
+
+def linear_candidates(m: int, grouped: bool) -> list[LinearConfig]:
+    kbs = (32,) if grouped else (128, 256, 512)
+    out = []
+    if m <= 8:
+        for bn in (4, 8, 16):
+            for kb in kbs:
+                out.append(LinearConfig(GEMV, bn, kb, num_warps=4 if bn * kb >= 2048 else 2))
+    for bn in (32, 64, 128):
+        for kb in ((32,) if grouped else (64, 128)):
+            out.append(LinearConfig(DOT, bn, kb, num_warps=4, num_stages=3))
+    return out
+
+
+def default_head(m: int) -> HeadConfig:
+    return HeadConfig(block_v=128, block_h=128, num_warps=4, num_stages=3)
+
+
+def head_candidates(m: int) -> list[HeadConfig]:
+    return [HeadConfig(bv, bh, w, s) for bv, bh, w, s in
+            ((64, 128, 4, 3), (128, 128, 4, 3), (128, 256, 4, 3), (256, 128, 8, 3), (128, 64, 4, 4))]
+
+
+def default_attention(head_dim: int) -> AttentionConfig:
+    return AttentionConfig(block_s=64 if head_dim <= 128 else 32, split_slots=512, num_warps=4, num_stages=2)
