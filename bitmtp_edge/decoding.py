@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from .backends.base import Backend
+from .decoding_rules import accepted_prefix, confident_prefix  # noqa: F401  (re-exported)
 
 POLICIES = ("ar", "confidence", "speculative", "hybrid")
 
@@ -92,26 +93,6 @@ class DecodeStats:
         }
 
 
-def confident_prefix(confidences: list[float], tau: float) -> int:
-    """h: the number of leading drafts whose confidence is at least τ."""
-    h = 0
-    for c in confidences:
-        if c < tau:
-            break
-        h += 1
-    return h
-
-
-def accepted_prefix(drafts: list[int], verifier_tokens: list[int]) -> int:
-    """a: leading drafts that equal the verifier's greedy token of the row before them."""
-    a = 0
-    for d, v in zip(drafts, verifier_tokens):
-        if d != v:
-            break
-        a += 1
-    return a
-
-
 def decode(backend: Backend, prompt_ids: list[int], opts: DecodeOptions, stats: DecodeStats,
            check_alignment: bool = True) -> Iterator[list[int]]:
     """Generate after ``prompt_ids``; yield each iteration's committed tokens.
@@ -174,17 +155,15 @@ def _iterate(backend: Backend, pending: list[int], opts: DecodeOptions,
         return [nxt], [nxt]
     draft = backend.draft_step(pending, opts.block_size)
     stats.draft_calls += 1
-    h = confident_prefix(draft.confidences, opts.tau)
-    if opts.policy == "confidence" or (opts.policy == "hybrid" and h >= opts.min_prefix):
-        n = max(h, 1)
-        return draft.tokens[:n], draft.tokens[:n]
-    anchor = pending[-1]
-    verifier_tokens = backend.verify_step(anchor, draft.tokens)
+    if opts.policy in ("confidence", "hybrid"):  # speculative never reads h: no host sync here
+        h = confident_prefix(draft.confidences, opts.tau)
+        if opts.policy == "confidence" or h >= opts.min_prefix:
+            n = max(h, 1)
+            return draft.tokens[:n], draft.tokens[:n]
+    verified = backend.verify_step(pending[-1], draft)
     stats.verifier_calls += 1
-    a = accepted_prefix(draft.tokens, verifier_tokens)
-    backend.accept(a)
-    v = verifier_tokens[a]
-    return draft.tokens[:a] + [v], [v]
+    a, v = verified.accepted, verified.verifier_token
+    return list(draft.tokens[:a]) + [v], [v]
 
 
 def _ar_multi(backend: Backend, pending: list[int]) -> int:

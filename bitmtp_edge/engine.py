@@ -16,6 +16,11 @@ from typing import Iterator, Sequence
 import torch
 
 from .artifact import ArtifactError, Manifest, build_model, load_tensors, read_manifest, verify_files
+from .backends.fast_model import FastModel
+from .backends.fp8_head import fp8_supported
+from .backends.graph import GraphBackend, RuntimeOptions
+from .backends.ops import Ops, kernel_ops_available
+from .backends.reference import ReferenceBackend
 from .decoding import DecodeOptions, DecodeStats, DecodingError, decode
 
 BACKENDS = ("auto", "reference", "ampere", "server")
@@ -48,8 +53,14 @@ class Engine:
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None, backend: str = "auto", device: str = "auto",
-             dtype: torch.dtype | None = None) -> "Engine":
-        """Load an artifact folder (default: the embedded model), verifying every checksum."""
+             dtype: torch.dtype | None = None, runtime: str | RuntimeOptions = "full") -> "Engine":
+        """Load an artifact folder (default: the embedded model), verifying every checksum.
+
+        ``backend``: ``reference`` (PyTorch oracle, any device), ``ampere`` (Triton kernels,
+        no FP8, CUDA graphs; sm_80+), ``server`` (ampere + FP8 draft head; sm_89+), or
+        ``auto`` (the fastest the device supports). ``runtime``: the ablation configuration
+        of the fast backends (``generic``, ``m1``, ``m1+m2``, ``full``) or ``RuntimeOptions``.
+        """
         folder = Path(path) if path is not None else embedded_artifact_path()
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -57,18 +68,21 @@ class Engine:
         manifest = read_manifest(folder)
         verify_files(folder, manifest)
         tensors = load_tensors(folder)
-        if dtype is None:
-            dtype = torch.float64 if dev.type == "cpu" else torch.float32
-        model = build_model(manifest, tensors, dtype, dev)
         tokenizer = _load_tokenizer(folder)
-        chosen = _choose_backend(backend, dev)
-        from .backends.reference import ReferenceBackend
-
-        if chosen != "reference":  # pragma: no cover - replaced when the GPU backends land
-            raise ValueError(f"backend {chosen!r} is not available in this build; use backend='reference'")
+        chosen = choose_backend(backend, dev)
         mask_id = manifest.mtp.mask_token_id if manifest.mtp else None
-        runtime = ReferenceBackend(model, manifest.kv, mask_id, dtype, dev)
-        return cls(folder, manifest, runtime, tokenizer, dev)
+        if chosen == "reference":
+            if dtype is None:
+                dtype = torch.float64 if dev.type == "cpu" else torch.float32
+            model = build_model(manifest, tensors, dtype, dev)
+            runtime_backend = ReferenceBackend(model, manifest.kv, mask_id, dtype, dev)
+        else:
+            opts = runtime if isinstance(runtime, RuntimeOptions) else RuntimeOptions.preset(runtime)
+            fast = FastModel(manifest, tensors, Ops(twin=False, specialize_widths=opts.specialize), dev,
+                             draft_head="fp8" if chosen == "server" else "int8")
+            runtime_backend = GraphBackend(fast, manifest.kv, mask_id, manifest.mtp.block_size if manifest.mtp else None,
+                                           opts, name=chosen)
+        return cls(folder, manifest, runtime_backend, tokenizer, dev)
 
     # -- properties ------------------------------------------------------------------------
     @property
@@ -183,10 +197,22 @@ def _find_stop(text: str, stop: Sequence[str] | None) -> int | None:
     return min(hits) if hits else None
 
 
-def _choose_backend(backend: str, device: torch.device) -> str:
-    if backend != "auto":
+def choose_backend(backend: str, device: torch.device) -> str:
+    """Resolve ``auto`` by device capability; check that a named backend can run here."""
+    if backend == "reference":
         return backend
-    return "reference"
+    fast_ok = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0) \
+        and kernel_ops_available(device)
+    if backend == "auto":
+        if not fast_ok:
+            return "reference"
+        return "server" if fp8_supported(device) else "ampere"
+    if not fast_ok:
+        raise ValueError(f"backend {backend!r} needs a CUDA GPU of compute capability 8.0+ with Triton; "
+                         f"this is {device}. Use backend='reference' (or 'auto')")
+    if backend == "server" and not fp8_supported(device):
+        raise ValueError("backend 'server' needs FP8 tensor cores (sm_89 / sm_90+); use backend='ampere'")
+    return backend
 
 
 def _load_tokenizer(folder: Path):

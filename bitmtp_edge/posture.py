@@ -213,17 +213,15 @@ def read_clocks_sysfs(root: str | os.PathLike[str]) -> ClockState:
     cpu_locked: bool | None = None
     online = read_text(root, "/sys/devices/system/cpu/online")
     cpus = parse_cpu_list(online) if online else []
-    pinned: list[bool] = []
+    ranges: dict[int, tuple[int, int]] = {}
     for c in cpus:
         lo = read_int(root, f"/sys/devices/system/cpu/cpu{c}/cpufreq/scaling_min_freq")
         hi = read_int(root, f"/sys/devices/system/cpu/cpu{c}/cpufreq/scaling_max_freq")
-        if lo is None or hi is None:
-            continue
-        pinned.append(lo == hi)
-        if lo != hi:
-            details.append(f"cpu{c} scaling_min_freq {lo} != scaling_max_freq {hi} kHz")
-    if pinned:
-        cpu_locked = all(pinned)
+        if lo is not None and hi is not None:
+            ranges[c] = (lo, hi)
+    if ranges:
+        cpu_locked = all(lo == hi for lo, hi in ranges.values())
+        details += _cpu_details(ranges, "scaling_min_freq {lo} != scaling_max_freq {hi} kHz")
 
     gpu_locked: bool | None = None
     gpu_pinned: list[bool] = []
@@ -262,19 +260,15 @@ def parse_jetson_clocks_show(text: str) -> tuple[ClockState, str | None]:
     line has it, else when CurrentFreq == MaxFreq. Offline CPUs (``Online=0``) are skipped.
     """
     details: list[str] = []
-    cpu: list[bool] = []
+    cpu: dict[int, tuple[int, int]] = {}
     gpu: list[bool] = []
     emc: bool | None = None
     mode = None
     for raw in text.splitlines():
         line = raw.strip()
         if m := _SHOW_CPU_RE.match(line):
-            if "Online=0" in line:
-                continue
-            lo, hi = int(m.group(2)), int(m.group(3))
-            cpu.append(lo == hi)
-            if lo != hi:
-                details.append(f"cpu{m.group(1)} MinFreq {lo} != MaxFreq {hi} kHz")
+            if "Online=0" not in line:
+                cpu[int(m.group(1))] = (int(m.group(2)), int(m.group(3)))
         elif m := _SHOW_GPU_RE.match(line):
             lo, hi = int(m.group(1)), int(m.group(2))
             gpu.append(lo == hi)
@@ -284,11 +278,13 @@ def parse_jetson_clocks_show(text: str) -> tuple[ClockState, str | None]:
             hi, cur, override = int(m.group(2)), int(m.group(3)), m.group(4)
             emc = override == "1" if override is not None else cur == hi
             if not emc:
-                details.append(f"EMC CurrentFreq {cur} of MaxFreq {hi} Hz, FreqOverride={override}")
+                flag = f", FreqOverride={override}" if override is not None else ""
+                details.append(f"EMC CurrentFreq {cur} < MaxFreq {hi} Hz{flag}")
         elif m := _QUERY_RE.search(line):
             mode = m.group(1)
+    details = _cpu_details(cpu, "MinFreq {lo} != MaxFreq {hi} kHz") + details
     state = ClockState(
-        cpu_locked=all(cpu) if cpu else None,
+        cpu_locked=all(lo == hi for lo, hi in cpu.values()) if cpu else None,
         gpu_locked=all(gpu) if gpu else None,
         emc_locked=emc,
         source="jetson_clocks --show",
@@ -297,15 +293,44 @@ def parse_jetson_clocks_show(text: str) -> tuple[ClockState, str | None]:
     return state, mode
 
 
+def _cpu_details(ranges: dict[int, tuple[int, int]], template: str) -> list[str]:
+    """One line per distinct unpinned (min, max): "cpu0-5 <template>" rather than six lines."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for c, (lo, hi) in sorted(ranges.items()):
+        if lo != hi:
+            groups.setdefault((lo, hi), []).append(c)
+    return [f"{_cpu_names(cs)} {template.format(lo=lo, hi=hi)}" for (lo, hi), cs in groups.items()]
+
+
+def _cpu_names(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] -> "cpu0-2,5"."""
+    spans: list[str] = []
+    start = prev = cpus[0]
+    for c in [*cpus[1:], None]:
+        if c is not None and c == prev + 1:
+            prev = c
+            continue
+        spans.append(f"{start}-{prev}" if prev != start else f"{start}")
+        if c is not None:
+            start = prev = c
+    return "cpu" + ",".join(spans)
+
+
+def _component(detail: str) -> str:
+    return "cpu" if detail.startswith("cpu") else "gpu" if detail.startswith("GPU") else "emc"
+
+
 def _merge(first: ClockState, second: ClockState) -> ClockState:
     """``first`` wins where it knows; ``second`` fills gaps (sysfs first, --show adds EMC)."""
     pick = lambda a, b: a if a is not None else b  # noqa: E731
+    known = {"cpu": first.cpu_locked, "gpu": first.gpu_locked, "emc": first.emc_locked}
+    filled = tuple(d for d in second.details if known[_component(d)] is None)
     return ClockState(
         cpu_locked=pick(first.cpu_locked, second.cpu_locked),
         gpu_locked=pick(first.gpu_locked, second.gpu_locked),
         emc_locked=pick(first.emc_locked, second.emc_locked),
         source=f"{first.source} + {second.source}",
-        details=tuple(dict.fromkeys(first.details + second.details)),
+        details=first.details + filled,
     )
 
 
@@ -476,7 +501,7 @@ def check_posture(
     posture = read_posture(root, runner, board)
     for w in posture.warnings:
         (log.warning if posture.on_jetson else log.info)("power posture: %s", w)
-    if strict and posture.on_jetson and posture.warnings:
+    if strict and posture.on_jetson and not posture.ready:
         raise PostureError(
             "power posture is not benchmark-ready, and strict mode refuses to measure:\n"
             + "\n".join(f"  - {w}" for w in posture.warnings)

@@ -1,5 +1,63 @@
-"""Triton kernels without FP8 (Jetson Orin sm_87, RTX 30xx sm_86, and newer GPUs)."""
+"""Triton kernels for ternary LLM decoding on Ampere-class GPUs (sm_80+, no FP8).
+
+One concept per module, each a ``@triton.jit`` kernel, a launcher that checks and
+allocates, and a ``*_reference`` pure-PyTorch twin that the tests compare against:
+
+=================================  ======================  ==========================================
+name                               module                  what
+=================================  ======================  ==========================================
+pack_ternary / unpack_ternary      packing                 the INT2 layout ``ternary-2bit-k128x4-v1``
+w2a8_linear                        w2a8_linear             packed ternary x int8, exact int32 accum
+w2a16_linear                       w2a16_linear            packed ternary x 16/32-bit (weight-only)
+rmsnorm_quant                      fused_quant             RMSNorm + per-token int8 quantisation
+relu2_mul_rmsnorm_quant            fused_quant             relu(g)^2 * u + sub-norm + quantisation
+silu_mul_quant                     fused_quant             silu(g) * u + quantisation
+small_width_attention              attention               M rows over a shared KV buffer, GQA
+int8_head_argmax / f16_head_argmax heads                   head matmul fused with argmax + max-softmax
+=================================  ======================  ==========================================
+
+``import kernels_ampere`` imports only ``packing`` (torch alone): the exporter and the CPU
+reference runtime use the layout without Triton. The kernels (and Triton) load on first
+attribute access. Under the Triton interpreter (``TRITON_INTERPRET=1`` set before that
+first access) the same kernels run on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 from .packing import PACKING_LAYOUT, pack_ternary, unpack_ternary
 
-__all__ = ["PACKING_LAYOUT", "pack_ternary", "unpack_ternary"]
+_LAZY = {
+    "w2a8_linear": "w2a8_linear",
+    "w2a8_linear_reference": "w2a8_linear",
+    "w2a16_linear": "w2a16_linear",
+    "w2a16_linear_reference": "w2a16_linear",
+    "rmsnorm_quant": "fused_quant",
+    "rmsnorm_quant_reference": "fused_quant",
+    "relu2_mul_rmsnorm_quant": "fused_quant",
+    "relu2_mul_rmsnorm_quant_reference": "fused_quant",
+    "silu_mul_quant": "fused_quant",
+    "silu_mul_quant_reference": "fused_quant",
+    "small_width_attention": "attention",
+    "small_width_attention_reference": "attention",
+    "int8_head_argmax": "heads",
+    "int8_head_argmax_reference": "heads",
+    "f16_head_argmax": "heads",
+    "f16_head_argmax_reference": "heads",
+}
+
+__all__ = ["PACKING_LAYOUT", "pack_ternary", "unpack_ternary", *_LAZY]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kernels_ampere' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -5,7 +5,7 @@ what they accept:
 
 * ``dp4a``: on a GPU one PTX ``dp4a.s32.s32`` (four int8 products summed into int32, one
   instruction); the interpreter cannot run inline assembly, so there it is emulated with
-  shifts. Kernels take ``USE_ASM: tl.constexpr`` and launchers pass ``tensor.is_cuda``.
+  shifts. Kernels take ``USE_ASM: tl.constexpr``; launchers pass ``not is_interpreted(kernel)``.
 * ``round_half_even``: ``libdevice.rint`` does not run under the interpreter. Adding and
   subtracting 1.5 * 2**23 rounds any float32 with |x| < 2**22 to the nearest integer,
   ties to even, exactly as ``torch.round`` does; our operands are at most 127.5.
@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from .packing import CHUNK_K, LANES
 
 # 1.5 * 2**23: float32 has no fraction bits left at this magnitude, so the add rounds.
 _RINT_MAGIC = tl.constexpr(12582912.0)
@@ -46,6 +48,21 @@ def dp4a(a, b, c, USE_ASM: tl.constexpr):
         return acc
 
 
+def is_interpreted(kernel) -> bool:
+    """True when ``kernel`` was decorated under ``TRITON_INTERPRET=1`` (runs on the CPU)."""
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
+def bf16_dot_upcast(kernel, t: torch.Tensor) -> bool:
+    """True where a kernel must upcast bfloat16 tiles to float32 before ``tl.dot``.
+
+    The Triton interpreter (3.9, CPU CI) multiplies bfloat16 tiles in ``tl.dot`` as raw
+    bit patterns; upcasting first is exact (a bf16 value is a float32 value) and leaves the
+    compiled path on bf16 tensor cores.
+    """
+    return is_interpreted(kernel) and t.dtype == torch.bfloat16
+
+
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 
@@ -55,14 +72,43 @@ def check_launchable(kernel, *tensors: torch.Tensor) -> None:
     devices = {t.device for t in tensors}
     if len(devices) != 1:
         raise ValueError(f"kernel inputs are on different devices: {sorted(map(str, devices))}")
-    if next(iter(devices)).type == "cpu" and type(kernel).__name__ != "InterpretedFunction":
+    if next(iter(devices)).type == "cpu" and not is_interpreted(kernel):
         raise RuntimeError(
             "Triton kernels got CPU tensors but the interpreter is off. Set TRITON_INTERPRET=1 "
-            "before the first kernels_ampere kernel module is imported, move the tensors to "
-            "CUDA, or call the *_reference twin instead."
+            "before triton is first imported (Triton decorates its own library at import), "
+            "move the tensors to CUDA, or call the *_reference twin instead."
         )
 
 
 def check_dtype(t: torch.Tensor, allowed: tuple[torch.dtype, ...], name: str) -> None:
     if t.dtype not in allowed:
         raise TypeError(f"{name}: dtype {t.dtype} not supported, expected one of {allowed}")
+
+
+def check_packed_weight(packed: torch.Tensor, w_scale: torch.Tensor, k: int, name: str) -> tuple[int, bool]:
+    """Validate ``packed`` [N, K/4] uint8 and ``w_scale`` ([N], [1] or [N, K/128]) -> (N, grouped)."""
+    if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.stride(1) != 1:
+        raise TypeError(f"{name}: packed must be a 2-D uint8 [N, K/4] tensor with contiguous rows, "
+                        f"got {packed.dtype} {tuple(packed.shape)} strides {packed.stride()}")
+    n = packed.shape[0]
+    if packed.shape[1] * LANES != k:
+        raise ValueError(f"{name}: packed is [{n}, {packed.shape[1]}] (K={packed.shape[1] * LANES}) "
+                         f"but the activations have K={k}")
+    if k % CHUNK_K:
+        raise ValueError(f"{name}: K={k} is not a multiple of {CHUNK_K}")
+    check_dtype(w_scale, (torch.float32,), f"{name}: w_scale")
+    if w_scale.dim() == 2:
+        if tuple(w_scale.shape) != (n, k // CHUNK_K):
+            raise ValueError(f"{name}: group scales must be [N, K/128] = [{n}, {k // CHUNK_K}], "
+                             f"got {tuple(w_scale.shape)}")
+        return n, True
+    if w_scale.dim() != 1 or w_scale.shape[0] not in (1, n):
+        raise ValueError(f"{name}: w_scale must be [N]={n} per output row (or [1], or [N, K/128]), "
+                         f"got {tuple(w_scale.shape)}")
+    return n, False
+
+
+def scale_strides(w_scale: torch.Tensor, grouped: bool) -> tuple[int, int]:
+    if grouped:
+        return w_scale.stride(0), w_scale.stride(1)
+    return (0 if w_scale.shape[0] == 1 else w_scale.stride(0)), 0

@@ -103,11 +103,13 @@ def load_table(device_name: str) -> tuple[dict, ...]:
 
 
 def lookup(op: str, key: dict[str, Any], device: torch.device):
-    """The tuned config for ``op`` at ``key`` on ``device``'s GPU model, or None.
+    """The tuned config for ``op`` at ``key`` on ``device``'s GPU model, or None."""
+    return find_config(load_table(_device_name(device)), op, key)
 
-    Exact key first; else the entry that differs only in ``M`` with the nearest M.
-    """
-    entries = [e for e in load_table(_device_name(device)) if e["op"] == op]
+
+def find_config(entries, op: str, key: dict[str, Any]):
+    """Exact key first; else the entry that differs only in ``M`` with the nearest M (ties: smaller M)."""
+    entries = [e for e in entries if e["op"] == op]
     for e in entries:
         if e["key"] == key:
             return _CONFIG_TYPES[op](**e["config"])
@@ -137,9 +139,10 @@ def linear_key(n: int, k: int, m: int, grouped: bool) -> dict[str, Any]:
 
 
 def default_linear(m: int, grouped: bool, *, weight_only: bool = False) -> LinearConfig:
-    # Decode with byte-parallel dp4a while a few rows share the unpacked weights; past that
-    # the per-row dp4a cost passes the tensor-core path's fixed unpack cost.
-    if m <= 2 or (weight_only and m <= 1):
+    # int8: dp4a decodes once and multiplies four weights per instruction, which beats the
+    # tensor-core path's per-element unpack while only a couple of rows share the decode.
+    # 16-bit: every weight costs a convert and an FMA per row, so only M = 1 stays on gemv.
+    if m <= (1 if weight_only else 2):
         return LinearConfig(GEMV, block_n=8, block_kb=32 if grouped else 256, num_warps=4, num_stages=1)
     return LinearConfig(DOT, block_n=64, block_kb=32 if grouped else 64, num_warps=4, num_stages=3)
 

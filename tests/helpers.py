@@ -47,3 +47,61 @@ def reference_backend(model: TernaryLM, max_context: int = 512, block_size: int 
         segs = tuple(CapacitySegment(cap, plan.workspace, (cap + plan.workspace) * plan.bytes_per_slot) for cap in caps)
         plan = KVPlan(plan.dtype, plan.bytes_per_slot, plan.workspace, max_context, None, segs)
     return ReferenceBackend(model, plan, mask_token_id=model.cfg.vocab_size - 1, dtype=dtype, device="cpu")
+
+
+def artifact_tensors(model: TernaryLM) -> dict[str, torch.Tensor]:
+    """The tensors an exported artifact of ``model`` holds (packed codes, float32 scales)."""
+    from kernels_ampere.packing import pack_ternary
+
+    out = {}
+    for name, t in model.state_dict().items():
+        if name.endswith(".codes"):
+            out[name[: -len(".codes")] + ".packed"] = pack_ternary(t)
+        else:
+            out[name] = t.float() if name.endswith(".scale") else t.to(torch.float32)
+    if model.draft_head_int8 is not None:
+        out["draft_head.int8"], out["draft_head.scale"] = model.draft_head_int8, model.draft_head_scale
+    return out
+
+
+def manifest_for(model: TernaryLM, block_size: int, plan):
+    from bitmtp_edge.artifact import Manifest
+    from bitmtp_edge.config import MTPConfig
+
+    mtp = MTPConfig(block_size=block_size, mask_token_id=model.cfg.vocab_size - 1)
+    return Manifest(model=model.cfg, quant=model.quant, kv=plan, mtp=mtp, widths=Manifest.widths_for(mtp))
+
+
+def fast_backend(model: TernaryLM, block_size: int = 4, max_context: int = 512, smallest: int | None = None,
+                 options=None):
+    """The graph backend's static-buffer path on the CPU (torch twins, eager, float32)."""
+    from bitmtp_edge.backends.fast_model import FastModel
+    from bitmtp_edge.backends.graph import GraphBackend, RuntimeOptions
+    from bitmtp_edge.backends.ops import Ops
+
+    plan = reference_backend(model, max_context=max_context, block_size=block_size, smallest=smallest).plan
+    manifest = manifest_for(model, block_size, plan)
+    options = options or RuntimeOptions(graphs=False, kv_dtype=torch.float32)
+    fast = FastModel(manifest, artifact_tensors(model), Ops(twin=True, specialize_widths=options.specialize), "cpu",
+                     head_dtype=torch.float32)
+    return GraphBackend(fast, plan, model.cfg.vocab_size - 1, block_size, options)
+
+
+def write_test_artifact(model: TernaryLM, out, block_size: int = 4, max_context: int = 512, smallest: int | None = None):
+    """An artifact folder for ``model`` with a word-level tokenizer ("t0 t1 ...")."""
+    import tempfile
+    from pathlib import Path
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+
+    from bitmtp_edge.artifact import write_artifact
+
+    vocab = {f"t{i}": i for i in range(model.cfg.vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    tmp = Path(tempfile.mkdtemp())
+    tok.save(str(tmp / "tokenizer.json"))
+    plan = reference_backend(model, max_context=max_context, block_size=block_size, smallest=smallest).plan
+    manifest = manifest_for(model, block_size, plan)
+    return write_artifact(out, manifest, artifact_tensors(model), {"tokenizer.json": tmp / "tokenizer.json"})

@@ -16,10 +16,36 @@ import torch
 from ..replay import ReplayState
 
 
-@dataclass
 class DraftResult:
-    tokens: list[int]  # d_1..d_D
-    confidences: list[float]  # max softmax of each block row
+    """d_1..d_D and their confidences (max softmax of each block row).
+
+    A graph backend hands back a *lazy* result (``loader``): the speculative policy never
+    looks at the drafts before verifying, so it reads them back together with the verify
+    outputs in one transfer.
+    """
+
+    def __init__(self, tokens=None, confidences=None, loader=None):
+        self._tokens, self._confidences, self._loader = tokens, confidences, loader
+
+    def _load(self) -> None:
+        if self._tokens is None:
+            self._tokens, self._confidences = self._loader()
+
+    @property
+    def tokens(self) -> list[int]:
+        self._load()
+        return self._tokens
+
+    @property
+    def confidences(self) -> list[float]:
+        self._load()
+        return self._confidences
+
+
+@dataclass
+class VerifyResult:
+    accepted: int  # a: leading drafts equal to the verifier's greedy token of the row before
+    verifier_token: int  # v: the verifier's greedy token of row a
 
 
 @dataclass
@@ -52,13 +78,10 @@ class Backend(Protocol):
     def draft_step(self, pending: list[int], block_size: int) -> DraftResult:
         """Width k + D, draft role: materialise ``pending``; draft D tokens after its anchor."""
 
-    def verify_step(self, anchor: int, drafts: list[int]) -> list[int]:
+    def verify_step(self, anchor: int, draft: DraftResult) -> VerifyResult:
         """Width D + 1, verify role, over [anchor, d_1..d_D]; the anchor is the last
         materialised token and sits at its own position (its history row is hidden).
-        Returns the greedy prediction of each row (D + 1 ints)."""
-
-    def accept(self, accepted: int) -> None:
-        """Promote the KV rows of d_1..d_accepted of the last verify into history."""
+        Promotes the KV rows of the accepted drafts d_1..d_a into history."""
 
     def logits(self, token_ids: torch.Tensor) -> torch.Tensor:
         """[T] -> [T, V] float32 verify-role logits of a fresh causal pass (no state kept)."""

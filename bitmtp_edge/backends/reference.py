@@ -15,7 +15,8 @@ from ..masks import causal_step_mask, draft_step_mask, prefill_mask
 from ..model import TernaryLM
 from ..replay import ReplayState
 from ..segments import KVPlan
-from .base import DraftResult, StepLog
+from ..decoding_rules import accepted_prefix
+from .base import DraftResult, StepLog, VerifyResult
 
 PREFILL_CHUNK = 512
 
@@ -28,7 +29,6 @@ class ReferenceBackend:
         self.dtype, self.device = dtype, torch.device(device)
         self.kv = SegmentedKV(model.cfg, plan, dtype, self.device)
         self.log = StepLog()
-        self._last_verify_width = 0
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -42,7 +42,6 @@ class ReferenceBackend:
     def reset(self) -> None:
         self.kv.reset()
         self.log = StepLog()
-        self._last_verify_width = 0
 
     def _ensure(self, needed: int) -> None:
         if self.kv.ensure_capacity(needed):
@@ -97,7 +96,8 @@ class ReferenceBackend:
         self.log.host_syncs += 1
         return DraftResult(top.tolist(), conf.tolist())
 
-    def verify_step(self, anchor: int, drafts: list[int]) -> list[int]:
+    def verify_step(self, anchor: int, draft: DraftResult) -> VerifyResult:
+        drafts = list(draft.tokens)
         length = self.kv.length
         if length == 0:
             raise RuntimeError("verify needs a materialised anchor")
@@ -108,15 +108,11 @@ class ReferenceBackend:
         hidden = self._run([anchor] + drafts, list(range(anchor_slot, anchor_slot + width)), mask,
                            self.kv.buffer.workspace_slots(width))
         self._record(width, "verify")
-        self._last_verify_width = width
         self.log.host_syncs += 1
-        return self.model.verify_logits(hidden).argmax(-1).tolist()
-
-    def accept(self, accepted: int) -> None:
-        if not 0 <= accepted < max(self._last_verify_width, 1):
-            raise ValueError(f"accepted={accepted} outside the last verify's drafts")
-        self.kv.promote(list(range(1, accepted + 1)))
-        self._last_verify_width = 0
+        greedy = self.model.verify_logits(hidden).argmax(-1).tolist()
+        a = accepted_prefix(drafts, greedy)
+        self.kv.promote(list(range(1, a + 1)))  # the drafts' rows, not the repeated anchor
+        return VerifyResult(a, greedy[a])
 
     @torch.no_grad()
     def logits(self, token_ids: torch.Tensor) -> torch.Tensor:

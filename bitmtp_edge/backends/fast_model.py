@@ -1,0 +1,184 @@
+"""The model as the fast backends run it: packed weights, fused projections, kernel ops.
+
+Built straight from the artifact's tensors (the codes stay packed). Per layer the fast
+path fuses what shares an input: Q/K/V become one ``[Hq·hd + 2·Hkv·hd, K]`` projection and
+gate/up one ``[2·I, K]`` projection, each keeping its own per-row scales (a per-tensor
+scale is broadcast over its rows, so the fused matrix still multiplies every segment by
+its own scale). The residual stream stays float32: at batch 1 activations are a few KB,
+and float32 keeps this path's greedy choices on the reference backend's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..artifact import Manifest
+from ..model import apply_rope, rope_cos_sin
+from ..quant import quantize_activations
+from .ops import Ops
+
+
+@dataclass
+class Projection:
+    packed: torch.Tensor  # [N, K/4] uint8
+    scale: torch.Tensor  # [N] float32 per row, or [N, K/128] float32 per group
+
+
+@dataclass
+class Layer:
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: Projection
+    o: Projection
+    gate_up: Projection
+    down: Projection
+    attn_sub_norm: torch.Tensor | None
+    ffn_sub_norm: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+
+
+def _row_scale(scale: torch.Tensor, rows: int) -> torch.Tensor:
+    if scale.dim() == 2:
+        return scale.float()
+    return scale.float().reshape(-1).expand(rows).clone() if scale.numel() == 1 else scale.float().reshape(rows)
+
+
+def _fuse(tensors, names: list[str], device) -> Projection:
+    packed = [tensors[f"{n}.packed"] for n in names]
+    scales = [_row_scale(tensors[f"{n}.scale"], p.shape[0]) for n, p in zip(names, packed)]
+    return Projection(torch.cat(packed).to(device).contiguous(), torch.cat(scales).to(device).contiguous())
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    return weight.float() * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))
+
+
+class FastModel:
+    def __init__(self, manifest: Manifest, tensors: dict[str, torch.Tensor], ops: Ops, device,
+                 head_dtype: torch.dtype = torch.float16, draft_head: str = "int8"):
+        cfg = manifest.model
+        self.cfg, self.quant, self.ops, self.device = cfg, manifest.quant, ops, torch.device(device)
+        dev = self.device
+
+        def t(name, dtype=torch.float32):
+            return tensors[name].to(device=dev, dtype=dtype)
+
+        self.layers: list[Layer] = []
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            self.layers.append(Layer(
+                input_norm=t(p + "input_layernorm.weight"),
+                post_norm=t(p + "post_attention_layernorm.weight"),
+                qkv=_fuse(tensors, [p + f"self_attn.{x}_proj" for x in "qkv"], dev),
+                o=_fuse(tensors, [p + "self_attn.o_proj"], dev),
+                gate_up=_fuse(tensors, [p + "mlp.gate_proj", p + "mlp.up_proj"], dev),
+                down=_fuse(tensors, [p + "mlp.down_proj"], dev),
+                attn_sub_norm=t(p + "self_attn.attn_sub_norm.weight") if cfg.has_sub_norms else None,
+                ffn_sub_norm=t(p + "mlp.ffn_sub_norm.weight") if cfg.has_sub_norms else None,
+                q_norm=t(p + "self_attn.q_norm.weight") if cfg.has_qk_norm else None,
+                k_norm=t(p + "self_attn.k_norm.weight") if cfg.has_qk_norm else None,
+            ))
+        self.embed = t("model.embed_tokens.weight")  # [V, H] float32: a row gather per token
+        self.final_norm = t("model.norm.weight")
+        head = tensors["model.embed_tokens.weight"] if cfg.tie_word_embeddings else tensors["lm_head.weight"]
+        self.head_dtype = head_dtype
+        self.verify_head = head.to(device=dev, dtype=head_dtype).contiguous()  # [V, H]
+        self.draft_head = None
+        self.draft_head_kind = draft_head
+        if draft_head == "fp8":  # the server path: e4m3 rows quantised here from the verify head
+            from .fp8_head import quantize_rows_fp8
+
+            self.draft_head = quantize_rows_fp8(head.to(dev))
+        elif "draft_head.int8" in tensors and manifest.draft_head == "int8_per_row":
+            self.draft_head = (t("draft_head.int8", torch.int8).contiguous(), t("draft_head.scale"))
+
+    # -- the step ---------------------------------------------------------------------------
+    def forward(self, tokens, positions, k_cache, v_cache, write_slots, mask, history_len, capacity: int,
+                attention=None):
+        """tokens, positions, write_slots [M]; k_cache/v_cache [layers, Hkv, S, hd] (views of
+        the shared buffer, ``capacity`` history slots then the workspace); mask [M, S] bool;
+        history_len [1] int32 -> residual stream [M, H] float32 (final norm not applied)."""
+        cfg, ops = self.cfg, self.ops
+        attention = attention or ops.small_width_attention
+        m = tokens.shape[0]
+        hq, hkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        x = self.embed.index_select(0, tokens)  # [M, H] float32
+        cos, sin = rope_cos_sin(positions.unsqueeze(0), hd, cfg.rope_theta, torch.float32)
+        for i, layer in enumerate(self.layers):
+            qkv = self._project_normed(x, layer.input_norm, layer.qkv)  # [M, (Hq + 2 Hkv) hd]
+            q, k, v = qkv.split([hq * hd, hkv * hd, hkv * hd], dim=-1)
+            q, k, v = q.view(1, m, hq, hd), k.view(1, m, hkv, hd), v.view(m, hkv, hd)
+            if cfg.has_qk_norm:
+                q, k = rms_norm(q, layer.q_norm, cfg.rms_norm_eps), rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
+            q = apply_rope(q.transpose(1, 2), cos, sin)[0].transpose(0, 1)  # [M, Hq, hd]
+            k = apply_rope(k.transpose(1, 2), cos, sin)[0]  # [Hkv, M, hd]
+            k_cache[i].index_copy_(1, write_slots, k.to(k_cache.dtype))
+            v_cache[i].index_copy_(1, write_slots, v.transpose(0, 1).to(v_cache.dtype))
+            attn = attention(q.to(k_cache.dtype).contiguous(), k_cache[i], v_cache[i], mask,
+                             history_len, capacity=capacity).float()  # [M, Hq, hd]
+            attn = attn.reshape(m, hq * hd)
+            x = x + self._project_normed(attn, layer.attn_sub_norm, layer.o)
+            gu = self._project_normed(x, layer.post_norm, layer.gate_up)  # [M, 2 I]
+            gate, up = gu.chunk(2, dim=-1)
+            x = x + self._ffn_down(gate, up, layer)
+        return x
+
+    def _project_normed(self, x, norm_weight, proj: Projection):
+        """(optional RMSNorm) -> activation quantisation -> packed projection, float32 out."""
+        eps = self.cfg.rms_norm_eps
+        if not self.quant.quantize_activations:
+            h = rms_norm(x, norm_weight, eps) if norm_weight is not None else x.float()
+            return self.ops.linear_w2a16(h.contiguous(), proj.packed, proj.scale)
+        if norm_weight is not None:
+            a, s = self.ops.rmsnorm_quant(x.contiguous(), norm_weight, eps)
+        else:
+            a, s = quantize_activations(x)
+        return self.ops.linear_w2a8(a, s, proj.packed, proj.scale)
+
+    def _ffn_down(self, gate, up, layer: Layer):
+        if not self.quant.quantize_activations:
+            h = (torch.relu(gate).square() * up) if self.cfg.activation == "relu2" else F.silu(gate) * up
+            if layer.ffn_sub_norm is not None:
+                h = rms_norm(h, layer.ffn_sub_norm, self.cfg.rms_norm_eps)
+            return self.ops.linear_w2a16(h.contiguous(), layer.down.packed, layer.down.scale)
+        if self.cfg.activation == "relu2" and layer.ffn_sub_norm is not None:
+            a, s = self.ops.relu2_mul_rmsnorm_quant(gate.contiguous(), up.contiguous(), layer.ffn_sub_norm,
+                                                    self.cfg.rms_norm_eps)
+        elif self.cfg.activation == "silu" and layer.ffn_sub_norm is None:
+            a, s = self.ops.silu_mul_quant(gate.contiguous(), up.contiguous())
+        else:
+            h = (torch.relu(gate).square() * up) if self.cfg.activation == "relu2" else F.silu(gate) * up
+            if layer.ffn_sub_norm is not None:
+                h = rms_norm(h, layer.ffn_sub_norm, self.cfg.rms_norm_eps)
+            a, s = quantize_activations(h)
+        return self.ops.linear_w2a8(a, s, layer.down.packed, layer.down.scale)
+
+    # -- heads ----------------------------------------------------------------------------
+    def normed(self, x):
+        return rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)
+
+    def verify_top1(self, x):
+        """[M, H] residual -> (top1 [M] int64, confidence [M] float32) with the 16-bit head."""
+        h = self.normed(x).to(self.head_dtype).contiguous()
+        return self.ops.f16_head_argmax(h, self.verify_head)
+
+    def draft_top1(self, x):
+        """[M, H] residual -> (top1, confidence) with the int8 draft head (verify head if none)."""
+        if self.draft_head is None or not self.ops.specialize_widths:
+            return self.verify_top1(x)
+        if self.draft_head_kind == "fp8":
+            from .fp8_head import fp8_head_argmax
+
+            return fp8_head_argmax(self.normed(x), *self.draft_head, twin=self.ops.twin)
+        a, s = self.ops.rmsnorm_quant(x.contiguous(), self.final_norm, self.cfg.rms_norm_eps)
+        return self.ops.int8_head_argmax(a, s, *self.draft_head)
+
+    def verify_logits(self, x):
+        """[M, H] residual -> [M, V] float32 logits (scoring only; decoding never writes them)."""
+        return F.linear(self.normed(x).to(self.head_dtype), self.verify_head).float()
+

@@ -1,0 +1,354 @@
+"""The replayable runtime: shared-KV CUDA-graph replay per replay state (M, σ, r).
+
+**Storage (M2).** One physical allocation holds the KV of every capacity segment: segment
+σ is the prefix view ``[0, |σ| + W)`` of ``[layers, Hkv, |σ_max| + W, hd]``, history slots
+``[0, |σ|)`` followed by W workspace slots. Views are nested, so growing into the next
+segment leaves the history where it is (no copy at all) and only moves the workspace
+window; smaller segments keep attention short. Every graph of segment σ reads and writes
+fixed-shape views of that one buffer, and all graphs share one memory pool.
+
+**Dynamic values on the device.** The history length L lives in a device tensor; positions,
+masks, the KV boundary copies (pending rows materialised after a draft, accepted rows
+promoted after a verify, both as ``index_copy_`` at ``L + arange(n)``) and the accepted
+count are computed inside the graphs. A verify promotes all D draft rows and then advances
+L by a: rows past the boundary are invisible (masks see ``slot < L``) and overwritten
+later, so the copy needs no host-known length.
+
+**Chaining.** Each graph writes its outputs into the static inputs of the next likely step:
+the verifier token into the width-1 pending buffer, an AR token into the AR input, and
+(M3, hoisted verifier preparation) the verifier's input ``[anchor, d_1..d_D]`` right after
+the draft, so a verify replays with no preparation after the branch. Outputs land in one
+``readback`` buffer the host reads once per decision.
+
+Ablation switches (``RuntimeOptions``): ``specialize`` (M1: width-specialised kernel
+configs and the cheap draft head), ``graphs`` (M2: capture + replay instead of eager
+launches), ``hoist_verify`` (M3). Generic = none of them, Full = all three.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..decoding_rules import accepted_prefix
+from ..masks import causal_step_mask, draft_step_mask, prefill_mask
+from ..replay import ReplayState
+from ..segments import KVPlan
+from .base import DraftResult, StepLog, VerifyResult
+from .fast_model import FastModel
+
+PREFILL_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    specialize: bool = True  # M1
+    graphs: bool = True  # M2
+    hoist_verify: bool = True  # M3
+    capture: str = "load"  # "load" (all states up front) or "lazy" (per state, first use)
+    kv_dtype: torch.dtype = torch.float16
+
+    PRESETS = ("generic", "m1", "m1+m2", "full")
+
+    @classmethod
+    def preset(cls, name: str, **kw) -> "RuntimeOptions":
+        flags = {"generic": (False, False, False), "m1": (True, False, False),
+                 "m1+m2": (True, True, False), "full": (True, True, True)}
+        if name not in flags:
+            raise ValueError(f"unknown runtime configuration {name!r}; choose one of {', '.join(flags)}")
+        s, g, h = flags[name]
+        return cls(specialize=s, graphs=g, hoist_verify=h, **kw)
+
+
+class GraphBackend:
+    def __init__(self, fast: FastModel, plan: KVPlan, mask_token_id: int | None, block_size: int | None,
+                 options: RuntimeOptions = RuntimeOptions(), name: str = "ampere"):
+        if options.graphs and fast.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device; use RuntimeOptions(graphs=False) on the CPU")
+        self.name, self.fast, self.plan, self.opts = name, fast, plan, options
+        self.mask_token_id, self.block_size = mask_token_id, block_size
+        cfg, dev = fast.cfg, fast.device
+        self.device = dev
+        d = block_size or 0
+        self.workspace = plan.workspace
+        if self.workspace < max(2 * d, 1):
+            raise ValueError(f"the artifact's workspace ({self.workspace} slots) is narrower than 2·D = {2 * d}")
+        slots = plan.segments[-1].capacity + self.workspace
+        shape = (cfg.num_layers, cfg.num_kv_heads, slots, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=options.kv_dtype, device=dev)
+        self.v = torch.zeros(shape, dtype=options.kv_dtype, device=dev)
+        self.kv_bytes = 2 * self.k.numel() * self.k.element_size()
+
+        def longs(n):
+            return torch.zeros(n, dtype=torch.long, device=dev)
+
+        # Device-resident state and static step inputs/outputs (fixed addresses for graphs).
+        self.L = longs(1)
+        self.hist32 = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.ar_token = longs(1)
+        self.pending = {k: longs(k) for k in range(1, d + 1)}
+        self.verify_tokens = longs(d + 1)
+        self.mask_ids = torch.full((max(d - 1, 0),), mask_token_id if mask_token_id is not None else 0,
+                                   dtype=torch.long, device=dev)
+        self.readback = torch.zeros(2 + 2 * d, dtype=torch.float64, device=dev)  # a, v, drafts, confidences
+        self.ar_out = longs(1)
+        self._ar_off = longs(1)
+        self._draft_off = {k: torch.tensor(list(range(k)) + list(range(k - 1, k - 1 + d)), device=dev)
+                           for k in range(1, d + 1)}
+        self._verify_off = torch.arange(-1, d, device=dev)
+        self._ws_rows = torch.arange(self.workspace, device=dev)
+
+        self.segment = 0
+        self.L_host = 0
+        self.log = StepLog()
+        self.graphs: dict[ReplayState, torch.cuda.CUDAGraph] = {}
+        self.pool = torch.cuda.graph_pool_handle() if options.graphs else None
+        self.capture_s = 0.0
+        self.graph_pool_bytes = 0
+        self._chain: tuple = ()
+        if options.graphs and options.capture == "load":
+            self.capture_all()
+
+    # -- geometry --------------------------------------------------------------------------
+    @property
+    def history_length(self) -> int:
+        return self.L_host
+
+    @property
+    def max_context(self) -> int:
+        return self.plan.segments[-1].capacity
+
+    def _capacity(self, seg: int) -> int:
+        return self.plan.segments[seg].capacity
+
+    def _view(self, seg: int):
+        s = self._capacity(seg) + self.workspace
+        return self.k[:, :, :s], self.v[:, :, :s]
+
+    def _ensure(self, needed: int) -> None:
+        if needed > self._capacity(self.segment):
+            self.segment = self.plan.segment_for(needed)
+            self.log.segment_growths += 1  # nested views: the history stays in place
+
+    def states(self) -> list[ReplayState]:
+        d = self.block_size or 0
+        out = []
+        for seg in range(len(self.plan.segments)):
+            out.append(ReplayState(1, seg, "verify"))
+            if d:
+                out.append(ReplayState(d + 1, seg, "verify"))
+                out += [ReplayState(k + d, seg, "draft") for k in range(1, d + 1)]
+        return out
+
+    # -- graph bodies: everything below reads and writes static tensors only ------------------
+    def _promote(self, cap: int, rows: torch.Tensor) -> None:
+        dst = self.L + torch.arange(rows.numel(), device=self.device)
+        src = cap + rows
+        self.k.index_copy_(2, dst, self.k.index_select(2, src))
+        self.v.index_copy_(2, dst, self.v.index_select(2, src))
+
+    def _forward(self, seg, tokens, positions, mask):
+        cap = self._capacity(seg)
+        k, v = self._view(seg)
+        self.hist32.copy_(self.L)
+        return self.fast.forward(tokens, positions, k, v, cap + self._ws_rows[: tokens.numel()], mask, self.hist32,
+                                 capacity=cap)
+
+    def _ar_body(self, seg: int) -> None:
+        cap = self._capacity(seg)
+        mask = causal_step_mask(cap, self.workspace, self.L, 1, self.device)
+        x = self._forward(seg, self.ar_token, self.L + self._ar_off, mask)
+        top, _ = self.fast.verify_top1(x)
+        self._promote(cap, self._ws_rows[:1])
+        self.L += 1
+        self.ar_out.copy_(top)
+        self.ar_token.copy_(top)
+
+    def _draft_body(self, seg: int, k: int) -> None:
+        d, cap = self.block_size, self._capacity(seg)
+        pending = self.pending[k]
+        tokens = torch.cat([pending, pending[-1:], self.mask_ids])
+        mask = draft_step_mask(cap, self.workspace, self.L, k, d, self.device)
+        x = self._forward(seg, tokens, self.L + self._draft_off[k], mask)
+        top, conf = self.fast.draft_top1(x[k:])
+        self._promote(cap, self._ws_rows[:k])
+        self.L += k
+        self.readback[2:2 + d].copy_(top)
+        self.readback[2 + d:].copy_(conf)
+        if self.opts.hoist_verify:  # M3: the verifier's inputs are ready before the host looks
+            self.verify_tokens[:1].copy_(pending[-1:])
+            self.verify_tokens[1:].copy_(top)
+
+    def _verify_body(self, seg: int) -> None:
+        d, cap = self.block_size, self._capacity(seg)
+        mask = causal_step_mask(cap, self.workspace, self.L, d + 1, self.device, hidden_slot=self.L - 1)
+        x = self._forward(seg, self.verify_tokens, self.L + self._verify_off, mask)
+        greedy, _ = self.fast.verify_top1(x)  # [D + 1]
+        match = (self.verify_tokens[1:] == greedy[:-1]).long()
+        accepted = match.cumprod(0).sum().view(1)
+        verifier = greedy.gather(0, accepted)
+        self._promote(cap, self._ws_rows[1:d + 1])
+        self.L += accepted
+        self.readback[0:1].copy_(accepted)
+        self.readback[1:2].copy_(verifier)
+        self.pending[1].copy_(verifier)
+
+    def _body(self, state: ReplayState):
+        d = self.block_size or 0
+        if state.role == "verify" and state.width == 1:
+            return lambda: self._ar_body(state.segment)
+        if state.role == "verify":
+            return lambda: self._verify_body(state.segment)
+        return lambda: self._draft_body(state.segment, state.width - d)
+
+    # -- capture / replay ------------------------------------------------------------------
+    def _snapshot(self) -> list[torch.Tensor]:
+        return [t.clone() for t in self._state_tensors()]
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        return [self.L, self.ar_token, self.verify_tokens, self.readback, self.ar_out, *self.pending.values()]
+
+    def _capture(self, state: ReplayState) -> None:
+        """Capture one state. Warm-up runs mutate L and the chained inputs, so those are
+        restored afterwards; their KV writes land past the history boundary (invisible)."""
+        saved = self._snapshot()
+        body = self._body(state)
+        before = torch.cuda.memory_allocated(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # compiles Triton kernels and settles the allocator outside capture
+                body()
+                for t, s in zip(self._state_tensors(), saved):
+                    t.copy_(s)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            body()
+        for t, s in zip(self._state_tensors(), saved):
+            t.copy_(s)
+        torch.cuda.synchronize(self.device)
+        self.graph_pool_bytes += max(torch.cuda.memory_allocated(self.device) - before, 0)
+        self.graphs[state] = graph
+
+    def capture_all(self) -> None:
+        t0 = time.perf_counter()
+        for state in self.states():
+            self._capture(state)
+        self.capture_s = time.perf_counter() - t0
+
+    def _run(self, state: ReplayState) -> None:
+        self.log.states.append(state)
+        if not self.opts.graphs:
+            self._body(state)()
+            return
+        graph = self.graphs.get(state)
+        if graph is None:
+            self._capture(state)
+            graph = self.graphs[state]
+        graph.replay()
+
+    def _read(self, t: torch.Tensor) -> list:
+        self.log.host_syncs += 1
+        return t.tolist()
+
+    # -- the Backend interface ---------------------------------------------------------------
+    def reset(self) -> None:
+        self.L.zero_()
+        self.L_host, self.segment = 0, 0
+        self.log = StepLog()
+        self._chain = ()
+
+    def prefill(self, token_ids: list[int]) -> None:
+        from kernels_ampere.attention import small_width_attention_reference
+
+        for start in range(0, len(token_ids), PREFILL_CHUNK):
+            chunk = token_ids[start:start + PREFILL_CHUNK]
+            n = len(chunk)
+            self._ensure(self.L_host + n)
+            cap = self._capacity(self.segment)
+            k, v = self._view(self.segment)
+            ids = torch.tensor(chunk, dtype=torch.long, device=self.device)
+            pos = torch.arange(self.L_host, self.L_host + n, device=self.device)
+            mask = prefill_mask(cap + self.workspace, self.L_host, n, self.device)
+            self.hist32.fill_(self.L_host + n)  # the chunk's own rows are history already
+            # Prefill is eager and wide; the small-width kernel is for decode widths.
+            self.fast.forward(ids, pos, k, v, pos, mask, self.hist32, capacity=cap,
+                              attention=small_width_attention_reference)
+            self.L_host += n
+        self.L.fill_(self.L_host)
+
+    def _set(self, buf: torch.Tensor, values: list[int], chained: bool) -> None:
+        if not chained:
+            buf.copy_(torch.tensor(values, dtype=torch.long), non_blocking=False)
+
+    def ar_step(self, token: int) -> int:
+        self._ensure(self.L_host + 1)
+        self._set(self.ar_token, [token], self._chain == ("ar", token))
+        self._run(ReplayState(1, self.segment, "verify"))
+        self.L_host += 1
+        nxt = int(self._read(self.ar_out)[0])
+        self._chain = ("ar", nxt)
+        return nxt
+
+    def draft_step(self, pending: list[int], block_size: int) -> DraftResult:
+        if self.mask_token_id is None:
+            raise RuntimeError("this artifact has no MTP block (AR-only); use policy='ar'")
+        if block_size != self.block_size:
+            raise ValueError(f"block size {block_size} != the captured D={self.block_size}")
+        k, d = len(pending), block_size
+        self._ensure(self.L_host + k + d)
+        if self._chain == ("verify", tuple(pending)):
+            pass  # the verify graph already wrote v into pending[1]
+        elif self._chain and self._chain[0] == "draft" and tuple(pending) == self._chain[1][:k]:
+            self.pending[k].copy_(self.readback[2:2 + k].long())  # device to device
+        else:
+            self._set(self.pending[k], pending, False)
+        self._run(ReplayState(k + d, self.segment, "draft"))
+        self.L_host += k
+
+        def load():
+            values = self._read(self.readback[2:])
+            tokens = [int(t) for t in values[:d]]
+            self._chain = ("draft", tuple(tokens))
+            return tokens, values[d:]
+
+        self._chain = ()
+        return DraftResult(loader=load)
+
+    def verify_step(self, anchor: int, draft: DraftResult) -> VerifyResult:
+        d = self.block_size
+        if not self.opts.hoist_verify:  # Generic: prepare the verifier's inputs after the branch
+            self._set(self.verify_tokens, [anchor] + list(draft.tokens), False)
+        self._run(ReplayState(d + 1, self.segment, "verify"))
+        values = self._read(self.readback)  # a, v, drafts, confidences: one transfer
+        accepted, verifier = int(values[0]), int(values[1])
+        if draft._tokens is None:
+            draft._tokens, draft._confidences = [int(t) for t in values[2:2 + d]], values[2 + d:]
+        self.L_host += accepted
+        self._chain = ("verify", (verifier,))
+        return VerifyResult(accepted, verifier)
+
+    @torch.no_grad()
+    def logits(self, token_ids: torch.Tensor) -> torch.Tensor:
+        from kernels_ampere.attention import small_width_attention_reference
+
+        ids = token_ids.to(self.device).view(-1)
+        t = ids.numel()
+        if t > self.max_context:
+            raise ValueError(f"{t} tokens exceed the largest KV segment ({self.max_context})")
+        self.reset()
+        seg = self.plan.segment_for(t)
+        cap = self._capacity(seg)
+        k, v = self._view(seg)
+        pos = torch.arange(t, device=self.device)
+        self.hist32.fill_(t)
+        x = self.fast.forward(ids, pos, k, v, pos, prefill_mask(cap + self.workspace, 0, t, self.device),
+                              self.hist32, capacity=cap, attention=small_width_attention_reference)
+        self.reset()
+        return self.fast.verify_logits(x)
+
+
+__all__ = ["GraphBackend", "RuntimeOptions", "accepted_prefix"]

@@ -1,0 +1,72 @@
+"""The operator set a fast backend runs its model with: Triton kernels, or their twins.
+
+``KernelOps`` calls ``kernels_ampere`` (Triton, no FP8); ``TwinOps`` calls each kernel's
+pure-PyTorch twin — the same signatures and numerics, so a CPU run of the fast backend
+checks every line of its static-buffer logic against the reference backend.
+``specialize_widths=False`` is the Generic ablation: one launch configuration for every
+width M instead of the width-specialised table (paper Table 5, "Generic").
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+_KERNEL_FUNCS = {
+    "w2a8_linear": "kernels_ampere.w2a8_linear",
+    "w2a16_linear": "kernels_ampere.w2a16_linear",
+    "rmsnorm_quant": "kernels_ampere.fused_quant",
+    "relu2_mul_rmsnorm_quant": "kernels_ampere.fused_quant",
+    "silu_mul_quant": "kernels_ampere.fused_quant",
+    "small_width_attention": "kernels_ampere.attention",
+    "int8_head_argmax": "kernels_ampere.heads",
+    "f16_head_argmax": "kernels_ampere.heads",
+}
+
+
+def _resolve(name: str, twin: bool):
+    module = importlib.import_module(_KERNEL_FUNCS[name])
+    return getattr(module, f"{name}_reference" if twin else name)
+
+
+class Ops:
+    """Bound operator functions (``ops.w2a8_linear(...)`` etc.)."""
+
+    def __init__(self, twin: bool, specialize_widths: bool = True):
+        self.twin, self.specialize_widths = twin, specialize_widths
+        self.name = "torch-twins" if twin else "triton"
+        for name in _KERNEL_FUNCS:
+            setattr(self, name, _resolve(name, twin))
+
+    def linear_w2a8(self, a_int8, a_scale, packed, w_scale, out_dtype=torch.float32):
+        if self.twin:
+            return self.w2a8_linear(a_int8, a_scale, packed, w_scale, out_dtype=out_dtype)
+        return self.w2a8_linear(a_int8, a_scale, packed, w_scale, out_dtype=out_dtype,
+                                config=None if self.specialize_widths else _generic_linear(w_scale.dim() == 2))
+
+    def linear_w2a16(self, x, packed, w_scale, out_dtype=torch.float32):
+        if self.twin:
+            return self.w2a16_linear(x, packed, w_scale, out_dtype=out_dtype)
+        return self.w2a16_linear(x, packed, w_scale, out_dtype=out_dtype,
+                                 config=None if self.specialize_widths else _generic_linear(w_scale.dim() == 2))
+
+
+def _generic_linear(grouped: bool):
+    from kernels_ampere.tuning import default_linear
+
+    # One tensor-core configuration for every width: what a width-agnostic runtime runs.
+    return default_linear(16, grouped)
+
+
+def kernel_ops_available(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    try:
+        import triton  # noqa: F401
+
+        for name in _KERNEL_FUNCS:
+            _resolve(name, twin=False)
+    except (ImportError, AttributeError):
+        return False
+    return True

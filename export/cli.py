@@ -1,0 +1,99 @@
+"""``bitmtp-export CKPT OUT/``: a thin click shell over ``export.export_checkpoint``.
+
+Exit codes: 0 exported; 2 bad input (one line on stderr, ``error: <file>: <what was
+wrong>; <what to do>``, and no OUT/ written); click's own usage errors also exit 2.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from bitmtp_edge.segments import DEVICE_KV_BUDGET_MIB, MIB
+
+from .errors import ExportError
+from .writer import EXPORTER_VERSION, ExportOptions, export_checkpoint
+
+EXIT_BAD_INPUT = 2
+# Below this many tensors an export takes well under a second; a bar would only flicker.
+PROGRESS_MIN_TENSORS = 64
+
+
+class _RichProgress:
+    """A rich progress bar over the checkpoint's tensors, on stderr."""
+
+    def __init__(self, console):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._bar = Progress(TextColumn("converting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                             TextColumn("{task.fields[name]}"), console=console, transient=True)
+        self._task = None
+
+    def start(self, total: int) -> None:
+        if total >= PROGRESS_MIN_TENSORS:
+            self._bar.start()
+            self._task = self._bar.add_task("convert", total=total, name="")
+
+    def advance(self, name: str) -> None:
+        if self._task is not None:
+            self._bar.update(self._task, advance=1, name=name)
+
+    def stop(self) -> None:
+        self._bar.stop()
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("ckpt", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--max-context", type=click.IntRange(min=2), default=None,
+              help="Longest context the KV segments cover [default: min(max_position_embeddings, 4096)].")
+@click.option("--device", type=click.Choice(list(DEVICE_KV_BUDGET_MIB)), default=None,
+              help="Target whose KV memory budget bounds the segments.")
+@click.option("--kv-budget-mib", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="KV memory budget in MiB (instead of --device).")
+@click.option("--overwrite", is_flag=True, help="Replace OUT/ if it exists.")
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
+@click.version_option(EXPORTER_VERSION, prog_name="bitmtp-export")
+def main(ckpt: Path, out: Path, max_context: int | None, device: str | None, kv_budget_mib: float | None,
+         overwrite: bool, quiet: bool) -> None:
+    """Export the Hugging Face checkpoint folder CKPT into the BitMTP artifact folder OUT.
+
+    CKPT: a BitMTP training checkpoint (HF layout + bitmtp.json), an HF BitNet checkpoint
+    (latent/online or packed/offline) or a ternary group-128 Qwen3 checkpoint
+    (Ternary-Bonsai -unpacked); single-file or sharded safetensors, with tokenizer.json.
+    """
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    progress = None if quiet or not console.is_terminal else _RichProgress(console)
+    options = ExportOptions(max_context=max_context, device=device, kv_budget_mib=kv_budget_mib, overwrite=overwrite)
+    t0 = time.perf_counter()
+    try:
+        result = export_checkpoint(ckpt, out, options, progress=progress)
+    except ExportError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    finally:
+        if progress is not None:
+            progress.stop()
+    if not quiet:
+        _summary(result, time.perf_counter() - t0)
+
+
+def _summary(result, seconds: float) -> None:
+    m = result.manifest
+    size = sum(p.stat().st_size for p in result.out.iterdir() if p.is_file())
+    mtp = f"MTP block D={m.mtp.block_size}, mask id {m.mtp.mask_token_id}" if m.mtp else "AR-only (no bitmtp.json)"
+    caps = ", ".join(str(s.capacity) for s in m.kv.segments)
+    click.echo(f"exported {m.source['kind']} ({m.source['architecture']}, {m.model.num_layers} layers, "
+               f"{m.quant.weights} ternary, activations {m.quant.activations}) -> {result.out}")
+    click.echo(f"  {mtp}; widths {m.widths}; KV segments [{caps}] ({m.kv.dtype}, workspace {m.kv.workspace})"
+               + (f", budget {m.kv.budget_bytes / MIB:.0f} MiB" if m.kv.budget_bytes else ""))
+    click.echo(f"  {size / MIB:.1f} MiB in {seconds:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""``export_checkpoint``: checkpoint folder -> artifact folder (the Python API behind the CLI).
+
+The steps, each able to refuse the input with an ``ExportError`` before anything is
+written: check OUT/, open and validate the checkpoint (``checkpoint``), read its configs
+(``hf_config``), validate the tensor inventory and convert every tensor (``readers``), pack
+the codes (``kernels_ampere.packing``), quantise the int8 draft head, plan the KV segments,
+and hand everything to ``bitmtp_edge.artifact.write_artifact``, which writes a temporary
+sibling folder and renames it into place, so a failure never leaves a half-written OUT/.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from bitmtp_edge.artifact import Manifest, write_artifact
+from bitmtp_edge.config import ConfigError, ModelConfig
+from bitmtp_edge.quant import quantize_rows_int8
+from bitmtp_edge.segments import DEVICE_KV_BUDGET_MIB, MIB, KVPlan, plan_segments
+from kernels_ampere.packing import pack_ternary
+
+from .checkpoint import Checkpoint, open_checkpoint
+from .errors import ExportError
+from .hf_config import SourceSpec, read_spec
+from .readers import EMBED, LM_HEAD, Dense, Ternary, detect_format, read_tensors, source_tensors
+
+EXPORTER_VERSION = "0.1.0"
+DEFAULT_MAX_CONTEXT = 4096
+KV_DTYPE = "float16"
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    max_context: int | None = None  # default: min(max_position_embeddings, DEFAULT_MAX_CONTEXT)
+    device: str | None = None  # a DEVICE_KV_BUDGET_MIB preset
+    kv_budget_mib: float | None = None  # explicit KV budget; exclusive with device
+    overwrite: bool = False
+
+
+class ProgressSink(Protocol):
+    def start(self, total: int) -> None: ...
+    def advance(self, name: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    out: Path
+    manifest: Manifest
+
+
+def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, options: ExportOptions = ExportOptions(),
+                      progress: ProgressSink | None = None) -> ExportResult:
+    """Export one checkpoint folder into an artifact folder; raises ``ExportError`` on bad input."""
+    ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir)
+    _check_out(ckpt_dir, out_dir, options.overwrite)
+    with open_checkpoint(ckpt_dir) as ckpt:
+        spec = read_spec(ckpt)
+        widths = Manifest.widths_for(spec.mtp)
+        kv = _kv_plan(spec.model, ckpt, widths, options)
+        fmt = detect_format(ckpt, spec)
+        names = source_tensors(ckpt, spec, fmt)
+        if progress is not None:
+            progress.start(len(names))
+        tensors, dtypes = _convert(ckpt, spec, fmt, names, progress.advance if progress else lambda n: None)
+    manifest = Manifest(
+        model=spec.model, quant=spec.quant, kv=kv, mtp=spec.mtp, widths=widths,
+        source=_source_info(ckpt, spec, fmt, dtypes), exporter_version=EXPORTER_VERSION,
+    )
+    try:
+        out = write_artifact(out_dir, manifest, tensors, ckpt.tokenizer_files(), overwrite=options.overwrite)
+    except FileExistsError:
+        raise ExportError(out_dir, "already exists", "pass --overwrite to replace it, or choose another OUT/") from None
+    except OSError as e:
+        raise ExportError(out_dir, f"cannot write the artifact ({e.strerror or e})",
+                          "check the disk space and permissions of the destination") from None
+    return ExportResult(out=out, manifest=manifest)
+
+
+def _check_out(ckpt_dir: Path, out_dir: Path, overwrite: bool) -> None:
+    if out_dir.exists() and not overwrite:
+        raise ExportError(out_dir, "already exists", "pass --overwrite to replace it, or choose another OUT/")
+    src, dst = ckpt_dir.resolve(), out_dir.resolve()
+    if src == dst or src in dst.parents or dst in src.parents:
+        raise ExportError(out_dir, f"overlaps the checkpoint folder {ckpt_dir}",
+                          "write the artifact to a folder outside the checkpoint")
+
+
+def _kv_plan(cfg: ModelConfig, ckpt: Checkpoint, widths: dict[str, list[int]], options: ExportOptions) -> KVPlan:
+    limit = cfg.max_position_embeddings
+    max_context = options.max_context if options.max_context is not None else min(limit, DEFAULT_MAX_CONTEXT)
+    if max_context > limit:
+        raise ExportError("--max-context", f"{max_context} exceeds max_position_embeddings {limit} of "
+                          f"{ckpt.config_path}", f"pass --max-context {limit} or less")
+    if options.device is not None and options.kv_budget_mib is not None:
+        raise ExportError("--kv-budget-mib", "given together with --device", "pass one of them")
+    if options.device is not None:
+        if options.device not in DEVICE_KV_BUDGET_MIB:
+            raise ExportError("--device", f"unknown device {options.device!r}",
+                              f"pick one of {', '.join(DEVICE_KV_BUDGET_MIB)}")
+        budget, flag = DEVICE_KV_BUDGET_MIB[options.device] * MIB, "--device"
+    elif options.kv_budget_mib is not None:
+        budget, flag = int(options.kv_budget_mib * MIB), "--kv-budget-mib"
+    else:
+        budget, flag = None, "--max-context"
+    workspace = max(w for ws in widths.values() for w in ws)
+    try:
+        return plan_segments(cfg, max_context, workspace=workspace, dtype=KV_DTYPE, budget_bytes=budget)
+    except ConfigError as e:
+        problem, _, fix = str(e).rpartition("; ")
+        raise ExportError(flag, problem or fix, fix if problem else "choose another value") from None
+
+
+def _convert(ckpt: Checkpoint, spec: SourceSpec, fmt: str, names: list[str],
+             advance: Callable[[str], None]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Artifact tensors (artifact.py naming) and the stored dtype of every dense tensor."""
+    tensors: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, str] = {}
+    for item in read_tensors(ckpt, spec, fmt, names, advance):
+        if isinstance(item, Ternary):
+            tensors[item.name + ".packed"] = pack_ternary(item.codes)
+            tensors[item.name + ".scale"] = item.scale.float().contiguous()
+        else:
+            assert isinstance(item, Dense)
+            tensors[item.name] = item.tensor
+            dtypes[item.name] = str(item.tensor.dtype).removeprefix("torch.")
+    head = tensors[EMBED] if spec.model.tie_word_embeddings else tensors[LM_HEAD]
+    tensors["draft_head.int8"], tensors["draft_head.scale"] = quantize_rows_int8(head)
+    return tensors, dtypes
+
+
+def _source_info(ckpt: Checkpoint, spec: SourceSpec, fmt: str, dtypes: dict[str, str]) -> dict[str, Any]:
+    from bitmtp_edge.artifact import sha256_file
+
+    files = {p.name: sha256_file(p) for p in ckpt.source_files()}
+    combined = hashlib.sha256("".join(f"{n}\0{h}\n" for n, h in sorted(files.items())).encode()).hexdigest()
+    info: dict[str, Any] = {
+        "path": str(ckpt.folder.resolve()),
+        "kind": "bitmtp" if spec.mtp is not None else fmt,
+        "weights_format": fmt,
+        "architecture": spec.architecture,
+        "files": files,
+        "sha256": combined,  # over the sorted (file name, sha256) pairs above
+        "dense_dtypes": dict(Counter(dtypes.values())),
+    }
+    if spec.bitnet is not None:
+        info["quantization_config"] = ckpt.config.get("quantization_config")
+        if fmt in ("bitnet-packed", "bitnet-ternary-float"):
+            info["weight_scale"] = spec.bitnet.weight_scale
+    if "float32" in info["dense_dtypes"]:
+        info["note"] = "the checkpoint stores embeddings/norms in float32; the artifact keeps them in float32"
+    if ckpt.bitmtp is not None:
+        info["bitmtp"] = ckpt.bitmtp
+    return info

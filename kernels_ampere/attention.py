@@ -1,0 +1,260 @@
+"""Small-width attention: M query rows (M <= ~17) against one shared KV buffer.
+
+Buffer layout (the runtime's KV segment)::
+
+    k_buf, v_buf: [Hkv, S, hd],  S = capacity + W
+    slots [0, capacity)      history: slot s holds position s; only s < history_len is live
+    slots [capacity, S)      workspace: the rows of the current step (pending / draft / verify)
+
+``allowed_mask[m, s]`` says which slots query row ``m`` may see (causal pending rows, the
+bidirectional draft block, the masked-out repeated anchor...). A history slot counts only
+when ``s < history_len`` *and* the mask allows it; ``history_len`` is read on the device
+(``[1]`` int32), so a CUDA graph captured once replays any length without re-capture.
+
+GQA: the ``G = Hq / Hkv`` query heads of one KV head, times the M rows, form one query tile,
+so each K/V tile is read once per KV head.
+
+Flash-decoding split over the history: program ``(tile, p)`` owns history slots
+``[p*split_slots, (p+1)*split_slots)`` and the last split also the workspace. Splits past
+``history_len`` find an empty range and only write an empty partial. Pass two merges the
+partials ``(max, sum, acc)`` by log-sum-exp. With one split the first pass normalises and
+writes the output itself (one launch). Scores use base-2 exponentials (log2(e) folded into
+the scale). A row that sees no slot at all gets zeros (the twin matches).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import bf16_dot_upcast, check_dtype, check_launchable, next_pow2
+from .tuning import AttentionConfig, default_attention, lookup
+
+LOG2E = 1.4426950408889634
+QKV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _attend_range(acc, m_i, l_i, q, k_ptr, v_ptr, mask_ptr, row_m, row_ok,
+                  lo, hi, stride_ks, stride_vs, stride_mm, qk_scale, HD,
+                  BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                  PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    rs = tl.arange(0, BLOCK_S)
+    rd = tl.arange(0, BLOCK_D)
+    mask_d = rd < HD
+    for s0 in range(lo, hi, BLOCK_S):
+        s = s0 + rs
+        mask_s = s < hi
+        k = tl.load(k_ptr + s[:, None] * stride_ks + rd[None, :],
+                    mask=mask_s[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
+        v = tl.load(v_ptr + s[:, None] * stride_vs + rd[None, :],
+                    mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+        allowed = tl.load(mask_ptr + row_m[:, None] * stride_mm + s[None, :],
+                          mask=row_ok[:, None] & mask_s[None, :], other=0)  # [BLOCK_Q, BLOCK_S]
+        if UPCAST:
+            scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        scores = tl.where(allowed != 0, scores * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        # rows that have seen nothing yet keep m = -inf; shift by 0 there to avoid inf - inf
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(scores - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if UPCAST:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _attention_split_kernel(
+    q_ptr,  # [M, Hq, hd]
+    k_ptr, v_ptr,  # [Hkv, S, hd]
+    mask_ptr,  # [M, S] uint8 (bool)
+    hist_ptr,  # [1] int32 history length
+    out_ptr,  # [M, Hq, hd] (DIRECT) -- else the partials below
+    pacc_ptr,  # [splits, M, Hq, hd] float32
+    pm_ptr, pl_ptr,  # [splits, M, Hq] float32: running max (log2 domain) and sum
+    M, G, capacity, S, HD,
+    stride_qm, stride_qh, stride_kh, stride_ks, stride_vh, stride_vs, stride_mm,
+    stride_om, stride_oh,
+    qk_scale,
+    SPLIT_SLOTS: tl.constexpr, DIRECT: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    kvh = tl.program_id(0)
+    q_tile = tl.program_id(1)
+    split = tl.program_id(2)
+    n_splits = tl.num_programs(2)
+    Hq = tl.num_programs(0) * G
+
+    r = q_tile * BLOCK_Q + tl.arange(0, BLOCK_Q)  # query tile row = (m, g) flattened
+    row_m = r // G
+    head = kvh * G + r % G
+    row_ok = row_m < M
+    rd = tl.arange(0, BLOCK_D)
+    mask_d = rd < HD
+    q = tl.load(q_ptr + row_m[:, None] * stride_qm + head[:, None] * stride_qh + rd[None, :],
+                mask=row_ok[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_Q, BLOCK_D]
+
+    hist = tl.minimum(tl.load(hist_ptr), capacity)
+    lo = split * SPLIT_SLOTS
+    hi = tl.minimum(lo + SPLIT_SLOTS, hist)
+    acc = tl.zeros((BLOCK_Q, BLOCK_D), tl.float32)
+    m_i = tl.full((BLOCK_Q,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_Q,), tl.float32)
+    k_head = k_ptr + kvh * stride_kh
+    v_head = v_ptr + kvh * stride_vh
+    acc, m_i, l_i = _attend_range(acc, m_i, l_i, q, k_head, v_head, mask_ptr, row_m, row_ok,
+                                  lo, hi, stride_ks, stride_vs, stride_mm, qk_scale, HD,
+                                  BLOCK_S, BLOCK_D, PRECISION, UPCAST)
+    if split == n_splits - 1:  # the workspace rides with the last split
+        acc, m_i, l_i = _attend_range(acc, m_i, l_i, q, k_head, v_head, mask_ptr, row_m, row_ok,
+                                      capacity, S, stride_ks, stride_vs, stride_mm, qk_scale, HD,
+                                      BLOCK_S, BLOCK_D, PRECISION, UPCAST)
+
+    if DIRECT:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + row_m[:, None] * stride_om + head[:, None] * stride_oh + rd[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & mask_d[None, :])
+    else:
+        part = (split * M + row_m) * Hq + head  # index into [splits, M, Hq]
+        tl.store(pacc_ptr + part[:, None] * HD + rd[None, :], acc, mask=row_ok[:, None] & mask_d[None, :])
+        tl.store(pm_ptr + part, m_i, mask=row_ok)
+        tl.store(pl_ptr + part, l_i, mask=row_ok)
+
+
+@triton.jit
+def _attention_combine_kernel(
+    pacc_ptr, pm_ptr, pl_ptr,  # partials, as above
+    out_ptr,  # [M, Hq, hd]
+    n_splits, MH, Hq, HD, stride_om, stride_oh,
+    BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0)  # = m * Hq + head
+    rp = tl.arange(0, BLOCK_P)
+    rd = tl.arange(0, BLOCK_D)
+    mask_p = rp < n_splits
+    mask_d = rd < HD
+    m_p = tl.load(pm_ptr + rp * MH + row, mask=mask_p, other=float("-inf"))
+    l_p = tl.load(pl_ptr + rp * MH + row, mask=mask_p, other=0.0)
+    m_max = tl.max(m_p, axis=0)
+    w = tl.exp2(m_p - tl.where(m_max == float("-inf"), 0.0, m_max))  # empty splits weigh 0
+    acc = tl.load(pacc_ptr + (rp * MH + row)[:, None] * HD + rd[None, :],
+                  mask=mask_p[:, None] & mask_d[None, :], other=0.0)
+    total = tl.sum(w * l_p, axis=0)
+    out = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + (row // Hq) * stride_om + (row % Hq) * stride_oh + rd,
+             out.to(out_ptr.dtype.element_ty), mask=mask_d)
+
+
+def small_width_attention(
+    q: torch.Tensor,  # [M, Hq, hd]
+    k_buf: torch.Tensor,  # [Hkv, S, hd], S = capacity + W
+    v_buf: torch.Tensor,  # [Hkv, S, hd]
+    allowed_mask: torch.Tensor,  # [M, S] bool
+    history_len: torch.Tensor,  # [1] int32, on the device
+    *,
+    capacity: int,
+    sm_scale: float | None = None,  # default 1/sqrt(hd)
+    config: AttentionConfig | None = None,
+) -> torch.Tensor:  # [M, Hq, hd], q.dtype
+    """Masked softmax attention of M rows over history[:history_len] + workspace, GQA."""
+    for name, t in (("q", q), ("k_buf", k_buf), ("v_buf", v_buf)):
+        check_dtype(t, QKV_DTYPES, f"small_width_attention: {name}")
+        if t.dim() != 3 or t.stride(-1) != 1:
+            raise ValueError(f"small_width_attention: {name} must be 3-D with a contiguous last dim, "
+                             f"got {tuple(t.shape)} strides {t.stride()}")
+    if not (q.dtype == k_buf.dtype == v_buf.dtype):
+        raise TypeError(f"small_width_attention: q/k/v dtypes differ: {q.dtype}, {k_buf.dtype}, {v_buf.dtype}")
+    m, hq, hd = q.shape
+    hkv, s_total, hd_k = k_buf.shape
+    if v_buf.shape != k_buf.shape or hd_k != hd:
+        raise ValueError(f"small_width_attention: k_buf {tuple(k_buf.shape)} / v_buf {tuple(v_buf.shape)} "
+                         f"must both be [Hkv, S, hd={hd}]")
+    if hq % hkv:
+        raise ValueError(f"small_width_attention: Hq={hq} is not a multiple of Hkv={hkv}")
+    if not 0 <= capacity <= s_total:
+        raise ValueError(f"small_width_attention: capacity={capacity} outside [0, S={s_total}]")
+    if allowed_mask.dtype != torch.bool or allowed_mask.shape != (m, s_total) or allowed_mask.stride(1) != 1:
+        raise ValueError(f"small_width_attention: allowed_mask must be bool [M, S] = [{m}, {s_total}] with "
+                         f"contiguous rows, got {allowed_mask.dtype} {tuple(allowed_mask.shape)}")
+    if history_len.dtype != torch.int32 or history_len.numel() != 1:
+        raise ValueError(f"small_width_attention: history_len must be a [1] int32 tensor, got "
+                         f"{history_len.dtype} {tuple(history_len.shape)}")
+    check_launchable(_attention_split_kernel, q, k_buf, v_buf, allowed_mask, history_len)
+    g = hq // hkv
+    if config is None:
+        config = lookup("small_width_attention", {"hd": hd, "G": g, "M": m, "capacity": capacity},
+                        q.device) or default_attention(hd)
+    if config.split_slots % config.block_s:
+        raise ValueError(f"small_width_attention: split_slots={config.split_slots} must be a multiple "
+                         f"of block_s={config.block_s}")
+    scale = (1.0 / math.sqrt(hd) if sm_scale is None else sm_scale) * LOG2E
+
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if m == 0:
+        return out
+    n_splits = max(1, triton.cdiv(capacity, config.split_slots))
+    block_q = max(16, min(next_pow2(m * g), 128))
+    block_d = max(16, next_pow2(hd))
+    direct = n_splits == 1
+    if direct:  # the partial pointers are never touched
+        pacc = pm = pl = out
+    else:
+        pacc = torch.empty((n_splits, m, hq, hd), dtype=torch.float32, device=q.device)
+        pm = torch.empty((n_splits, m, hq), dtype=torch.float32, device=q.device)
+        pl = torch.empty((n_splits, m, hq), dtype=torch.float32, device=q.device)
+    grid = (hkv, triton.cdiv(m * g, block_q), n_splits)
+    _attention_split_kernel[grid](
+        q, k_buf, v_buf, allowed_mask.view(torch.uint8), history_len, out, pacc, pm, pl,
+        m, g, capacity, s_total, hd,
+        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
+        allowed_mask.stride(0), out.stride(0), out.stride(1),
+        scale,
+        SPLIT_SLOTS=config.split_slots, DIRECT=direct,
+        BLOCK_Q=block_q, BLOCK_S=config.block_s, BLOCK_D=block_d,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        UPCAST=bf16_dot_upcast(_attention_split_kernel, q),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    if not direct:
+        _attention_combine_kernel[(m * hq,)](
+            pacc, pm, pl, out, n_splits, m * hq, hq, hd, out.stride(0), out.stride(1),
+            BLOCK_P=next_pow2(n_splits), BLOCK_D=block_d, num_warps=4,
+        )
+    return out
+
+
+def small_width_attention_reference(
+    q: torch.Tensor,  # [M, Hq, hd]
+    k_buf: torch.Tensor,  # [Hkv, S, hd]
+    v_buf: torch.Tensor,  # [Hkv, S, hd]
+    allowed_mask: torch.Tensor,  # [M, S] bool
+    history_len: torch.Tensor,  # [1] int32
+    *,
+    capacity: int,
+    sm_scale: float | None = None,
+) -> torch.Tensor:  # [M, Hq, hd], q.dtype
+    """The pure-PyTorch twin: masked softmax attention in float32 (reads history_len on the host)."""
+    m, hq, hd = q.shape
+    hkv, s_total, _ = k_buf.shape
+    g = hq // hkv
+    hist = min(int(history_len.reshape(-1)[0]), capacity)
+    visible = allowed_mask.clone()
+    visible[:, hist:capacity] = False  # dead history slots
+    scale = 1.0 / math.sqrt(hd) if sm_scale is None else sm_scale
+    qf = q.float().view(m, hkv, g, hd)
+    scores = torch.einsum("mhgd,hsd->mhgs", qf, k_buf.float()) * scale
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    p = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row that sees nothing -> zeros
+    out = torch.einsum("mhgs,hsd->mhgd", p, v_buf.float())
+    return out.reshape(m, hq, hd).to(q.dtype)

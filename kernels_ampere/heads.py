@@ -1,0 +1,193 @@
+"""Output heads fused with argmax and max-softmax: top-1 and confidence, no [M, V] logits.
+
+    logits[m, v] = float(sum_h h[m, h] * W[v, h]) * h_scale[m] * w_row_scale[v]   (int8 draft head)
+    logits[m, v] = float32 sum_h h[m, h] * W[v, h]                                 (16-bit verify head)
+    top1[m]       = argmax_v logits[m, v]            (ties: the lowest index, as torch.argmax)
+    confidence[m] = max_v softmax(logits[m])[v] = 1 / sum_v exp(logits[m, v] - max)
+
+Pass one: each program owns ``BLOCK_V`` vocabulary rows, computes their logits tile
+(``tl.dot``, weights as the first operand so the vocabulary fills the tensor-core M side),
+and writes per column ``m`` its local max, the lowest index reaching it, and
+``sum exp(logit - local max)``. Pass two, one program per row, folds the partials in
+vocabulary order with an online log-sum-exp; a later partial replaces the running argmax
+only when strictly larger, so ties keep the lowest index.
+
+The int8 head accumulates exactly in int32 and scales in the twin's order
+``(float(acc) * h_scale) * w_row_scale``, so its top-1 equals the twin's bit for bit. The
+16-bit head accumulates in float32 in tile order, so a near-tie (two logits within float32
+rounding of each other) may resolve differently from the twin.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from bitmtp_edge.quant import int_matmul
+
+from .common import bf16_dot_upcast, check_dtype, check_launchable, next_pow2
+from .tuning import HeadConfig, default_head, lookup
+
+_LOG2E = tl.constexpr(1.4426950408889634)
+_NO_INDEX = tl.constexpr(2**31 - 1)  # larger than any vocabulary index
+
+
+@triton.jit
+def _head_partial_kernel(
+    h_ptr,  # [M, H] int8, or float16 / bfloat16
+    h_scale_ptr,  # [M] float32 (INT8 only)
+    w_ptr,  # [V, H] int8, or float16 / bfloat16
+    w_scale_ptr,  # [V] float32 (INT8 only)
+    pmax_ptr, pidx_ptr, psum_ptr,  # [P, M] float32 / int32 / float32
+    M, V, H,
+    stride_hm, stride_wv,
+    INT8: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rv = pid * BLOCK_V + tl.arange(0, BLOCK_V)
+    rm = tl.arange(0, BLOCK_M)
+    rh = tl.arange(0, BLOCK_H)
+    mask_v = rv < V
+    mask_m = rm < M
+    acc = tl.zeros((BLOCK_V, BLOCK_M), tl.int32 if INT8 else tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        mask_h = (h0 + rh) < H
+        w = tl.load(w_ptr + rv[:, None] * stride_wv + (h0 + rh)[None, :],
+                    mask=mask_v[:, None] & mask_h[None, :], other=0)  # [BLOCK_V, BLOCK_H]
+        x = tl.load(h_ptr + rm[None, :] * stride_hm + (h0 + rh)[:, None],
+                    mask=mask_m[None, :] & mask_h[:, None], other=0)  # [BLOCK_H, BLOCK_M]
+        if UPCAST:
+            acc = tl.dot(w.to(tl.float32), x.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, x, acc)
+    if INT8:
+        hs = tl.load(h_scale_ptr + rm, mask=mask_m, other=0.0)
+        ws = tl.load(w_scale_ptr + rv, mask=mask_v, other=0.0)
+        logits = acc.to(tl.float32) * hs[None, :] * ws[:, None]
+    else:
+        logits = acc
+    logits = tl.where(mask_v[:, None], logits, float("-inf"))  # [BLOCK_V, BLOCK_M]
+    lmax = tl.max(logits, axis=0)
+    lidx = tl.argmax(logits, axis=0, tie_break_left=True)
+    lsum = tl.sum(tl.exp2((logits - lmax[None, :]) * _LOG2E), axis=0)
+    out = pid * M + rm
+    tl.store(pmax_ptr + out, lmax, mask=mask_m)
+    tl.store(pidx_ptr + out, pid * BLOCK_V + lidx, mask=mask_m)
+    tl.store(psum_ptr + out, lsum, mask=mask_m)
+
+
+@triton.jit
+def _head_combine_kernel(
+    pmax_ptr, pidx_ptr, psum_ptr,  # [P, M]
+    top1_ptr,  # [M] int64
+    conf_ptr,  # [M] float32
+    P, M,
+    BLOCK_P: tl.constexpr,
+):
+    m = tl.program_id(0)
+    rp = tl.arange(0, BLOCK_P)
+    g_max = float("-inf")
+    g_idx = 0
+    g_sum = 0.0
+    for p0 in range(0, P, BLOCK_P):
+        mask = (p0 + rp) < P
+        pm = tl.load(pmax_ptr + (p0 + rp) * M + m, mask=mask, other=float("-inf"))
+        pi = tl.load(pidx_ptr + (p0 + rp) * M + m, mask=mask, other=_NO_INDEX)
+        ps = tl.load(psum_ptr + (p0 + rp) * M + m, mask=mask, other=0.0)
+        c_max = tl.max(pm, axis=0)
+        c_idx = tl.min(tl.where(pm == c_max, pi, _NO_INDEX), axis=0)
+        new_max = tl.maximum(g_max, c_max)
+        g_sum = g_sum * tl.exp2((g_max - new_max) * _LOG2E) + \
+            tl.sum(ps * tl.exp2((pm - new_max) * _LOG2E), axis=0)
+        g_idx = tl.where(c_max > g_max, c_idx, g_idx)  # strict: earlier chunks win ties
+        g_max = new_max
+    tl.store(top1_ptr + m, g_idx.to(tl.int64))
+    tl.store(conf_ptr + m, 1.0 / g_sum)
+
+
+def _head_argmax(h, h_scale, w, w_scale, config, op):
+    m, hdim = h.shape
+    v = w.shape[0]
+    if w.dim() != 2 or w.shape[1] != hdim or w.stride(1) != 1 or h.stride(1) != 1:
+        raise ValueError(f"{op}: h must be [M, H] and w [V, H] with contiguous rows; got h {tuple(h.shape)}, "
+                         f"w {tuple(w.shape)}")
+    int8 = h_scale is not None
+    check_launchable(_head_partial_kernel, *(t for t in (h, h_scale, w, w_scale) if t is not None))
+    if config is None:
+        config = lookup(op, {"V": v, "H": hdim, "M": m}, h.device) or default_head(m)
+    top1 = torch.empty((m,), dtype=torch.int64, device=h.device)
+    conf = torch.empty((m,), dtype=torch.float32, device=h.device)
+    if m == 0:
+        return top1, conf
+    block_m = max(16, next_pow2(m))
+    n_parts = triton.cdiv(v, config.block_v)
+    pmax = torch.empty((n_parts, m), dtype=torch.float32, device=h.device)
+    pidx = torch.empty((n_parts, m), dtype=torch.int32, device=h.device)
+    psum = torch.empty((n_parts, m), dtype=torch.float32, device=h.device)
+    _head_partial_kernel[(n_parts,)](
+        h, h if h_scale is None else h_scale, w, w if w_scale is None else w_scale,
+        pmax, pidx, psum, m, v, hdim, h.stride(0), w.stride(0),
+        INT8=int8, BLOCK_M=block_m, BLOCK_V=config.block_v, BLOCK_H=config.block_h,
+        UPCAST=bf16_dot_upcast(_head_partial_kernel, h),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    _head_combine_kernel[(m,)](pmax, pidx, psum, top1, conf, n_parts, m,
+                               BLOCK_P=min(next_pow2(n_parts), 1024), num_warps=4)
+    return top1, conf
+
+
+def int8_head_argmax(
+    h_int8: torch.Tensor,  # [M, H] int8 (per-token quantised hidden state)
+    h_scale: torch.Tensor,  # [M] float32 (1/q)
+    w_int8: torch.Tensor,  # [V, H] int8 (quantize_rows_int8)
+    w_row_scale: torch.Tensor,  # [V] float32
+    *,
+    config: HeadConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # (top1 [M] int64, confidence [M] float32)
+    """The int8 draft head: exact int32 logits, then argmax and max-softmax."""
+    check_dtype(h_int8, (torch.int8,), "int8_head_argmax: h_int8")
+    check_dtype(w_int8, (torch.int8,), "int8_head_argmax: w_int8")
+    check_dtype(h_scale, (torch.float32,), "int8_head_argmax: h_scale")
+    check_dtype(w_row_scale, (torch.float32,), "int8_head_argmax: w_row_scale")
+    if h_scale.shape != (h_int8.shape[0],) or w_row_scale.shape != (w_int8.shape[0],):
+        raise ValueError(f"int8_head_argmax: h_scale must be [M] and w_row_scale [V]; got "
+                         f"{tuple(h_scale.shape)}, {tuple(w_row_scale.shape)}")
+    return _head_argmax(h_int8, h_scale, w_int8, w_row_scale, config, "int8_head_argmax")
+
+
+def f16_head_argmax(
+    h: torch.Tensor,  # [M, H] float16 / bfloat16
+    w: torch.Tensor,  # [V, H] same dtype
+    *,
+    config: HeadConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # (top1 [M] int64, confidence [M] float32)
+    """The 16-bit verify head: float32-accumulated logits, then argmax and max-softmax."""
+    check_dtype(h, (torch.float16, torch.bfloat16), "f16_head_argmax: h")
+    if w.dtype != h.dtype:
+        raise TypeError(f"f16_head_argmax: w is {w.dtype} but h is {h.dtype}; they must match")
+    return _head_argmax(h, None, w, None, config, "f16_head_argmax")
+
+
+# --- pure-PyTorch twins (they do write the [M, V] logits) ------------------------------------
+
+def _argmax_confidence(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.argmax(logits, dim=-1), torch.softmax(logits, dim=-1).amax(dim=-1)
+
+
+def int8_head_logits_reference(h_int8, h_scale, w_int8, w_row_scale) -> torch.Tensor:
+    return int_matmul(h_int8, w_int8).float() * h_scale[:, None] * w_row_scale[None, :]
+
+
+def int8_head_argmax_reference(h_int8, h_scale, w_int8, w_row_scale):
+    return _argmax_confidence(int8_head_logits_reference(h_int8, h_scale, w_int8, w_row_scale))
+
+
+def f16_head_logits_reference(h, w) -> torch.Tensor:
+    return h.float() @ w.float().t()
+
+
+def f16_head_argmax_reference(h, w):
+    return _argmax_confidence(f16_head_logits_reference(h, w))

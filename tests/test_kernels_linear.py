@@ -1,0 +1,206 @@
+"""w2a8_linear and w2a16_linear against their pure-PyTorch twins.
+
+Integer accumulation is checked exactly: per-row scales reproduce the twin's float32
+epilogue bit for bit, and unit scales turn the output into the raw int32 accumulator.
+Group-128 results differ from the twin only by float32 summation order over the groups
+(rtol 1e-5). Weight-only results accumulate in float32 in a different order than the
+twin's matmul (rtol 1e-5 of the output's scale).
+
+Without CUDA the kernels run in Triton's interpreter, on small shapes.
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # CI has no GPU: run the kernels in Triton's interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is first imported
+
+pytest.importorskip("triton")
+
+from bitmtp_edge.quant import int_matmul, quantize_activations  # noqa: E402
+from kernels_ampere import pack_ternary  # noqa: E402
+from kernels_ampere.tuning import DOT, GEMV, LinearConfig  # noqa: E402
+from kernels_ampere.w2a8_linear import w2a8_linear, w2a8_linear_reference  # noqa: E402
+from kernels_ampere.w2a16_linear import w2a16_linear, w2a16_linear_reference  # noqa: E402
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
+
+WIDTHS = (1, 2, 3, 5, 9, 17)
+SHAPES = ((40, 384), (72, 640))  # N not a power of two, K a multiple of 128 but not of 256
+
+
+def configs(grouped: bool) -> list[LinearConfig]:
+    kb = 32 if grouped else 64  # 64 bytes = two 128-chunks: exercises the chunk-to-input map
+    return [LinearConfig(GEMV, 16, kb, num_warps=2), LinearConfig(DOT, 32, kb, num_warps=4, num_stages=2)]
+
+
+def random_weight(n: int, k: int, gen: torch.Generator):
+    codes = torch.randint(-1, 2, (n, k), generator=gen, dtype=torch.int8)
+    return codes, pack_ternary(codes).to(DEVICE)
+
+
+def random_activations(m: int, k: int, gen: torch.Generator):
+    x = torch.randn(m, k, generator=gen) * (1 + torch.rand(m, 1, generator=gen) * 4)
+    a, s = quantize_activations(x)
+    return a.to(DEVICE), s.to(DEVICE)
+
+
+def assert_exact(out: torch.Tensor, ref: torch.Tensor, what: str):
+    bad = (out != ref).nonzero()
+    assert bad.numel() == 0, (f"{what}: {bad.shape[0]} of {out.numel()} differ; first at {bad[0].tolist()}: "
+                              f"{out[tuple(bad[0])].item()} vs {ref[tuple(bad[0])].item()}")
+
+
+# --- w2a8 ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("m", WIDTHS)
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("grouped", [False, True], ids=["row", "group128"])
+def test_w2a8_matches_twin(m, n, k, grouped):
+    gen = torch.Generator().manual_seed(100 * m + n + k + grouped)
+    codes, packed = random_weight(n, k, gen)
+    a, a_s = random_activations(m, k, gen)
+    w_s = (0.5 + torch.rand((n, k // 128) if grouped else (n,), generator=gen)).to(DEVICE)
+    ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32)
+    for cfg in configs(grouped):
+        out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
+        if grouped:
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item(),
+                                       msg=lambda s: f"{cfg.kernel}: {s}")
+        else:
+            assert_exact(out, ref, f"{cfg.kernel} M={m} N={n} K={k}")
+
+
+@pytest.mark.parametrize("m", WIDTHS)
+@pytest.mark.parametrize("grouped", [False, True], ids=["row", "group128"])
+def test_w2a8_unit_scales_give_the_int32_accumulator(m, grouped):
+    n, k = 56, 640
+    gen = torch.Generator().manual_seed(7 + m)
+    codes, packed = random_weight(n, k, gen)
+    a = torch.randint(-128, 128, (m, k), generator=gen, dtype=torch.int8).to(DEVICE)
+    ones_a = torch.ones(m, device=DEVICE)
+    ones_w = torch.ones((n, k // 128) if grouped else (n,), device=DEVICE)
+    expect = int_matmul(a.cpu(), codes).float()  # |acc| <= 640 * 128 < 2**24: exact in float32
+    for cfg in configs(grouped):
+        out = w2a8_linear(a, ones_a, packed, ones_w, out_dtype=torch.float32, config=cfg)
+        assert_exact(out.cpu(), expect, f"{cfg.kernel} accumulator M={m}")
+
+
+@pytest.mark.parametrize("m", WIDTHS)
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16])
+def test_w2a8_default_config_and_16bit_output(m, out_dtype):
+    n, k = 200, 384
+    gen = torch.Generator().manual_seed(11 + m)
+    _, packed = random_weight(n, k, gen)
+    a, a_s = random_activations(m, k, gen)
+    w_s = (0.01 + torch.rand(n, generator=gen) * 0.02).to(DEVICE)
+    out = w2a8_linear(a, a_s, packed, w_s, out_dtype=out_dtype)  # the table / fallback picks
+    ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=out_dtype)
+    assert out.dtype == out_dtype and out.shape == (m, n)
+    if ON_GPU or out_dtype == torch.float16:
+        assert_exact(out, ref, f"default config M={m}")  # same float32 value, same rounding
+    else:  # the interpreter truncates float32 -> bfloat16 where the GPU rounds to nearest
+        torch.testing.assert_close(out, ref, rtol=2**-8, atol=0)
+
+
+def test_w2a8_fused_qkv_keeps_each_segment_scale():
+    """A fused Q/K/V weight with three scales equals the three projections done apart."""
+    gen = torch.Generator().manual_seed(3)
+    k, rows = 384, (64, 16, 16)
+    parts = [random_weight(r, k, gen) for r in rows]
+    seg_scales = [0.3, 0.02, 1.7]
+    packed = torch.cat([p for _, p in parts])
+    w_s = torch.cat([torch.full((r,), s) for r, s in zip(rows, seg_scales)]).to(DEVICE)
+    a, a_s = random_activations(5, k, gen)
+    fused = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32)
+    apart = torch.cat([w2a8_linear(a, a_s, p, torch.tensor([s], device=DEVICE), out_dtype=torch.float32)
+                       for (_, p), s in zip(parts, seg_scales)], dim=1)
+    assert_exact(fused, apart, "fused QKV vs separate")
+
+
+def test_w2a8_rejects_mismatched_shapes_with_a_clear_error():
+    gen = torch.Generator().manual_seed(0)
+    _, packed = random_weight(40, 384, gen)
+    a, a_s = random_activations(2, 256, gen)
+    with pytest.raises(ValueError, match="K=384"):
+        w2a8_linear(a, a_s, packed, torch.ones(40, device=DEVICE))
+    a, a_s = random_activations(2, 384, gen)
+    with pytest.raises(ValueError, match="group scales"):
+        w2a8_linear(a, a_s, packed, torch.ones(40, 2, device=DEVICE))
+    with pytest.raises(ValueError, match="block_kb=32"):
+        w2a8_linear(a, a_s, packed, torch.ones(40, 3, device=DEVICE), config=LinearConfig(GEMV, 16, 64))
+
+
+# --- w2a16 -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("m", (1, 2, 5, 17))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("grouped", [True, False], ids=["group128", "row"])
+def test_w2a16_matches_twin(m, dtype, grouped):
+    n, k = 72, 640
+    gen = torch.Generator().manual_seed(17 * m + grouped)
+    _, packed = random_weight(n, k, gen)
+    x = torch.randn(m, k, generator=gen).to(dtype).to(DEVICE)
+    w_s = (0.5 + torch.rand((n, k // 128) if grouped else (n,), generator=gen)).to(DEVICE)
+    ref = w2a16_linear_reference(x, packed, w_s, out_dtype=torch.float32)
+    for cfg in configs(grouped):
+        out = w2a16_linear(x, packed, w_s, out_dtype=torch.float32, config=cfg)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item(),
+                                   msg=lambda s: f"{cfg.kernel}: {s}")
+    out = w2a16_linear(x, packed, w_s)  # default config, output in the activation dtype
+    assert out.dtype == dtype
+    tol = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}[dtype]
+    torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+
+
+# --- GPU only: the real layer shapes ---------------------------------------------------------
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("n,k", [(3840, 2560), (2560, 2560), (13824, 2560), (2560, 6912), (2048, 6144)])
+@pytest.mark.parametrize("m", (1, 5, 17))
+def test_w2a8_real_shapes_exact_on_gpu(n, k, m):
+    gen = torch.Generator().manual_seed(n + m)
+    _, packed = random_weight(n, k, gen)
+    a, a_s = random_activations(m, k, gen)
+    w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
+    for cfg in [None, *configs(False)]:
+        out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
+        assert_exact(out, w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32),
+                     f"{cfg} N={n} K={k} M={m}")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("m", (1, 9))
+def test_w2a16_bonsai_group128_on_gpu(m):
+    n, k = 12288, 2048
+    gen = torch.Generator().manual_seed(m)
+    _, packed = random_weight(n, k, gen)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).to(DEVICE)
+    w_s = (0.5 + torch.rand(n, k // 128, generator=gen)).to(DEVICE)
+    ref = w2a16_linear_reference(x, packed, w_s, out_dtype=torch.float32)
+    out = w2a16_linear(x, packed, w_s, out_dtype=torch.float32)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_w2a8_replays_inside_a_cuda_graph():
+    gen = torch.Generator().manual_seed(5)
+    _, packed = random_weight(2560, 2560, gen)
+    w_s = (0.5 + torch.rand(2560, generator=gen)).to(DEVICE)
+    a, a_s = random_activations(3, 2560, gen)
+    w2a8_linear(a, a_s, packed, w_s)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = w2a8_linear(a, a_s, packed, w_s)
+    a2, s2 = random_activations(3, 2560, gen)
+    a.copy_(a2)
+    a_s.copy_(s2)
+    graph.replay()
+    assert_exact(out, w2a8_linear_reference(a2, s2, packed, w_s), "graph replay")
