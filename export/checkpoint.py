@@ -103,7 +103,7 @@ class Checkpoint:
             return self._handle(info.file).get_tensor(name)
         except (SafetensorError, OSError, RuntimeError, ValueError) as e:
             raise ExportError(info.file, f"cannot read tensor {name} ({e})",
-                              "the file is corrupt or truncated; download it again") from None
+                              "the file is corrupt or truncated: download it again") from None
 
     def close(self) -> None:
         self._handles.clear()
@@ -183,7 +183,7 @@ def _find_weights(folder: Path) -> tuple[tuple[Path, ...], Path | None, dict[str
     pickles = sorted(p.name for pat in PICKLE_PATTERNS for p in folder.glob(pat))
     if pickles:
         raise ExportError(folder / pickles[0],
-                          "PyTorch pickle weights only; the exporter never unpickles (loading a pickle "
+                          "PyTorch pickle weights only (the exporter never unpickles: loading a pickle "
                           "can run arbitrary code)",
                           "convert the checkpoint to safetensors first, e.g. "
                           "AutoModelForCausalLM.from_pretrained(CKPT).save_pretrained(NEW, safe_serialization=True)")
@@ -228,7 +228,7 @@ def _read_index(index: Path) -> tuple[tuple[Path, ...], Path, dict[str, TensorIn
         shard = index.parent / weight_map[missing[0]]
         raise ExportError(shard, f"does not hold tensor {missing[0]} that {INDEX} maps to it"
                           + (f" ({len(missing) - 1} more missing)" if len(missing) > 1 else ""),
-                          "the shard is stale or incomplete; download it again")
+                          "the shard is stale or incomplete: download it again")
     return tuple(index.parent / n for n in shard_names), index, tensors
 
 
@@ -239,7 +239,7 @@ def _safe_open(path: Path):
         return safe_open(str(path), framework="pt")
     except (SafetensorError, OSError) as e:
         raise ExportError(path, f"not a readable safetensors file ({e})",
-                          "the file is truncated or corrupt; download it again") from None
+                          "the file is truncated or corrupt: download it again") from None
 
 
 def _read_header(path: Path) -> dict[str, TensorInfo]:

@@ -108,7 +108,7 @@ def _architecture(cfg: dict[str, Any], where) -> str:
 def _model_config(cfg: dict[str, Any], family: str, ckpt: Checkpoint) -> ModelConfig:
     where = ckpt.config_path
     d = FAMILY_DEFAULTS[family]
-    fix = "config.json does not describe a complete model; re-save it with transformers"
+    fix = "config.json does not describe a complete model: re-save it with transformers"
 
     def integer(key: str, default: int | None = None) -> int:
         v = cfg.get(key, default)
@@ -132,10 +132,10 @@ def _model_config(cfg: dict[str, Any], family: str, ckpt: Checkpoint) -> ModelCo
                           "this runtime implements only the stock activation of each architecture")
     for key in ("attention_bias", "mlp_bias"):
         if cfg.get(key):
-            raise ExportError(where, f"{key} is true; the runtime's projections have no bias",
+            raise ExportError(where, f"{key} is true (the runtime's projections have no bias)",
                               "export a checkpoint without biases")
     if cfg.get("use_sliding_window"):
-        raise ExportError(where, "use_sliding_window is true; the runtime implements full attention only",
+        raise ExportError(where, "use_sliding_window is true (the runtime implements full attention only)",
                           "set use_sliding_window to false if the model was trained without it")
     theta = number("rope_theta", _rope_theta(cfg, where, d.rope_theta))
     eos = _token_ids(cfg.get("eos_token_id"), where, "eos_token_id")
@@ -172,8 +172,8 @@ def _model_config(cfg: dict[str, Any], family: str, ckpt: Checkpoint) -> ModelCo
                     ("num_attention_heads * head_dim", model.num_heads * model.head_dim)):
         if k % CHUNK_K:
             raise ExportError(where, f"{name} = {k} is not a multiple of {CHUNK_K}",
-                              "the packed ternary layout needs whole 128-wide input chunks; "
-                              "this model cannot be exported")
+                              "this model cannot be exported: the packed ternary layout needs whole 128-wide "
+                              "input chunks")
     if (model.num_kv_heads * model.head_dim) % 4:
         raise ExportError(where, f"num_key_value_heads * head_dim = {model.num_kv_heads * model.head_dim} "
                           "is not a multiple of 4", "this model cannot be exported")
@@ -181,7 +181,7 @@ def _model_config(cfg: dict[str, Any], family: str, ckpt: Checkpoint) -> ModelCo
 
 
 def _rope_theta(cfg: dict[str, Any], where, default: float) -> Any:
-    unsupported = "the runtime implements default RoPE only; export a model trained without RoPE scaling"
+    unsupported = "the runtime implements default RoPE only: export a model trained without RoPE scaling"
     scaling = cfg.get("rope_scaling")  # v4 dialect
     if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) != "default":
         raise ExportError(where, f"rope_scaling {scaling!r} is not supported", unsupported)
@@ -224,11 +224,11 @@ def _bitnet_quant(cfg: dict[str, Any], where) -> BitNetQuant:
                           "bitmtp-export reads BitNet (quant_method \"bitnet\") and ternary Qwen3 checkpoints")
     if qc.get("use_rms_norm"):
         raise ExportError(where, "quantization_config.use_rms_norm is true (an RMSNorm inside every BitLinear)",
-                          "the runtime does not implement it; export a model trained without it")
+                          "the runtime does not implement it: export a model trained without it")
     skipped = [m for m in qc.get("modules_to_not_convert") or [] if m not in ("lm_head", "lm_head.weight")]
     if skipped:
         raise ExportError(where, f"quantization_config.modules_to_not_convert lists {skipped[0]!r}",
-                          "only lm_head may stay unquantised; every projection must be ternary")
+                          "only lm_head may stay unquantised: every projection must be ternary")
     legacy = "linear_class" not in qc and ("offline_quantization" in qc or "online_quantization" in qc)
     if legacy:
         # Pre-release form (transformers PR #37503): the MS packed repo, autobitlinear semantics.

@@ -104,7 +104,7 @@ def detect_format(ckpt: Checkpoint, spec: SourceSpec) -> str:
     first = "model.layers.0.self_attn.q_proj.weight"
     if first not in ckpt.tensors:
         raise ExportError(ckpt.weights_path, f"tensor {first} is missing",
-                          "the weights do not belong to a BitNetForCausalLM; check the checkpoint folder")
+                          "the weights do not belong to a BitNetForCausalLM: check the checkpoint folder")
     dtype, bq, where = ckpt.info(first).dtype, spec.bitnet, ckpt.config_path
     if dtype == UINT8:
         if not bq.declared:
@@ -148,13 +148,13 @@ def source_tensors(ckpt: Checkpoint, spec: SourceSpec, fmt: str) -> list[str]:
         more = f" ({len(missing) - 1} more)" if len(missing) > 1 else ""
         raise ExportError(ckpt.weights_path, f"tensor {missing[0]} is missing{more} (config.json "
                           f"describes a {spec.architecture}, {fmt})",
-                          "the weights and config.json do not belong together; re-download the checkpoint")
+                          "the weights and config.json do not belong together: re-download the checkpoint")
     unexpected = sorted(present - set(expected))
     if unexpected:
         more = f" ({len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
         raise ExportError(ckpt.info(unexpected[0]).file,
                           f"unexpected tensor {unexpected[0]}{more} for {spec.architecture} ({fmt})",
-                          f"bitmtp-export reads the stock {spec.architecture} layout; check config.json matches "
+                          f"bitmtp-export reads the stock {spec.architecture} layout: check config.json matches "
                           "the weights")
     for name, (shape, dtypes) in expected.items():
         info = ckpt.info(name)
@@ -204,7 +204,7 @@ def read_tensors(ckpt: Checkpoint, spec: SourceSpec, fmt: str, names: list[str],
 def _check_finite(name: str, file, t: torch.Tensor) -> None:
     if not bool(torch.isfinite(t).all()):
         raise ExportError(file, f"tensor {name} holds NaN or infinite values",
-                          "the checkpoint is corrupt or training diverged; export an earlier checkpoint")
+                          "the checkpoint is corrupt or training diverged: export an earlier checkpoint")
 
 
 def _unpack(ckpt: Checkpoint, base: str, packed: torch.Tensor) -> torch.Tensor:
@@ -216,7 +216,7 @@ def _unpack(ckpt: Checkpoint, base: str, packed: torch.Tensor) -> torch.Tensor:
         raise ExportError(ckpt.info(base + ".weight").file,
                           f"tensor {base}.weight holds the 2-bit code 3 (byte [{r}, {c}], bits {2 * lane}-"
                           f"{2 * lane + 1}), which is not a ternary value",
-                          "the file is corrupt or not in Hugging Face BitNet packing; download it again") from None
+                          "the file is corrupt or not in Hugging Face BitNet packing: download it again") from None
 
 
 def _weight_scale(ckpt: Checkpoint, base: str, spec: SourceSpec) -> torch.Tensor:
@@ -224,7 +224,7 @@ def _weight_scale(ckpt: Checkpoint, base: str, spec: SourceSpec) -> torch.Tensor
     ws = ckpt.load(name).float().reshape(1)
     if not bool(torch.isfinite(ws).all()) or float(ws) <= 0:
         raise ExportError(ckpt.info(name).file, f"tensor {name} = {float(ws)} is not a positive scale",
-                          "the checkpoint is corrupt; download it again")
+                          "the checkpoint is corrupt: download it again")
     # formats.md §1.4: autobitlinear multiplies by weight_scale, bitlinear divides by it.
     return ws if spec.bitnet.weight_scale == "multiply" else 1.0 / ws
 

@@ -24,6 +24,7 @@ def assert_refused(result, out: Path, *needles: str, out_existed: bool = False) 
     assert len(lines) == 1, result.stderr
     line = lines[0]
     assert line.startswith("error: "), line
+    assert line.count("; ") == 1, f"expected '<file>: <what was wrong>; <what to do>', got {line!r}"
     for needle in needles:
         assert needle in line, f"{needle!r} not in {line!r}"
     if not out_existed:

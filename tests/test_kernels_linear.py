@@ -104,7 +104,7 @@ def test_w2a8_default_config_and_16bit_output(m, out_dtype):
     if ON_GPU or out_dtype == torch.float16:
         assert_exact(out, ref, f"default config M={m}")  # same float32 value, same rounding
     else:  # the interpreter truncates float32 -> bfloat16 where the GPU rounds to nearest
-        torch.testing.assert_close(out, ref, rtol=2**-8, atol=0)
+        torch.testing.assert_close(out, ref, rtol=2**-7, atol=0)  # one bf16 ulp
 
 
 def test_w2a8_fused_qkv_keeps_each_segment_scale():

@@ -1,0 +1,406 @@
+"""End-to-end decode benchmarks of the replayable runtime (issue 5), in one run.
+
+Parts (all on the same GPU, same process, so every ratio is measured in one run):
+
+* ``2b``: a BitNet-2B-shaped artifact exported from a random-weight HF BitNet checkpoint
+  (packed offline, made here) with a D = 8 MTP block: startup (load + capture), KV and
+  graph-pool memory, µs per replay of every (M, r), AR tok/s, and decode at *forced*
+  acceptance levels (drafts replaced by the AR route's tokens, truncated to a fixed accepted
+  length — labelled forced, like the paper's forced-rejection test) for Generic and Full;
+* ``baselines``: on the same 2B shape, transformers ``generate`` (eager, bf16) and a
+  ``torch.compile(mode="reduce-overhead")`` bf16 AR loop with a static cache;
+* ``trained``: artifacts of trained models (``--artifact``, repeatable): AR vs confidence /
+  speculative / hybrid on held-out code prompts, Generic vs Full, tok/s, tokens per
+  iteration and speedup over AR.
+
+Writes ``tools/results/e2e.json``, ``e2e.md`` and ``e2e.png`` (or under ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bitmtp_edge import Engine  # noqa: E402
+from bitmtp_edge.backends.base import DraftResult  # noqa: E402
+from bitmtp_edge.backends.graph import RuntimeOptions  # noqa: E402
+from bitmtp_edge.decoding import DecodeOptions, DecodeStats, decode  # noqa: E402
+
+BITNET_2B = dict(vocab_size=128256, hidden_size=2560, intermediate_size=6912, num_hidden_layers=30,
+                 num_attention_heads=20, num_key_value_heads=5, max_position_embeddings=4096)
+CONFIGS = ("generic", "m1", "m1+m2", "full")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# -- the 2B-shaped checkpoint ----------------------------------------------------------------
+
+def make_random_bitnet_2b(folder: Path, dims: dict, block_size: int, seed: int = 0) -> Path:
+    """An HF BitNet checkpoint in the packed offline form (autobitlinear), random codes."""
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from kernels_ampere.packing import pack_hf_bitnet
+
+    folder.mkdir(parents=True, exist_ok=True)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator(device=dev).manual_seed(seed)
+    h, f, v = dims["hidden_size"], dims["intermediate_size"], dims["vocab_size"]
+    hd = h // dims["num_attention_heads"]
+    kv = dims["num_key_value_heads"] * hd
+    shapes = {"self_attn.q_proj": (h, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
+              "self_attn.o_proj": (h, h), "mlp.gate_proj": (f, h), "mlp.up_proj": (f, h), "mlp.down_proj": (h, f)}
+    state = {}
+    for i in range(dims["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        for name, (n, k) in shapes.items():
+            codes = torch.randint(-1, 2, (n, k), generator=g, device=dev, dtype=torch.int8)
+            state[p + name + ".weight"] = pack_hf_bitnet(codes).cpu()
+            state[p + name + ".weight_scale"] = torch.tensor([1.0 / (k ** 0.5)], dtype=torch.bfloat16)
+        for norm, size in (("input_layernorm", h), ("post_attention_layernorm", h),
+                           ("self_attn.attn_sub_norm", h), ("mlp.ffn_sub_norm", f)):
+            state[p + norm + ".weight"] = torch.ones(size, dtype=torch.bfloat16)
+    state["model.embed_tokens.weight"] = (torch.randn(v, h, generator=g, device=dev) * 0.02).to(torch.bfloat16).cpu()
+    state["model.norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = {"architectures": ["BitNetForCausalLM"], "model_type": "bitnet", "hidden_act": "relu2",
+              "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": True,
+              "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": "bfloat16", **dims,
+              "quantization_config": {"quant_method": "bitnet", "linear_class": "autobitlinear",
+                                      "quantization_mode": "offline"}}
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    (folder / "bitmtp.json").write_text(json.dumps({"block_size": block_size, "mask_token_id": v - 1}))
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(v)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def export(ckpt: Path, out: Path, max_context: int) -> Path:
+    from export.writer import ExportOptions, export_checkpoint
+
+    return export_checkpoint(ckpt, out, ExportOptions(max_context=max_context, overwrite=True)).out
+
+
+# -- measurement helpers -------------------------------------------------------------------------
+
+def cuda_ms(fn, repeats: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def replay_times(eng: Engine, segment: int, base_len: int, repeats: int = 50) -> list[dict]:
+    """µs per replay of every captured (M, r) at one segment, history length ``base_len``.
+
+    Each replay advances the device history length, so it is reset before every replay;
+    the reset alone is timed and subtracted."""
+    b = eng.backend
+    reset = lambda: b.L.fill_(base_len)  # noqa: E731
+    t_reset = cuda_ms(reset, repeats)
+    rows = []
+    for state, graph in sorted(b.graphs.items()):
+        if state.segment != segment:
+            continue
+
+        def one():
+            reset()
+            graph.replay()
+
+        one()
+        rows.append({"width": state.width, "role": state.role, "segment": state.segment,
+                     "capacity": b.plan.segments[segment].capacity,
+                     "us": 1000 * (cuda_ms(one, repeats) - t_reset)})
+    b.reset()
+    return rows
+
+
+def timed_generate(eng: Engine, prompt, policy: str, n: int, repeats: int, **kw) -> dict:
+    eng.generate(prompt, max_new_tokens=min(n, 16), policy=policy, **kw)  # warm-up
+    runs = [eng.generate(prompt, max_new_tokens=n, policy=policy, **kw) for _ in range(repeats)]
+    tps = [r.stats.decode_tokens_per_s for r in runs]
+    s = runs[-1].stats
+    return {"policy": policy, "tok_s": statistics.median(tps), "tokens": s.new_tokens,
+            "tokens_per_iteration": s.tokens_per_iteration, "iterations": s.iterations,
+            "verifier_calls": s.verifier_calls, "host_syncs": s.host_syncs, "token_ids": runs[-1].token_ids}
+
+
+class ForcedAcceptance:
+    """Speculative decoding whose drafts are the AR route's tokens, cut to ``accepted``
+    correct ones: every iteration commits exactly accepted + 1 tokens. Labelled forced."""
+
+    def __init__(self, backend, ar_tokens: list[int], prompt_len: int, accepted: int, vocab: int):
+        self.inner, self.ar, self.prompt_len, self.accepted, self.vocab = backend, ar_tokens, prompt_len, accepted, vocab
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def draft_step(self, pending, block_size):
+        self.inner.draft_step(pending, block_size)  # the real draft replay (its cost counts)
+        done = self.inner.history_length - self.prompt_len
+        want = (self.ar[done:done + block_size] + [0] * block_size)[:block_size]
+        forced = want[: self.accepted] + [(t + 1) % self.vocab for t in want[self.accepted:]]
+        self.inner.verify_tokens[1:].copy_(torch.tensor(forced), non_blocking=True)
+        return DraftResult(forced, [0.0] * block_size)
+
+
+def forced_decode(eng: Engine, prompt: list[int], ar_tokens: list[int], accepted: int, n: int, repeats: int) -> dict:
+    d = eng.block_size
+    tps, stats = [], None
+    for _ in range(repeats + 1):
+        stats = DecodeStats()
+        forced = ForcedAcceptance(eng.backend, ar_tokens + [0] * (2 * d), len(prompt), accepted,
+                                  eng.manifest.model.vocab_size)
+        out = [t for c in decode(forced, prompt, DecodeOptions("speculative", n, block_size=d), stats) for t in c]
+        assert out == ar_tokens[:n], "forced speculative decoding must reproduce the AR tokens"
+        tps.append(stats.decode_tokens_per_s)
+    return {"accepted": accepted, "tok_s": statistics.median(tps[1:]), "tokens_per_iteration": stats.tokens_per_iteration}
+
+
+# -- parts ---------------------------------------------------------------------------------------
+
+def part_2b(work: Path, args) -> dict:
+    log("building the random 2B-shaped HF BitNet checkpoint (packed offline)")
+    t0 = time.perf_counter()
+    dims = dict(BITNET_2B)
+    if args.quick:
+        dims.update(num_hidden_layers=4, vocab_size=32000)
+    ckpt = make_random_bitnet_2b(work / "bitnet2b-ckpt", dims, block_size=8)
+    make_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    art = export(ckpt, work / "bitnet2b-artifact", max_context=args.max_context)
+    export_s = time.perf_counter() - t0
+    log(f"checkpoint {make_s:.1f} s, export {export_s:.1f} s")
+    prompt = list(range(10, 10 + 32))
+    result = {"checkpoint_s": make_s, "export_s": export_s, "dims": dims, "configs": {}}
+    ar_tokens = None
+    for name in CONFIGS:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        eng = Engine.load(art, backend=args.backend, device="cuda", runtime=name)
+        torch.cuda.synchronize()
+        startup = time.perf_counter() - t0
+        b = eng.backend
+        row = {"startup_s": startup, "capture_s": b.capture_s, "graphs": len(b.graphs),
+               "kv_bytes": b.kv_bytes, "graph_pool_bytes": b.graph_pool_bytes,
+               "workspace_bytes": b.workspace * eng.manifest.kv.bytes_per_slot,
+               "peak_mem_bytes": torch.cuda.max_memory_allocated()}
+        ar = timed_generate(eng, prompt, "ar", args.tokens, args.repeats)
+        row["ar"] = {k: v for k, v in ar.items() if k != "token_ids"}
+        if ar_tokens is None:
+            ar_tokens = ar["token_ids"]
+        elif ar["token_ids"] != ar_tokens:
+            row["ar_tokens_differ_from_generic"] = True
+        if b.graphs:
+            row["replay_us"] = replay_times(eng, segment=0, base_len=len(prompt))
+        row["forced"] = [forced_decode(eng, prompt, ar_tokens, a, args.tokens, args.repeats)
+                         for a in (0, 1, 2, 4, 6, 8)]
+        result["configs"][name] = row
+        log(f"{name}: startup {startup:.1f} s, AR {ar['tok_s']:.0f} tok/s, forced a=8 "
+            f"{row['forced'][-1]['tok_s']:.0f} tok/s")
+        del eng
+    result["artifact"] = str(art)
+    return result
+
+
+def part_baselines(work: Path, args, dims: dict) -> dict:
+    """transformers eager bf16 generate and a torch.compile reduce-overhead AR loop, 2B shape."""
+    from transformers import BitNetConfig, BitNetForCausalLM
+
+    out = {}
+    cfg = BitNetConfig(**dims, hidden_act="relu2", tie_word_embeddings=True, rope_theta=500000.0)
+    with torch.device("cuda"):
+        model = BitNetForCausalLM(cfg).to(torch.bfloat16).eval()
+    ids = torch.arange(10, 42, device="cuda").unsqueeze(0)
+    n = args.baseline_tokens
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.generate(ids, max_new_tokens=n, do_sample=False, min_new_tokens=n)
+        torch.cuda.synchronize()
+        out["transformers_eager_bf16"] = {"tok_s": n / (time.perf_counter() - t0), "tokens": n}
+        log(f"transformers eager bf16: {out['transformers_eager_bf16']['tok_s']:.1f} tok/s")
+        try:
+            model.generation_config.cache_implementation = "static"
+            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=False)
+            t0 = time.perf_counter()
+            for _ in range(2):  # compile + cudagraph warm-up
+                model.generate(ids, max_new_tokens=n, do_sample=False, min_new_tokens=n)
+            compile_s = time.perf_counter() - t0
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            model.generate(ids, max_new_tokens=n, do_sample=False, min_new_tokens=n)
+            torch.cuda.synchronize()
+            out["torch_compile_reduce_overhead_bf16"] = {"tok_s": n / (time.perf_counter() - t0), "tokens": n,
+                                                         "compile_s": compile_s}
+            log(f"torch.compile bf16: {out['torch_compile_reduce_overhead_bf16']['tok_s']:.1f} tok/s")
+        except Exception as e:  # noqa: BLE001 - report, don't lose the other numbers
+            out["torch_compile_reduce_overhead_bf16"] = {"error": f"{type(e).__name__}: {e}"[:500]}
+    del model
+    torch.cuda.empty_cache()
+    return out
+
+
+def part_trained(args) -> dict:
+    from bitmtp_edge.demo import demo_prompts
+
+    out = {}
+    for art in args.artifact:
+        res = {}
+        for name in ("generic", "full"):
+            eng = Engine.load(art, backend=args.backend, device="cuda", runtime=name)
+            prompts = demo_prompts(eng, limit=args.prompts)
+            per = {}
+            for policy in ("ar", "confidence", "speculative", "hybrid"):
+                rows = [timed_generate(eng, p, policy, args.tokens, args.repeats) for p in prompts]
+                per[policy] = {"tok_s": statistics.mean(r["tok_s"] for r in rows),
+                               "tokens_per_iteration": statistics.mean(r["tokens_per_iteration"] for r in rows),
+                               "verifier_call_rate": statistics.mean(r["verifier_calls"] / max(r["iterations"], 1)
+                                                                     for r in rows),
+                               "_ids": [r["token_ids"] for r in rows]}
+            ar_ids = per["ar"].pop("_ids")
+            for policy in ("confidence", "speculative", "hybrid"):
+                ids = per[policy].pop("_ids")
+                per[policy]["speedup"] = per[policy]["tok_s"] / per["ar"]["tok_s"]
+                same = sum(x == y for a, b in zip(ar_ids, ids) for x, y in zip(a, b))
+                per[policy]["agreement_with_ar"] = same / max(sum(len(a) for a in ar_ids), 1)
+            res[name] = per
+            log(f"{art} {name}: AR {per['ar']['tok_s']:.0f} tok/s, hybrid {per['hybrid']['tok_s']:.0f} tok/s "
+                f"(×{per['hybrid']['speedup']:.2f}, {per['hybrid']['tokens_per_iteration']:.2f} tok/iter)")
+            del eng
+        out[f"D={Engine.load(art, backend='reference', device='cpu').block_size}:{Path(art).name}"] = res
+    return out
+
+
+# -- report ------------------------------------------------------------------------------------
+
+def markdown(report: dict) -> str:
+    lines = [f"# End-to-end decode benchmark", "",
+             f"- device: {report['device']}", f"- date: {report['date']}", f"- commit: {report['commit']}",
+             f"- command: `{report['command']}`", ""]
+    if "2b" in report:
+        r = report["2b"]
+        lines += ["## BitNet-2B shape (random weights, D = 8)", "",
+                  "| configuration | startup s | graphs | AR tok/s | forced a=0 | a=2 | a=4 | a=8 tok/s | KV MiB | graph pool MiB |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for name, c in r["configs"].items():
+            f = {x["accepted"]: x["tok_s"] for x in c["forced"]}
+            lines.append(f"| {name} | {c['startup_s']:.1f} | {c['graphs']} | {c['ar']['tok_s']:.0f} | {f[0]:.0f} | "
+                         f"{f[2]:.0f} | {f[4]:.0f} | {f[8]:.0f} | {c['kv_bytes'] / 2**20:.0f} | "
+                         f"{c['graph_pool_bytes'] / 2**20:.1f} |")
+        full = r["configs"].get("full", {})
+        if full.get("replay_us"):
+            lines += ["", "Replay cost per (M, role), Full, segment 0:", "", "| M | role | µs |", "|---|---|---|"]
+            lines += [f"| {x['width']} | {x['role']} | {x['us']:.1f} |" for x in full["replay_us"]]
+        lines += ["", "Forced acceptance: drafts replaced by the AR route's tokens, cut to a fixed accepted "
+                  "length a (each iteration commits a + 1 tokens). Labelled forced: no model drafts this well.", ""]
+    if "baselines" in report:
+        lines += ["## Other routes on the same 2B shape (bf16, no ternary)", "", "| route | tok/s |", "|---|---|"]
+        for name, b in report["baselines"].items():
+            lines.append(f"| {name} | {b.get('tok_s', float('nan')):.1f} |" if "tok_s" in b else f"| {name} | {b['error']} |")
+        lines.append("")
+    for art, res in report.get("trained", {}).items():
+        lines += [f"## Trained model {art}", "", "| runtime | policy | tok/s | tokens/iter | speedup vs AR | agreement with AR |",
+                  "|---|---|---|---|---|---|"]
+        for name, per in res.items():
+            for policy, p in per.items():
+                lines.append(f"| {name} | {policy} | {p['tok_s']:.0f} | {p['tokens_per_iteration']:.2f} | "
+                             f"{p.get('speedup', 1.0):.2f} | {p.get('agreement_with_ar', 1.0):.3f} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, c in report.get("2b", {}).get("configs", {}).items():
+        xs = [f["tokens_per_iteration"] for f in c["forced"]]
+        ys = [f["tok_s"] for f in c["forced"]]
+        ax.plot(xs, ys, marker="o", label=f"{name} (forced)")
+        ax.axhline(c["ar"]["tok_s"], ls=":", lw=0.8, color=ax.lines[-1].get_color())
+    ax.set_xlabel("tokens per iteration")
+    ax.set_ylabel("decode tok/s")
+    ax.set_title("BitNet-2B shape: tok/s vs tokens per iteration (dotted: AR)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", default="2b,baselines,trained")
+    ap.add_argument("--artifact", action="append", default=[], help="trained artifact(s) for the 'trained' part")
+    ap.add_argument("--backend", default="ampere", choices=["ampere", "server"])
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--baseline-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--max-context", type=int, default=2048)
+    ap.add_argument("--quick", action="store_true", help="4 layers, small vocab: a smoke run")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/bitmtp-bench"))
+    ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results")
+    args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    report = {"device": torch.cuda.get_device_name(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "commit": _commit(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+              "torch": torch.__version__, "backend": args.backend}
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def save():
+        (args.out / "e2e.json").write_text(json.dumps(report, indent=1))
+        (args.out / "e2e.md").write_text(markdown(report))
+
+    for part, fn in (("2b", lambda: part_2b(args.work, args)),
+                     ("baselines", lambda: part_baselines(args.work, args, report.get("2b", {}).get("dims", BITNET_2B))),
+                     ("trained", lambda: part_trained(args))):
+        if part not in parts or (part == "trained" and not args.artifact):
+            continue
+        try:
+            report[part] = fn()
+        except Exception as e:  # noqa: BLE001 - keep the other parts' numbers
+            import traceback
+
+            traceback.print_exc()
+            report[f"{part}_error"] = f"{type(e).__name__}: {e}"[:2000]
+        save()
+    if "2b" in report:
+        plot(report, args.out / "e2e.png")
+    print(markdown(report))
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip() or os.environ.get("BITMTP_COMMIT", "unknown")
+    except OSError:
+        return os.environ.get("BITMTP_COMMIT", "unknown")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,538 @@
+"""Joint NTP + MTP quantisation-aware training of a ternary code model (DESIGN.md §6).
+
+    # BitMTP, D = 8, 40 blocks per 512-token row, fitted to an 8-minute budget
+    python -m tools.train --data runs/data --out runs/d8 --block-size 8 --blocks 40 \
+        --max-steps 0 --time-budget-s 480 --share-plan runs/d8/plan.json
+    # the SFT baseline: the same command with the MTP term off, same steps as the run above
+    python -m tools.train --data runs/data --out runs/sft --mtp-weight 0 --steps-from runs/d8/plan.json
+
+The model is ``bitmtp_edge.model.TernaryLM`` with ``LatentTernaryLinear``: latent float
+weights, ternary absmean weights and int8 per-token activations with straight-through
+gradients — the quantisers of ``bitmtp_edge.quant``, which the exporter and runtime use.
+Each row is the SDLM layout of ``tools.blocks``: the loss is NTP cross-entropy on the clean
+causal stream plus ``mtp_weight`` × the cross-entropy of the mask blocks.
+
+Outputs under ``--out``: ``final/`` (latent float32 HF checkpoint), ``compact/`` (packed
+HF BitNet, the release form), ``latest/`` + ``resume.pt`` (periodic, for ``--resume``),
+``train_log.json`` (config, loss history, validation, summary).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from bitmtp_edge.config import ModelConfig, MTPConfig, QuantConfig
+from bitmtp_edge.model import LatentTernaryLinear, TernaryLM
+from tools.blocks import IGNORE, BlockLayout, build_rows, clean_mask, sample_anchors
+from tools.corpus import CorpusIndex, load_split
+from tools.hf_checkpoint import load_latent_model, save_compact, save_latent
+
+# Named model shapes (gpt-fast style presets). Every projection's K is a multiple of 128.
+PRESETS: dict[str, dict] = {
+    "tiny": dict(hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32),
+    "small": dict(hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64),
+    "base27m": dict(hidden_size=512, intermediate_size=1408, num_layers=8, num_heads=8, num_kv_heads=2, head_dim=64),
+}
+MAX_BLOCK = 16  # windows are sampled as if D were this large, so every run sees the same data
+CALIBRATE_FROM, CALIBRATE_TO, RECALIBRATE_AT = 10, 60, 300
+PLAN_POLL_EVERY = 25
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    data: str
+    out: str
+    preset: str = "base27m"
+    max_position_embeddings: int = 2048
+    rope_theta: float = 10000.0
+    # the row layout
+    seq_len: int = 512
+    block_size: int = 8
+    blocks: int = 40
+    mtp_weight: float = 1.0
+    # optimisation
+    batch_size: int = 64
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    max_steps: int = 2000  # 0: fit to --time-budget-s
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    # running
+    time_budget_s: float | None = None
+    reserve_s: float = 25.0
+    eval_every: int = 500
+    eval_batches: int = 4
+    log_every: int = 25
+    save_every_s: float = 240.0
+    seed: int = 0
+    device: str = "auto"
+    precision: str = "auto"  # bf16 (autocast) | fp32 | auto: bf16 on CUDA
+    compile: str = "auto"  # on | off | auto: on for CUDA
+    resume: bool = False
+    share_plan: str | None = None
+    steps_from: str | None = None
+    plan_wait_s: float = 180.0
+    tau: float = 0.9
+    min_prefix: int = 3
+
+    @property
+    def layout(self) -> BlockLayout:
+        k = self.blocks if self.mtp_weight > 0 else 0
+        return BlockLayout(self.seq_len, self.block_size if k else 0, k)
+
+
+def model_config(tc: TrainConfig, index: CorpusIndex) -> ModelConfig:
+    if tc.preset not in PRESETS:
+        raise ValueError(f"unknown preset {tc.preset!r}; choose one of {', '.join(PRESETS)}")
+    return ModelConfig(family="bitnet", vocab_size=index.vocab_size, **PRESETS[tc.preset],
+                       rope_theta=tc.rope_theta, max_position_embeddings=tc.max_position_embeddings,
+                       tie_word_embeddings=True, eos_token_ids=(index.eos_token_id,))
+
+
+def lr_at(step: int, tc: TrainConfig, max_steps: int) -> float:
+    """Linear warm-up, then cosine from ``lr`` down to ``lr * min_lr_ratio`` at ``max_steps``."""
+    if step < tc.warmup_steps:
+        return tc.lr * (step + 1) / tc.warmup_steps
+    span = max(max_steps - tc.warmup_steps, 1)
+    t = min((step - tc.warmup_steps) / span, 1.0)
+    return tc.lr * (tc.min_lr_ratio + (1 - tc.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def joint_loss(model: TernaryLM, ids, pos, mask, tgt, clean_len: int, mtp_weight: float):
+    """(loss, ntp, mtp): NTP CE over the clean rows + mtp_weight × CE over the block rows."""
+    logits = model.verify_logits(model(ids, pos, mask))  # [B, S, V] float32
+    v = logits.shape[-1]
+    ntp = F.cross_entropy(logits[:, :clean_len].reshape(-1, v), tgt[:, :clean_len].reshape(-1), ignore_index=IGNORE)
+    if logits.shape[1] == clean_len:
+        return ntp, ntp, torch.zeros_like(ntp)
+    mtp = F.cross_entropy(logits[:, clean_len:].reshape(-1, v), tgt[:, clean_len:].reshape(-1), ignore_index=IGNORE)
+    return ntp + mtp_weight * mtp, ntp, mtp
+
+
+class Batches:
+    """Random windows of the training split, sampled on the device.
+
+    Offsets come from a CPU generator seeded by ``seed`` and bounded as if D were
+    ``MAX_BLOCK``, so runs that differ only in D or in the MTP term see the same windows;
+    anchors come from a second generator.
+    """
+
+    def __init__(self, tokens: np.ndarray, layout: BlockLayout, batch: int, seed: int, device, mask_id: int, eos_id: int):
+        self.tokens = torch.from_numpy(tokens.astype(np.int32)).to(device)
+        self.layout, self.batch, self.device = layout, batch, device
+        self.mask_id, self.eos_id = mask_id, eos_id
+        self.high = self.tokens.numel() - layout.clean_len - MAX_BLOCK - 1
+        if self.high <= 0:
+            raise ValueError(f"the split has {self.tokens.numel()} tokens, too few for {layout.clean_len}-token rows")
+        self.g_data = torch.Generator().manual_seed(seed)
+        self.g_anchor = torch.Generator().manual_seed(seed + 1)
+        self._span = torch.arange(layout.window, device=device)
+
+    def rows(self, offsets: torch.Tensor, anchors: torch.Tensor):
+        """offsets [B], anchors [B, K] -> (input_ids, positions, mask, targets), the loss's argument order."""
+        window = self.tokens[offsets.to(self.device).unsqueeze(1) + self._span].long()
+        ids, pos, tgt, mask = build_rows(window, anchors.to(self.device), self.layout, self.mask_id, self.eos_id)
+        if not self.layout.has_blocks:
+            mask = clean_mask(self.layout.clean_len, self.device)  # one [1, L, L] mask broadcasts
+        return ids, pos, mask, tgt
+
+    def next(self):
+        offsets = torch.randint(0, self.high, (self.batch,), generator=self.g_data)
+        anchors = sample_anchors(self.layout, self.batch, self.g_anchor)
+        return self.rows(offsets, anchors)
+
+    def state(self) -> dict:
+        return {"g_data": self.g_data.get_state(), "g_anchor": self.g_anchor.get_state()}
+
+    def load_state(self, s: dict) -> None:
+        self.g_data.set_state(s["g_data"])
+        self.g_anchor.set_state(s["g_anchor"])
+
+
+def fixed_val_rows(tokens: np.ndarray, layout: BlockLayout, n_rows: int, seed: int):
+    """Evenly spaced validation windows and anchors (the same for every eval and run)."""
+    high = len(tokens) - layout.clean_len - MAX_BLOCK - 1
+    if high <= 0:
+        raise ValueError(f"the val split has {len(tokens)} tokens, too few for {layout.clean_len}-token rows")
+    offsets = torch.linspace(0, high - 1, n_rows).long()
+    anchors = sample_anchors(layout, n_rows, torch.Generator().manual_seed(seed + 12345))
+    return offsets, anchors
+
+
+@torch.no_grad()
+def evaluate(model, val: Batches, offsets, anchors, tc: TrainConfig, autocast) -> dict:
+    """Validation NTP / MTP loss and per-slot top-1 accuracy of the blocks (eager)."""
+    model.eval()
+    layout = val.layout
+    ntp_sum = mtp_sum = 0.0
+    n_ntp = n_mtp = 0
+    slot_hits = torch.zeros(max(layout.block_size, 1), dtype=torch.float64)
+    slot_n = torch.zeros_like(slot_hits)
+    for i in range(0, len(offsets), tc.batch_size):
+        ids, pos, mask, tgt = val.rows(offsets[i:i + tc.batch_size], anchors[i:i + tc.batch_size])
+        with autocast():
+            logits = model.verify_logits(model(ids, pos, mask))
+        L, v = layout.clean_len, logits.shape[-1]
+        ntp_sum += float(F.cross_entropy(logits[:, :L].reshape(-1, v), tgt[:, :L].reshape(-1), reduction="sum"))
+        n_ntp += tgt[:, :L].numel()
+        if layout.has_blocks:
+            bt = tgt[:, L:]
+            mtp_sum += float(F.cross_entropy(logits[:, L:].reshape(-1, v), bt.reshape(-1), ignore_index=IGNORE,
+                                             reduction="sum"))
+            n_mtp += int((bt != IGNORE).sum())
+            hit = (logits[:, L:].argmax(-1) == bt).view(bt.shape[0], layout.num_blocks, layout.block_size)
+            valid = (bt != IGNORE).view_as(hit)
+            slot_hits += hit.sum((0, 1)).double().cpu()
+            slot_n += valid.sum((0, 1)).double().cpu()
+    model.train()
+    out = {"val_ntp": ntp_sum / n_ntp}
+    if layout.has_blocks:
+        out["val_mtp"] = mtp_sum / max(n_mtp, 1)
+        out["val_slot_acc"] = [round(float(a), 4) for a in (slot_hits / slot_n.clamp(min=1))]
+    return out
+
+
+def _device(spec: str) -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(spec)
+
+
+class PlanFile:
+    """The step count one run fits to its budget and others adopt (``--share-plan`` / ``--steps-from``)."""
+
+    def __init__(self, path: str | None):
+        self.path = Path(path) if path else None
+        self.version = -1
+
+    def write(self, max_steps: int, version: int, info: dict) -> None:
+        if self.path is None:
+            return
+        tmp = self.path.with_suffix(".tmp")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"max_steps": max_steps, "version": version, **info}))
+        os.replace(tmp, self.path)
+
+    def read(self) -> int | None:
+        """The step count if the file has a newer version than last read, else None."""
+        if self.path is None or not self.path.is_file():
+            return None
+        try:
+            d = json.loads(self.path.read_text())
+        except (json.JSONDecodeError, OSError):
+            return None
+        if d["version"] <= self.version:
+            return None
+        self.version = d["version"]
+        return int(d["max_steps"])
+
+
+class Trainer:
+    def __init__(self, tc: TrainConfig, log=print):
+        self.tc, self.log = tc, log
+        self.t_start = time.perf_counter()
+        self.deadline = self.t_start + tc.time_budget_s if tc.time_budget_s else None
+        if tc.max_steps == 0 and not tc.time_budget_s and not tc.steps_from:
+            raise ValueError("--max-steps 0 fits the run to --time-budget-s; give a budget (or a step count)")
+        self.device = _device(tc.device)
+        torch.manual_seed(tc.seed)
+        self.out = Path(tc.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.index = CorpusIndex.load(tc.data)
+        self.cfg = model_config(tc, self.index)
+        self.mtp = (MTPConfig(tc.block_size, self.index.mask_token_id, tc.tau, tc.min_prefix)
+                    if tc.layout.has_blocks else None)
+        bf16 = tc.precision == "bf16" or (tc.precision == "auto" and self.device.type == "cuda")
+        self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if bf16 \
+            else contextlib.nullcontext
+        self.precision = "bf16" if bf16 else "fp32"
+        layout = tc.layout
+        ids = (self.index.mask_token_id, self.index.eos_token_id)
+        self.train_data = Batches(load_split(tc.data, "train"), layout, tc.batch_size, tc.seed, self.device, *ids)
+        self.val_data = Batches(load_split(tc.data, "val"), layout, tc.batch_size, tc.seed, self.device, *ids)
+        self.val_offsets, self.val_anchors = fixed_val_rows(load_split(tc.data, "val"), layout,
+                                                            tc.eval_batches * tc.batch_size, tc.seed)
+        self.model = TernaryLM(self.cfg, QuantConfig(), linear_cls=LatentTernaryLinear)
+        # nn.Embedding starts at N(0, 1); with a tied head that means logits of std ~sqrt(H).
+        torch.nn.init.normal_(self.model.model.embed_tokens.weight, std=0.02)
+        self.model.to(self.device).train()
+        decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2]
+        no_decay = [p for n, p in self.model.named_parameters() if p.dim() < 2]
+        self.opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=tc.lr, betas=(tc.beta1, tc.beta2), fused=self.device.type == "cuda")
+        self.step = 0
+        self.max_steps = tc.max_steps
+        self.history: list[dict] = []
+        self.evals: list[dict] = []
+        self.events: list[str] = []
+        self.compiled = None
+        self.plan_out = PlanFile(tc.share_plan)
+        self.plan_in = PlanFile(tc.steps_from)
+        self.elapsed_before = 0.0
+        if tc.resume:
+            self._resume()
+
+    # -- bookkeeping ---------------------------------------------------------------------
+    @property
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def _note(self, msg: str) -> None:
+        self.events.append(f"step {self.step}: {msg}")
+        self.log(msg)
+
+    def _remaining(self) -> float:
+        return math.inf if self.deadline is None else self.deadline - time.perf_counter()
+
+    def _resume(self) -> None:
+        state_path = self.out / "resume.pt"
+        if not state_path.is_file():
+            raise FileNotFoundError(f"{state_path}: nothing to resume from; run without --resume first")
+        model, _ = load_latent_model(self.out / "latest")
+        self.model.load_state_dict(model.state_dict())
+        s = torch.load(state_path, map_location=self.device, weights_only=True)
+        self.opt.load_state_dict(s["optimizer"])
+        self.train_data.load_state(s["data"])
+        self.step, self.max_steps = s["step"], s["max_steps"] if self.tc.max_steps == 0 else self.tc.max_steps
+        self.history, self.evals, self.elapsed_before = s["history"], s["evals"], s["elapsed_s"]
+        self._note(f"resumed at step {self.step} of {self.max_steps}")
+
+    def _save_resume(self) -> None:
+        save_latent(self.model, self.out / "latest", Path(self.tc.data), self.mtp, self.index.corpus_sha256)
+        state = {"optimizer": self.opt.state_dict(), "data": self.train_data.state(), "step": self.step,
+                 "max_steps": self.max_steps, "history": self.history, "evals": self.evals,
+                 "elapsed_s": self.elapsed_before + time.perf_counter() - self.t_start}
+        torch.save(state, self.out / "resume.pt.tmp")
+        os.replace(self.out / "resume.pt.tmp", self.out / "resume.pt")
+
+    def write_log(self, summary: dict | None = None) -> None:
+        tc = self.tc
+        d = {"config": asdict(tc), "model": self.cfg.to_dict(), "params": self.n_params,
+             "layout": asdict(tc.layout), "seq_len_total": tc.layout.seq_len, "precision": self.precision,
+             "compiled": bool(self.compiled), "device": str(self.device),
+             "device_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
+             "torch": torch.__version__, "corpus_sha256": self.index.corpus_sha256, "max_steps": self.max_steps,
+             "history": self.history, "evals": self.evals, "events": self.events, "summary": summary}
+        tmp = self.out / "train_log.json.tmp"
+        tmp.write_text(json.dumps(d, indent=1) + "\n")
+        os.replace(tmp, self.out / "train_log.json")
+
+    # -- the step ------------------------------------------------------------------------
+    def _loss_fn(self):
+        tc, L = self.tc, self.tc.layout.clean_len
+
+        def fn(ids, pos, mask, tgt):
+            with self.autocast():
+                return joint_loss(self.model, ids, pos, mask, tgt, L, tc.mtp_weight)
+        return fn
+
+    def _want_compile(self) -> bool:
+        return self.tc.compile == "on" or (self.tc.compile == "auto" and self.device.type == "cuda")
+
+    def _train_step(self, fn, batch):
+        """One optimiser step -> (loss, ntp, mtp, grad norm) as device tensors, and the lr."""
+        lr = lr_at(self.step, self.tc, self.max_steps)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        loss, ntp, mtp = fn(*batch)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.grad_clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss, ntp, mtp, gnorm, lr
+
+    def _first_step(self, batch):
+        """The first step, compiled if asked; any compile failure falls back to eager."""
+        eager = self._loss_fn()
+        if self._want_compile():
+            try:
+                import torch._dynamo
+
+                torch._dynamo.config.suppress_errors = True
+                compiled = torch.compile(eager, dynamic=False)
+                out = self._train_step(compiled, batch)
+                torch.cuda.synchronize() if self.device.type == "cuda" else None
+                self.compiled = compiled
+                return out
+            except Exception as e:  # inductor / triton / dynamo: never let compilation end a run
+                self.opt.zero_grad(set_to_none=True)
+                self._note(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                           "continuing eager")
+        self.compiled = None
+        return self._train_step(eager, batch)
+
+    # -- the plan: how many steps fit ----------------------------------------------------
+    def _fit_steps(self, t_from: float, s_from: int, version: int) -> None:
+        rate = (self.step - s_from) / max(time.perf_counter() - t_from, 1e-6)
+        left = self._remaining() - self.tc.reserve_s
+        steps = self.step + int(0.93 * rate * max(left, 0.0))
+        self.max_steps = max(steps, self.step + 1)
+        self.plan_out.write(self.max_steps, version, {"rate_steps_s": rate, "at_step": self.step})
+        self._note(f"fitted {self.max_steps} steps to the budget ({rate:.2f} steps/s, v{version})")
+
+    def _follow_plan(self, wait: bool) -> None:
+        t0 = time.perf_counter()
+        while True:
+            steps = self.plan_in.read()
+            if steps is not None:
+                if steps != self.max_steps:
+                    self._note(f"adopted {steps} steps from {self.plan_in.path}")
+                self.max_steps = steps
+                return
+            if not wait or self.plan_in.version >= 0:
+                return
+            if time.perf_counter() - t0 > self.tc.plan_wait_s or self._remaining() < self.tc.reserve_s:
+                self._note(f"no plan in {self.plan_in.path} after {self.tc.plan_wait_s:.0f}s; "
+                           f"keeping {self.max_steps or 'a budget-fitted'} steps")
+                return
+            time.sleep(0.5)
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self) -> dict:
+        tc = self.tc
+        from tqdm import tqdm
+
+        tty = sys.stderr.isatty()
+        bar = tqdm(total=self.max_steps or None, initial=self.step, desc=self.out.name, dynamic_ncols=True,
+                   mininterval=0.5 if tty else 20.0, disable=None if tty else False)
+        fn = None
+        marks: dict[int, float] = {}  # step -> time, for fitting the step count
+        t_log, s_log = time.perf_counter(), self.step
+        last_save = time.perf_counter()
+        stop_reason = "max_steps"
+        clean_per_step = tc.batch_size * tc.seq_len
+        while True:
+            if self.plan_in.path is not None and (self.step % PLAN_POLL_EVERY == 0 or self.max_steps == 0):
+                self._follow_plan(wait=self.step >= tc.warmup_steps and self.plan_in.version < 0)
+            if self.deadline is not None and tc.max_steps == 0:
+                if self.max_steps == 0 and CALIBRATE_FROM in marks and CALIBRATE_TO in marks:
+                    self._fit_steps(marks[CALIBRATE_FROM], CALIBRATE_FROM, 1)
+                    bar.total = self.max_steps
+                elif self.step == RECALIBRATE_AT and CALIBRATE_TO in marks and RECALIBRATE_AT in marks \
+                        and self.plan_in.path is None:
+                    # Re-fit once every concurrent run is past its compile, at the steady rate.
+                    self._fit_steps(marks[CALIBRATE_TO], CALIBRATE_TO, 2)
+                    bar.total = self.max_steps
+            if self.max_steps and self.step >= self.max_steps:
+                break
+            if self._remaining() < tc.reserve_s:
+                stop_reason = "time_budget"
+                self._note(f"time budget reached at step {self.step}; stopping and saving")
+                break
+            batch = self.train_data.next()
+            if fn is None:
+                loss, ntp, mtp, gnorm, lr = self._first_step(batch)
+                fn = self.compiled or self._loss_fn()
+            else:
+                loss, ntp, mtp, gnorm, lr = self._train_step(fn, batch)
+            self.step += 1
+            bar.update(1)
+            if self.step in (CALIBRATE_FROM, CALIBRATE_TO, RECALIBRATE_AT):
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize()
+                marks[self.step] = time.perf_counter()
+            if self.step % tc.log_every == 0 or self.step == 1:
+                loss_v, ntp_v, mtp_v, g_v = (float(x) for x in (loss, ntp, mtp, gnorm))
+                if not math.isfinite(loss_v):
+                    stop_reason = "diverged"
+                    self._note(f"loss is {loss_v}; stopping")
+                    break
+                now = time.perf_counter()
+                tok_s = (self.step - s_log) * clean_per_step / max(now - t_log, 1e-9)
+                t_log, s_log = now, self.step
+                self.history.append({"step": self.step, "loss": round(loss_v, 4), "ntp": round(ntp_v, 4),
+                                     "mtp": round(mtp_v, 4), "grad_norm": round(g_v, 3), "lr": lr,
+                                     "clean_tok_s": round(tok_s), "elapsed_s": round(self._elapsed(), 1)})
+                bar.set_postfix(loss=f"{loss_v:.3f}", ntp=f"{ntp_v:.3f}", mtp=f"{mtp_v:.3f}", tok_s=f"{tok_s / 1e3:.0f}k")
+                self.write_log()
+            if tc.eval_every and self.step % tc.eval_every == 0:
+                self._eval()
+            if time.perf_counter() - last_save > tc.save_every_s:
+                self._save_resume()
+                last_save = time.perf_counter()
+        bar.close()
+        final = self._eval()
+        self._save_resume()
+        save_latent(self.model, self.out / "final", Path(tc.data), self.mtp, self.index.corpus_sha256)
+        save_compact(self.model, self.out / "compact", Path(tc.data), self.mtp, self.index.corpus_sha256)
+        summary = {"steps": self.step, "max_steps": self.max_steps, "stop_reason": stop_reason,
+                   "clean_tokens": self.step * clean_per_step,
+                   "block_tokens": self.step * tc.batch_size * (tc.layout.seq_len - tc.seq_len),
+                   "wall_s": round(self._elapsed(), 1), "params": self.n_params,
+                   "final_train": self.history[-1] if self.history else None, **final}
+        self.write_log(summary)
+        self.log(json.dumps({k: summary[k] for k in ("steps", "clean_tokens", "wall_s", "val_ntp", "stop_reason")}))
+        return summary
+
+    def _elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.t_start
+
+    def _eval(self) -> dict:
+        r = evaluate(self.model, self.val_data, self.val_offsets, self.val_anchors, self.tc, self.autocast)
+        self.evals.append({"step": self.step, **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}})
+        self.log(f"[{self.out.name}] step {self.step}: " + ", ".join(
+            f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()))
+        self.write_log()
+        return r
+
+
+def main(argv: list[str] | None = None) -> None:
+    import click
+
+    defaults = {f.name: f.default for f in fields(TrainConfig)}
+
+    @click.command(context_settings={"help_option_names": ["-h", "--help"]})
+    @click.option("--data", required=True, help="corpus folder (python -m tools.corpus build)")
+    @click.option("--out", required=True, help="run folder: checkpoints and train_log.json")
+    @click.option("--preset", type=click.Choice(list(PRESETS)), default=defaults["preset"], show_default=True)
+    @click.option("--seq-len", default=defaults["seq_len"], show_default=True, help="clean tokens per row")
+    @click.option("--block-size", default=defaults["block_size"], show_default=True, help="D")
+    @click.option("--blocks", default=defaults["blocks"], show_default=True, help="mask blocks per row")
+    @click.option("--mtp-weight", default=defaults["mtp_weight"], show_default=True,
+                  help="weight of the MTP term; 0 = the SFT baseline (no blocks)")
+    @click.option("--batch-size", default=defaults["batch_size"], show_default=True)
+    @click.option("--lr", default=defaults["lr"], show_default=True)
+    @click.option("--warmup-steps", default=defaults["warmup_steps"], show_default=True)
+    @click.option("--max-steps", default=defaults["max_steps"], show_default=True,
+                  help="0 = as many as fit in --time-budget-s")
+    @click.option("--weight-decay", default=defaults["weight_decay"], show_default=True)
+    @click.option("--grad-clip", default=defaults["grad_clip"], show_default=True)
+    @click.option("--time-budget-s", type=float, default=None, help="wall-clock budget: stop and save cleanly")
+    @click.option("--eval-every", default=defaults["eval_every"], show_default=True)
+    @click.option("--eval-batches", default=defaults["eval_batches"], show_default=True)
+    @click.option("--log-every", default=defaults["log_every"], show_default=True)
+    @click.option("--save-every-s", default=defaults["save_every_s"], show_default=True)
+    @click.option("--seed", default=defaults["seed"], show_default=True)
+    @click.option("--device", default=defaults["device"], show_default=True)
+    @click.option("--precision", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True)
+    @click.option("--compile", "compile_", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True)
+    @click.option("--resume", is_flag=True, help="continue from OUT/latest + OUT/resume.pt")
+    @click.option("--share-plan", default=None, help="with --max-steps 0: write the fitted step count here")
+    @click.option("--steps-from", default=None, help="adopt the step count another run wrote (same steps)")
+    @click.option("--tau", default=defaults["tau"], show_default=True, help="default τ written to bitmtp.json")
+    @click.option("--min-prefix", default=defaults["min_prefix"], show_default=True, help="default m for bitmtp.json")
+    def cli(compile_, **kw):
+        """Train a ternary LM with the joint NTP + MTP objective (or the SFT baseline)."""
+        tc = TrainConfig(compile=compile_, **kw)
+        Trainer(tc, log=lambda m: print(m, flush=True)).run()
+
+    cli.main(args=argv, prog_name="python -m tools.train", standalone_mode=True)
+
+
+if __name__ == "__main__":
+    main()
