@@ -45,6 +45,29 @@ class CommandResult:
 CommandRunner = Callable[[Sequence[str]], "CommandResult | None"]
 
 
+def tolerant(runner: CommandRunner) -> CommandRunner:
+    """Wrap a runner so callers may hand in looser ones: returning stdout as ``str``, a
+    ``subprocess.CompletedProcess``, or raising OSError for a missing executable."""
+
+    def call(argv: Sequence[str]) -> CommandResult | None:
+        try:
+            res = runner(argv)
+        except OSError:
+            return None
+        if res is None or isinstance(res, CommandResult):
+            return res
+        if isinstance(res, (str, bytes)):
+            return CommandResult(0, res.decode(errors="replace") if isinstance(res, bytes) else res)
+        out, err = getattr(res, "stdout", "") or "", getattr(res, "stderr", "") or ""
+        return CommandResult(
+            int(getattr(res, "returncode", 0)),
+            out.decode(errors="replace") if isinstance(out, bytes) else out,
+            err.decode(errors="replace") if isinstance(err, bytes) else err,
+        )
+
+    return call
+
+
 def run_command(argv: Sequence[str], timeout_s: float = 10.0) -> CommandResult | None:
     """Run ``argv`` read-only and capture its output; None when the executable is missing."""
     exe = shutil.which(argv[0])
@@ -309,7 +332,7 @@ def detect_board(
     if release is not None and l4t is None:
         notes.append("/etc/nv_tegra_release has no '# R<major> (release), REVISION: x.y' line")
     if l4t is None:
-        l4t = _l4t_from_dpkg(runner or run_command)
+        l4t = _l4t_from_dpkg(tolerant(runner or run_command))
         if l4t is not None:
             notes.append("L4T version from dpkg-query nvidia-l4t-core")
     model_text = read_text(root, "/proc/device-tree/model")

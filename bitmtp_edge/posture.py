@@ -34,6 +34,7 @@ from bitmtp_edge.board import (
     read_int,
     read_text,
     run_command,
+    tolerant,
 )
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,7 @@ class PowerMode:
     name: str | None
     id: int | None
     source: str  # where it was read from
+    note: str | None = None  # a disagreement worth a warning
 
 
 def read_power_mode(
@@ -131,12 +133,15 @@ def read_power_mode(
         if name is not None:
             if conf is not None and mode_id is None:
                 mode_id = conf.id_of(name)
+            note = None
             if conf is not None and mode_id in conf.modes and conf.modes[mode_id] != name:
-                notes.append(
-                    f"`nvpmodel -q` reports {name} (id {mode_id}) but /etc/nvpmodel.conf names "
-                    f"id {mode_id} '{conf.modes[mode_id]}'; trusting nvpmodel"
+                # e.g. a container with another board's conf mounted: mode ids from the conf
+                # (and the suggested `nvpmodel -m` id) cannot be trusted then.
+                note = (
+                    f"`nvpmodel -q` reports {name} (id {mode_id}) but /etc/nvpmodel.conf names id "
+                    f"{mode_id} '{conf.modes[mode_id]}': is the conf from this board? Trusting nvpmodel"
                 )
-            return PowerMode(name, mode_id, "nvpmodel -q"), notes
+            return PowerMode(name, mode_id, "nvpmodel -q", note), notes
     why = "not found" if res is None else f"exit {res.returncode}: {res.stderr.strip()[:120]}"
     notes.append(f"`nvpmodel -q` unavailable ({why})")
 
@@ -407,7 +412,7 @@ def read_posture(
 
     Off a Jetson: ``on_jetson=False`` and ``warnings`` holds one plain sentence saying so.
     """
-    runner = runner or run_command
+    runner = tolerant(runner or run_command)
     board = board or detect_board(root, runner)
     if not board.on_jetson:
         return PowerPosture(on_jetson=False, warnings=[NOT_JETSON_MESSAGE])
@@ -444,6 +449,8 @@ def read_posture(
         clocks=clocks,
     )
     posture.warnings = _posture_warnings(posture, mode_notes, conf is not None)
+    if mode is not None and mode.note:
+        posture.warnings.insert(0, mode.note)
     return posture
 
 

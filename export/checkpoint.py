@@ -108,7 +108,7 @@ class Checkpoint:
     def close(self) -> None:
         self._handles.clear()
 
-    def __enter__(self) -> "Checkpoint":
+    def __enter__(self) -> Checkpoint:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -217,7 +217,7 @@ def _read_index(index: Path) -> tuple[tuple[Path, ...], Path, dict[str, TensorIn
         for key, info in _read_header(shard).items():
             if key in tensors:
                 raise ExportError(shard, f"tensor {key} is stored twice (also in {tensors[key].file.name})",
-                                  f"remove the stale shard or re-download the checkpoint")
+                                  "remove the stale shard or re-download the checkpoint")
             if key not in weight_map:
                 raise ExportError(shard, f"holds tensor {key}, which {INDEX} does not list", fix_index)
             if weight_map[key] != name:

@@ -28,18 +28,22 @@ class _RichProgress:
     def __init__(self, console):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self._bar = Progress(TextColumn("converting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                              TextColumn("{task.fields[name]}"), console=console, transient=True)
         self._task = None
 
     def start(self, total: int) -> None:
         if total >= PROGRESS_MIN_TENSORS:
             self._bar.start()
-            self._task = self._bar.add_task("convert", total=total, name="")
+            self._task = self._bar.add_task("converting", total=total, name="")
 
     def advance(self, name: str) -> None:
         if self._task is not None:
             self._bar.update(self._task, advance=1, name=name)
+
+    def phase(self, what: str) -> None:
+        if self._task is not None:
+            self._bar.update(self._task, description=what, name="")
 
     def stop(self) -> None:
         self._bar.stop()

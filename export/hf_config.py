@@ -111,7 +111,8 @@ def _model_config(cfg: dict[str, Any], family: str, ckpt: Checkpoint) -> ModelCo
     fix = "config.json does not describe a complete model: re-save it with transformers"
 
     def integer(key: str, default: int | None = None) -> int:
-        v = cfg.get(key, default)
+        v = cfg.get(key)
+        v = default if v is None else v  # transformers reads an explicit null as "use the default"
         if v is None:
             raise ExportError(where, f"missing {key!r}", fix)
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:

@@ -144,6 +144,10 @@ def source_tensors(ckpt: Checkpoint, spec: SourceSpec, fmt: str) -> list[str]:
 
     present = {k for k in ckpt.tensors if not k.endswith(IGNORED_SUFFIXES)}
     missing = [k for k in expected if k not in present]
+    if missing == [LM_HEAD]:
+        raise ExportError(ckpt.weights_path, f"tensor {LM_HEAD} is missing and config.json does not tie it to the "
+                          "embedding (tie_word_embeddings is false or absent, and transformers' default is false)",
+                          'set "tie_word_embeddings": true in config.json if the head shares the embedding')
     if missing:
         more = f" ({len(missing) - 1} more)" if len(missing) > 1 else ""
         raise ExportError(ckpt.weights_path, f"tensor {missing[0]} is missing{more} (config.json "

@@ -44,8 +44,11 @@ class ExportOptions:
 
 
 class ProgressSink(Protocol):
+    """What a UI gets told: ``start`` (tensors to convert), ``advance`` per tensor, then ``phase``."""
+
     def start(self, total: int) -> None: ...
     def advance(self, name: str) -> None: ...
+    def phase(self, what: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -68,10 +71,14 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, options: Export
         if progress is not None:
             progress.start(len(names))
         tensors, dtypes = _convert(ckpt, spec, fmt, names, progress.advance if progress else lambda n: None)
+    if progress is not None:
+        progress.phase("hashing sources")
     manifest = Manifest(
         model=spec.model, quant=spec.quant, kv=kv, mtp=spec.mtp, widths=widths,
         source=_source_info(ckpt, spec, fmt, dtypes), exporter_version=EXPORTER_VERSION,
     )
+    if progress is not None:
+        progress.phase("writing")
     try:
         out = write_artifact(out_dir, manifest, tensors, ckpt.tokenizer_files(), overwrite=options.overwrite)
     except FileExistsError:

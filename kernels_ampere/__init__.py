@@ -7,8 +7,8 @@ allocates, and a ``*_reference`` pure-PyTorch twin that the tests compare agains
 name                               module                  what
 =================================  ======================  ==========================================
 pack_ternary / unpack_ternary      packing                 the INT2 layout ``ternary-2bit-k128x4-v1``
-w2a8_linear                        w2a8_linear             packed ternary x int8, exact int32 accum
-w2a16_linear                       w2a16_linear            packed ternary x 16/32-bit (weight-only)
+w2a8_linear                        w2a8                    packed ternary x int8, exact int32 accum
+w2a16_linear                       w2a16                   packed ternary x 16/32-bit (weight-only)
 rmsnorm_quant                      fused_quant             RMSNorm + per-token int8 quantisation
 relu2_mul_rmsnorm_quant            fused_quant             relu(g)^2 * u + sub-norm + quantisation
 silu_mul_quant                     fused_quant             silu(g) * u + quantisation
@@ -16,10 +16,13 @@ small_width_attention              attention               M rows over a shared 
 int8_head_argmax / f16_head_argmax heads                   head matmul fused with argmax + max-softmax
 =================================  ======================  ==========================================
 
+Module names never equal an exported function's name: importing a submodule binds it as
+a package attribute, which would shadow the lazily exported function of the same name.
+
 ``import kernels_ampere`` imports only ``packing`` (torch alone): the exporter and the CPU
 reference runtime use the layout without Triton. The kernels (and Triton) load on first
-attribute access. Under the Triton interpreter (``TRITON_INTERPRET=1`` set before that
-first access) the same kernels run on CPU tensors.
+attribute access. Under the Triton interpreter (``TRITON_INTERPRET=1`` set before triton
+is first imported in the process) the same kernels run on CPU tensors.
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ import importlib
 from .packing import PACKING_LAYOUT, pack_ternary, unpack_ternary
 
 _LAZY = {
-    "w2a8_linear": "w2a8_linear",
-    "w2a8_linear_reference": "w2a8_linear",
-    "w2a16_linear": "w2a16_linear",
-    "w2a16_linear_reference": "w2a16_linear",
+    "w2a8_linear": "w2a8",
+    "w2a8_linear_reference": "w2a8",
+    "w2a16_linear": "w2a16",
+    "w2a16_linear_reference": "w2a16",
     "rmsnorm_quant": "fused_quant",
     "rmsnorm_quant_reference": "fused_quant",
     "relu2_mul_rmsnorm_quant": "fused_quant",

@@ -194,7 +194,7 @@ def small_width_attention(
     g = hq // hkv
     if config is None:
         config = lookup("small_width_attention", {"hd": hd, "G": g, "M": m, "capacity": capacity},
-                        q.device) or default_attention(hd)
+                        q.device) or default_attention(hd, m * g)
     if config.split_slots % config.block_s:
         raise ValueError(f"small_width_attention: split_slots={config.split_slots} must be a multiple "
                          f"of block_s={config.block_s}")

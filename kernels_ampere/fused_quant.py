@@ -94,6 +94,9 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, weight: torch.Tensor | Non
         k, float(eps),
         ACT=act, NORM=weight is not None, QMAX=ACT_QMAX, EPS_AMAX=SCALE_EPS,
         BLOCK_K=block_k, num_warps=min(max(block_k // 512, 1), 16),
+        # no FMA contraction: h * q must round to float32 before the round-half-even add,
+        # exactly as in the twin (a fused multiply-add would round once, differently)
+        enable_fp_fusion=False,
     )
     return x_int8, a_scale
 

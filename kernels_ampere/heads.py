@@ -135,7 +135,7 @@ def _head_argmax(h, h_scale, w, w_scale, config, op):
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     _head_combine_kernel[(m,)](pmax, pidx, psum, top1, conf, n_parts, m,
-                               BLOCK_P=min(next_pow2(n_parts), 1024), num_warps=4)
+                               BLOCK_P=min(next_pow2(n_parts), config.combine_block), num_warps=4)
     return top1, conf
 
 

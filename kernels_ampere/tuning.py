@@ -60,6 +60,7 @@ class HeadConfig:
     block_h: int  # hidden features per K step
     num_warps: int = 4
     num_stages: int = 2
+    combine_block: int = 1024  # partials folded per step of the second pass
 
 
 @dataclass(frozen=True)
@@ -169,5 +170,7 @@ def head_candidates(m: int) -> list[HeadConfig]:
             ((64, 128, 4, 3), (128, 128, 4, 3), (128, 256, 4, 3), (256, 128, 8, 3), (128, 64, 4, 4))]
 
 
-def default_attention(head_dim: int) -> AttentionConfig:
-    return AttentionConfig(block_s=64 if head_dim <= 128 else 32, split_slots=512, num_warps=4, num_stages=2)
+def default_attention(head_dim: int, rows: int) -> AttentionConfig:
+    """``rows`` = M * (Hq / Hkv), the query tile height; tall tiles get more warps (registers)."""
+    return AttentionConfig(block_s=64 if head_dim <= 128 else 32, split_slots=512,
+                           num_warps=8 if rows > 64 else 4, num_stages=2)

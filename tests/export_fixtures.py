@@ -19,14 +19,14 @@ from export.cli import main
 from tools import fake_checkpoints as fc
 
 
-@functools.lru_cache(maxsize=1)
+@functools.cache
 def _root() -> Path:
     root = Path(tempfile.mkdtemp(prefix="bitmtp-export-tests-"))
     atexit.register(shutil.rmtree, root, True)
     return root
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def checkpoint(kind: str) -> Path:
     """One pristine checkpoint folder per kind (see the table below)."""
     root = _root()

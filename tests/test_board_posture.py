@@ -305,6 +305,7 @@ def test_nvpmodel_name_disagreeing_with_conf_trusts_nvpmodel():
     )
     p = read_posture(root, runner)
     assert (p.power_mode_name, p.power_mode_id) == ("MAXN_SUPER", 0)
+    assert "names id 0 '15W'" in p.warnings[0] and "is the conf from this board?" in p.warnings[0]
 
 
 # --------------------------------------------------------------------------- off a Jetson
@@ -328,3 +329,20 @@ def test_off_jetson_fixture_root(tmp_path):
     (tmp_path / "proc" / "meminfo").write_text("MemTotal:       32768000 kB\n")
     b = detect_board(tmp_path, FixtureRunner(tmp_path))
     assert not b.on_jetson and b.module is None and b.l4t is None and b.ram_total_mb == 32000
+
+
+def test_runner_may_return_completed_process_or_str_or_raise():
+    import subprocess
+
+    root, _ = board("agx-orin-64gb")
+
+    def runner(argv):
+        if argv[0] == "nvpmodel":
+            return subprocess.CompletedProcess(argv, 0, stdout=b"NV Power Mode: MAXN\n0\n", stderr=b"")
+        raise FileNotFoundError(argv[0])
+
+    p = read_posture(root, runner)
+    assert (p.power_mode_name, p.power_mode_id) == ("MAXN", 0)
+    p = read_posture(root, lambda argv: "NV Power Mode: MODE_30W\n2\n" if argv[0] == "nvpmodel" else None)
+    assert (p.power_mode_name, p.power_mode_id, p.at_max_mode) == ("MODE_30W", 2, False)
+

@@ -236,7 +236,7 @@ def test_sharded_checkpoint_with_a_missing_shard(tmp_path):
 
 def test_sharded_checkpoint_with_a_truncated_shard(tmp_path):
     ckpt, index = sharded_copy(tmp_path)
-    shard = ckpt / sorted(set(index["weight_map"].values()))[-1]
+    shard = ckpt / max(index["weight_map"].values())
     shard.write_bytes(shard.read_bytes()[:-100])
     out = tmp_path / "out"
     assert_refused(run_cli(ckpt, out), out, str(shard), "not a readable safetensors file")
@@ -244,7 +244,7 @@ def test_sharded_checkpoint_with_a_truncated_shard(tmp_path):
 
 def test_index_maps_a_key_its_shard_does_not_hold(tmp_path):
     ckpt, index = sharded_copy(tmp_path)
-    index["weight_map"]["model.layers.9.mlp.up_proj.weight"] = sorted(set(index["weight_map"].values()))[0]
+    index["weight_map"]["model.layers.9.mlp.up_proj.weight"] = min(index["weight_map"].values())
     (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
     out = tmp_path / "out"
     assert_refused(run_cli(ckpt, out), out, "model-00001-of-", "does not hold tensor model.layers.9.mlp.up_proj.weight")
@@ -307,3 +307,11 @@ def test_device_and_kv_budget_together(tmp_path):
     out = tmp_path / "out"
     assert_refused(run_cli(copy_ckpt("bitnet-online", tmp_path / "ckpt"), out, "--device", "h200",
                            "--kv-budget-mib", "64"), out, "--kv-budget-mib", "--device")
+
+
+def test_untied_config_without_lm_head_says_how_to_tie(tmp_path):
+    ckpt = copy_ckpt("bitnet-online", tmp_path / "ckpt")
+    edit_config(ckpt, tie_word_embeddings=None)  # absent: transformers' default is false
+    out = tmp_path / "out"
+    assert_refused(run_cli(ckpt, out), out, str(ckpt / "model.safetensors"), "lm_head.weight is missing",
+                   '"tie_word_embeddings": true')

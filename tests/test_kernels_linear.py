@@ -22,20 +22,23 @@ pytest.importorskip("triton")
 from bitmtp_edge.quant import int_matmul, quantize_activations  # noqa: E402
 from kernels_ampere import pack_ternary  # noqa: E402
 from kernels_ampere.tuning import DOT, GEMV, LinearConfig  # noqa: E402
-from kernels_ampere.w2a8_linear import w2a8_linear, w2a8_linear_reference  # noqa: E402
-from kernels_ampere.w2a16_linear import w2a16_linear, w2a16_linear_reference  # noqa: E402
+from kernels_ampere.w2a8 import w2a8_linear, w2a8_linear_reference  # noqa: E402
+from kernels_ampere.w2a16 import w2a16_linear, w2a16_linear_reference  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
 needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 
 WIDTHS = (1, 2, 3, 5, 9, 17)
-SHAPES = ((40, 384), (72, 640))  # N not a power of two, K a multiple of 128 but not of 256
+# every width once, N never a power of two, K a multiple of 128 but not of 256
+WIDTH_SHAPES = ((1, 40, 384), (1, 72, 640), (2, 72, 640), (3, 40, 384), (5, 72, 640), (9, 40, 384), (17, 72, 640))
+GEMV_MAX_M = 8  # the tuner never offers gemv beyond this width (tuning.linear_candidates)
 
 
-def configs(grouped: bool) -> list[LinearConfig]:
+def configs(grouped: bool, m: int = 1) -> list[LinearConfig]:
     kb = 32 if grouped else 64  # 64 bytes = two 128-chunks: exercises the chunk-to-input map
-    return [LinearConfig(GEMV, 16, kb, num_warps=2), LinearConfig(DOT, 32, kb, num_warps=4, num_stages=2)]
+    dot = LinearConfig(DOT, 32, kb, num_warps=4, num_stages=2)
+    return [LinearConfig(GEMV, 16, kb, num_warps=2), dot] if m <= GEMV_MAX_M else [dot]
 
 
 def random_weight(n: int, k: int, gen: torch.Generator):
@@ -57,8 +60,7 @@ def assert_exact(out: torch.Tensor, ref: torch.Tensor, what: str):
 
 # --- w2a8 ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("m", WIDTHS)
-@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m,n,k", WIDTH_SHAPES)
 @pytest.mark.parametrize("grouped", [False, True], ids=["row", "group128"])
 def test_w2a8_matches_twin(m, n, k, grouped):
     gen = torch.Generator().manual_seed(100 * m + n + k + grouped)
@@ -66,7 +68,7 @@ def test_w2a8_matches_twin(m, n, k, grouped):
     a, a_s = random_activations(m, k, gen)
     w_s = (0.5 + torch.rand((n, k // 128) if grouped else (n,), generator=gen)).to(DEVICE)
     ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32)
-    for cfg in configs(grouped):
+    for cfg in configs(grouped, m):
         out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
         if grouped:
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item(),
@@ -75,7 +77,7 @@ def test_w2a8_matches_twin(m, n, k, grouped):
             assert_exact(out, ref, f"{cfg.kernel} M={m} N={n} K={k}")
 
 
-@pytest.mark.parametrize("m", WIDTHS)
+@pytest.mark.parametrize("m", (1, 5, 17))
 @pytest.mark.parametrize("grouped", [False, True], ids=["row", "group128"])
 def test_w2a8_unit_scales_give_the_int32_accumulator(m, grouped):
     n, k = 56, 640
@@ -85,7 +87,7 @@ def test_w2a8_unit_scales_give_the_int32_accumulator(m, grouped):
     ones_a = torch.ones(m, device=DEVICE)
     ones_w = torch.ones((n, k // 128) if grouped else (n,), device=DEVICE)
     expect = int_matmul(a.cpu(), codes).float()  # |acc| <= 640 * 128 < 2**24: exact in float32
-    for cfg in configs(grouped):
+    for cfg in configs(grouped, m):
         out = w2a8_linear(a, ones_a, packed, ones_w, out_dtype=torch.float32, config=cfg)
         assert_exact(out.cpu(), expect, f"{cfg.kernel} accumulator M={m}")
 
@@ -93,7 +95,7 @@ def test_w2a8_unit_scales_give_the_int32_accumulator(m, grouped):
 @pytest.mark.parametrize("m", WIDTHS)
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16])
 def test_w2a8_default_config_and_16bit_output(m, out_dtype):
-    n, k = 200, 384
+    n, k = 104, 384
     gen = torch.Generator().manual_seed(11 + m)
     _, packed = random_weight(n, k, gen)
     a, a_s = random_activations(m, k, gen)
@@ -137,7 +139,7 @@ def test_w2a8_rejects_mismatched_shapes_with_a_clear_error():
 
 # --- w2a16 -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("m", (1, 2, 5, 17))
+@pytest.mark.parametrize("m", (1, 3, 17))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("grouped", [True, False], ids=["group128", "row"])
 def test_w2a16_matches_twin(m, dtype, grouped):
@@ -147,7 +149,7 @@ def test_w2a16_matches_twin(m, dtype, grouped):
     x = torch.randn(m, k, generator=gen).to(dtype).to(DEVICE)
     w_s = (0.5 + torch.rand((n, k // 128) if grouped else (n,), generator=gen)).to(DEVICE)
     ref = w2a16_linear_reference(x, packed, w_s, out_dtype=torch.float32)
-    for cfg in configs(grouped):
+    for cfg in configs(grouped, m):
         out = w2a16_linear(x, packed, w_s, out_dtype=torch.float32, config=cfg)
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item(),
                                    msg=lambda s: f"{cfg.kernel}: {s}")
@@ -168,7 +170,7 @@ def test_w2a8_real_shapes_exact_on_gpu(n, k, m):
     _, packed = random_weight(n, k, gen)
     a, a_s = random_activations(m, k, gen)
     w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
-    for cfg in [None, *configs(False)]:
+    for cfg in [None, *configs(False, m)]:
         out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
         assert_exact(out, w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32),
                      f"{cfg} N={n} K={k} M={m}")

@@ -119,6 +119,9 @@ def test_nvml_energy_counter_over_window():
     samples = [Sample(t=t, power_w=100.0, energy_j=1000.0 + 100.0 * t) for t in (0.0, 1.0, 2.0, 3.0)]
     stats = summarize_window(samples, 1.0, 2.0, "nvml")
     assert stats.energy_j == pytest.approx(100.0) and stats.energy_counter_j == pytest.approx(100.0)
+    # the counter is interpolated at the window's edges, not read at the nearest samples
+    assert summarize_window(samples, 0.5, 2.25, "nvml").energy_counter_j == pytest.approx(175.0)
+    assert summarize_window(samples, 0.5, 3.5, "nvml").energy_counter_j is None  # not bracketed
 
 
 # --------------------------------------------------------------------------- fake tegrastats
@@ -325,6 +328,21 @@ def test_nvml_source_maps_readings(monkeypatch):
     assert s.energy_j is None  # unsupported on this "GPU": None, not an error
     assert s.ram_total_mb > 0  # host RAM from psutil
     assert src.read() is None  # closed
+
+
+def test_nvml_prefers_instantaneous_power_field(monkeypatch):
+    # GetPowerUsage is a 1 s average on recent GPUs; the POWER_INSTANT field is used when present.
+    fake = _fake_pynvml()
+    fake.NVML_FI_DEV_POWER_INSTANT = 186
+    value = types.SimpleNamespace(nvmlReturn=0, value=types.SimpleNamespace(uiVal=410_000))
+    fake.nvmlDeviceGetFieldValues = lambda h, fields: [value] if fields == [186] else []
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    src = NvmlSource()
+    src.open()
+    assert src.poll().power_w == 410.0
+    value.nvmlReturn = 3  # NVML_ERROR_NOT_SUPPORTED at some later poll: fall back to the average
+    assert src.poll().power_w == 350.0
+    src.close()
 
 
 def test_nvml_without_driver_falls_back_to_psutil_in_auto(monkeypatch, tmp_path):

@@ -261,7 +261,7 @@ def make_qwen3_group128(folder: str | Path, *, dims: TinyDims = TinyDims(head_di
                       intermediate_size=dims.intermediate_size, num_hidden_layers=dims.num_layers,
                       num_attention_heads=dims.num_heads, num_key_value_heads=dims.num_kv_heads, head_dim=head_dim,
                       max_position_embeddings=dims.max_position_embeddings, tie_word_embeddings=tie,
-                      rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                      rope_theta=1000000.0,  # v5 turns it into rope_parameters; v4 keeps it top-level
                       bos_token_id=ids["eos"], eos_token_id=ids["eos"])
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(cfg)

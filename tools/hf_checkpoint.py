@@ -228,7 +228,7 @@ def load_runtime_model(folder: str | Path, dtype: torch.dtype = torch.float64, d
     with its int8 draft head attached, as an exported artifact would build it."""
     ck = read_checkpoint(folder)
     raw = _load_state(ck.folder)
-    model = TernaryLM(ck.model, QuantConfig())
+    model = TernaryLM(ck.model, QuantConfig()).to(dtype)  # int8 codes stay int8
     state = {}
     for name, ref in model.state_dict().items():
         base, leaf = name.rsplit(".", 1)
@@ -241,7 +241,7 @@ def load_runtime_model(folder: str | Path, dtype: torch.dtype = torch.float64, d
             state[name] = (raw[f"{base}.weight_scale"] if ck.compact
                            else ternarize_absmean(raw[f"{base}.weight"])[1]).float().reshape(ref.shape)
         else:
-            state[name] = raw[name].to(dtype)
+            state[name] = raw[name]
     model.load_state_dict(state)
-    model.attach_draft_head()
+    model.attach_draft_head()  # quantised from the verify head, as the exporter does
     return model.to(device).eval(), ck

@@ -85,7 +85,7 @@ class TrainConfig:
     resume: bool = False
     share_plan: str | None = None
     steps_from: str | None = None
-    plan_wait_s: float = 180.0
+    plan_wait_s: float = 60.0
     tau: float = 0.9
     min_prefix: int = 3
 
@@ -447,7 +447,7 @@ class Trainer:
                     torch.cuda.synchronize()
                 marks[self.step] = time.perf_counter()
             if self.step % tc.log_every == 0 or self.step == 1:
-                loss_v, ntp_v, mtp_v, g_v = (float(x) for x in (loss, ntp, mtp, gnorm))
+                loss_v, ntp_v, mtp_v, g_v = (float(x.detach()) for x in (loss, ntp, mtp, gnorm))
                 if not math.isfinite(loss_v):
                     stop_reason = "diverged"
                     self._note(f"loss is {loss_v}; stopping")

@@ -262,7 +262,7 @@ class GraphBackend:
         self._chain = ()
 
     def prefill(self, token_ids: list[int]) -> None:
-        from kernels_ampere.attention import small_width_attention_reference
+        from kernels_ampere import small_width_attention_reference
 
         for start in range(0, len(token_ids), PREFILL_CHUNK):
             chunk = token_ids[start:start + PREFILL_CHUNK]
@@ -333,7 +333,7 @@ class GraphBackend:
 
     @torch.no_grad()
     def logits(self, token_ids: torch.Tensor) -> torch.Tensor:
-        from kernels_ampere.attention import small_width_attention_reference
+        from kernels_ampere import small_width_attention_reference
 
         ids = token_ids.to(self.device).view(-1)
         t = ids.numel()

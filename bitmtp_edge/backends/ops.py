@@ -9,25 +9,16 @@ width M instead of the width-specialised table (paper Table 5, "Generic").
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
-_KERNEL_FUNCS = {
-    "w2a8_linear": "kernels_ampere.w2a8_linear",
-    "w2a16_linear": "kernels_ampere.w2a16_linear",
-    "rmsnorm_quant": "kernels_ampere.fused_quant",
-    "relu2_mul_rmsnorm_quant": "kernels_ampere.fused_quant",
-    "silu_mul_quant": "kernels_ampere.fused_quant",
-    "small_width_attention": "kernels_ampere.attention",
-    "int8_head_argmax": "kernels_ampere.heads",
-    "f16_head_argmax": "kernels_ampere.heads",
-}
+KERNELS = ("w2a8_linear", "w2a16_linear", "rmsnorm_quant", "relu2_mul_rmsnorm_quant", "silu_mul_quant",
+           "small_width_attention", "int8_head_argmax", "f16_head_argmax")
 
 
 def _resolve(name: str, twin: bool):
-    module = importlib.import_module(_KERNEL_FUNCS[name])
-    return getattr(module, f"{name}_reference" if twin else name)
+    import kernels_ampere
+
+    return getattr(kernels_ampere, f"{name}_reference" if twin else name)
 
 
 class Ops:
@@ -36,7 +27,7 @@ class Ops:
     def __init__(self, twin: bool, specialize_widths: bool = True):
         self.twin, self.specialize_widths = twin, specialize_widths
         self.name = "torch-twins" if twin else "triton"
-        for name in _KERNEL_FUNCS:
+        for name in KERNELS:
             setattr(self, name, _resolve(name, twin))
 
     def linear_w2a8(self, a_int8, a_scale, packed, w_scale, out_dtype=torch.float32):
@@ -65,7 +56,7 @@ def kernel_ops_available(device: torch.device) -> bool:
     try:
         import triton  # noqa: F401
 
-        for name in _KERNEL_FUNCS:
+        for name in KERNELS:
             _resolve(name, twin=False)
     except (ImportError, AttributeError):
         return False

@@ -35,6 +35,17 @@ from bitmtp_edge.monitor.sources import open_source
 log = logging.getLogger(__name__)
 
 
+def _interpolate(points: Sequence[tuple[float, float]], t: float) -> float:
+    """Value at ``t`` of (t, value) points sorted by t: linear between, held beyond the ends."""
+    i = bisect.bisect_left(points, t, key=lambda p: p[0])
+    if i == 0:
+        return points[0][1]
+    if i == len(points):
+        return points[-1][1]
+    (t0, v0), (t1, v1) = points[i - 1], points[i]
+    return v1 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
+
+
 def integrate_energy(points: Sequence[tuple[float, float]], start: float, end: float) -> float | None:
     """Joules over [start, end] from (t seconds, watts) points sorted by t; None if no points.
 
@@ -42,19 +53,10 @@ def integrate_energy(points: Sequence[tuple[float, float]], start: float, end: f
     """
     if not points or end < start:
         return None
-    ts = [t for t, _ in points]
-
-    def power_at(t: float) -> float:
-        i = bisect.bisect_left(ts, t)
-        if i == 0:
-            return points[0][1]
-        if i == len(points):
-            return points[-1][1]
-        (t0, p0), (t1, p1) = points[i - 1], points[i]
-        return p1 if t1 == t0 else p0 + (p1 - p0) * (t - t0) / (t1 - t0)
-
-    knots = [start, *(t for t in ts if start < t < end), end]
-    return sum((b - a) * (power_at(a) + power_at(b)) / 2 for a, b in zip(knots, knots[1:]))
+    knots = [start, *(t for t, _ in points if start < t < end), end]
+    return sum(
+        (b - a) * (_interpolate(points, a) + _interpolate(points, b)) / 2 for a, b in zip(knots, knots[1:])
+    )
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class WindowStats:
     n_samples: int  # samples inside [start, end]
     energy_j: float | None = None
     avg_power_w: float | None = None
-    peak_power_w: float | None = None
+    peak_power_w: float | None = None  # highest sample covering the window
     energy_counter_j: float | None = None  # NVML hardware counter, where present
     peak_temps_c: dict[str, float] = field(default_factory=dict)
     clocks_mhz: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (min, max)
@@ -133,8 +135,8 @@ def summarize_window(
         energy = integrate_energy(powered, start, end)
         dur = end - start
         avg = energy / dur if energy is not None and dur > 0 else None
-        edge = [p for t, p in powered if start <= t <= end]
-        peak = max(edge) if edge else None
+        seen = [s.power_w for s in covering if s.power_w is not None]
+        peak = max(seen) if seen else None
         if powered[0][0] > start or powered[-1][0] < end:
             notes.append(
                 "power samples do not bracket the whole window: the nearest reading was held at "
@@ -147,12 +149,11 @@ def summarize_window(
     if not samples:
         notes.append("no samples were recorded (did the sampler start before the window?)")
 
+    # A cumulative counter (NVML): difference of its values interpolated at the two edges.
     counter = [(s.t, s.energy_j) for s in samples if s.energy_j is not None]
     energy_counter = None
-    c_before = [e for t, e in counter if t <= start]
-    c_after = [e for t, e in counter if t >= end]
-    if c_before and c_after:
-        energy_counter = c_after[0] - c_before[-1]  # slightly wider than the window
+    if counter and counter[0][0] <= start and counter[-1][0] >= end:
+        energy_counter = _interpolate(counter, end) - _interpolate(counter, start)
 
     temps: dict[str, float] = {}
     for s in covering:

@@ -33,7 +33,10 @@ def host_stats() -> dict:
     """CPU load / fastest clock and RAM from psutil, as Sample fields."""
     vm = psutil.virtual_memory()
     per_cpu = psutil.cpu_percent(percpu=True)  # since the previous call: prime once at open
-    freq = psutil.cpu_freq()
+    try:
+        freq = psutil.cpu_freq()  # None, or raising, where cpufreq is hidden (some VMs/containers)
+    except (OSError, NotImplementedError):
+        freq = None
     return {
         "cpu_load_pct": sum(per_cpu) / len(per_cpu) if per_cpu else None,
         "cpu_freq_mhz": freq.current if freq else None,
@@ -213,7 +216,7 @@ class JtopSource(Source):
         rails: dict[str, float] = {}
         try:
             for name, rail in (jetson.power or {}).get("rail", {}).items():
-                if "power" in rail and "NC" not in name:
+                if "power" in rail and name != "NC":  # NC: an unconnected INA3221 channel
                     rails[name] = rail["power"] / 1000
         except (AttributeError, TypeError):
             pass
@@ -262,6 +265,7 @@ class NvmlSource(PollingSource):
         self.gpu_name: str | None = None
         self._nvml = None
         self._handle = None
+        self._instant = False
 
     def open(self) -> None:
         try:
@@ -283,7 +287,25 @@ class NvmlSource(PollingSource):
             pynvml.nvmlShutdown()
             raise
         self._nvml = pynvml
+        self._instant = self._instant_power_mw() is not None
         host_stats()  # psutil's cpu_percent measures since the previous call
+
+    def _instant_power_mw(self) -> float | None:
+        # nvmlDeviceGetPowerUsage is a 1 s moving average on recent GPUs (Ampere and later),
+        # which lags a decode window's ramp; the instantaneous field, where the driver has
+        # it, does not.
+        nv = self._nvml
+        field = getattr(nv, "NVML_FI_DEV_POWER_INSTANT", None)
+        if field is None:
+            return None
+        try:
+            value = nv.nvmlDeviceGetFieldValues(self._handle, [field])[0]
+        except (nv.NVMLError, AttributeError, IndexError, TypeError):
+            return None
+        if getattr(value, "nvmlReturn", 1) != 0:
+            return None
+        mw = value.value.uiVal
+        return float(mw) if mw else None
 
     def _get(self, fn, *args):
         # Each quantity may be unsupported on a given GPU (NVMLError_NotSupported): None.
@@ -295,9 +317,11 @@ class NvmlSource(PollingSource):
     def poll(self) -> Sample:
         nv = self._nvml
         t = time.monotonic()
-        # GetPowerUsage is averaged over ~1 s on some boards; the energy counter, where
-        # present, gives the window's exact energy (WindowStats.energy_counter_j).
-        power = self._get(nv.nvmlDeviceGetPowerUsage)  # mW
+        # The energy counter, where present, gives the window's energy independently of
+        # the sampling (WindowStats.energy_counter_j).
+        power = self._instant_power_mw() if self._instant else None
+        if power is None:
+            power = self._get(nv.nvmlDeviceGetPowerUsage)  # mW, averaged
         energy = self._get(nv.nvmlDeviceGetTotalEnergyConsumption)  # mJ since driver load
         temp = self._get(nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU)
         sm = self._get(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM)
@@ -367,7 +391,9 @@ def make_source(kind: str, interval_s: float = 0.1) -> Source:
     if kind == "tegrastats":
         return TegrastatsSource(interval_s)
     if kind == "jtop":
-        return JtopSource(max(interval_s, 0.1))  # the jtop service rejects faster rates
+        # The service runs one rate for all clients: if another client came first, its
+        # interval wins (jetson-stats logs a warning), so samples may be sparser than asked.
+        return JtopSource(interval_s)
     if kind == "nvml":
         return NvmlSource(interval_s)
     if kind == "psutil":

@@ -3,7 +3,7 @@
     out[m, n] = sum_g w_scale[n, g] * sum_{k in g} x[m, k] * W[n, k]        (group-128)
     out[m, n] = w_scale[n] * sum_k x[m, k] * W[n, k]                        (per row)
 
-Same packed layout and the same two kernels as ``w2a8_linear`` (read its docstring), with
+Same packed layout and the same two kernels as ``w2a8.py`` (read its docstring), with
 float arithmetic: ``gemv`` turns each code into ``c - 1`` in float32 and multiplies-adds in
 registers; ``dot`` unpacks a byte tile to ``c - 1`` in the activation dtype (exact: the
 values are -1, 0, 1) and feeds ``tl.dot`` with float32 accumulators. Group scales are

@@ -1,0 +1,117 @@
+"""int8_head_argmax and f16_head_argmax against their twins (which write the logits).
+
+The int8 head's logits equal the twin's bit for bit, so top-1 must be identical and ties
+resolve to the lowest index; confidence differs only by the float32 order of the
+exp-sum (rtol 1e-5). The 16-bit head sums in float32 in tile order, so top-1 may differ
+from the twin only at a near-tie: then the kernel's pick must be within 1e-5 (relative)
+of the twin's maximum logit.
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # CI has no GPU: run the kernels in Triton's interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is first imported
+
+pytest.importorskip("triton")
+
+from bitmtp_edge.quant import quantize_activations, quantize_rows_int8  # noqa: E402
+from kernels_ampere.heads import (  # noqa: E402
+    f16_head_argmax,
+    f16_head_argmax_reference,
+    f16_head_logits_reference,
+    int8_head_argmax,
+    int8_head_argmax_reference,
+)
+from kernels_ampere.tuning import HeadConfig  # noqa: E402
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
+SMALL = HeadConfig(block_v=32, block_h=64, num_warps=4, num_stages=2)
+WIDTH_VH = [(1, 1000, 256), (2, 777, 384), (3, 300, 128), (5, 513, 200), (9, 777, 128), (17, 300, 384)]
+
+
+def int8_head(m, v, h, gen):
+    w_int8, w_scale = quantize_rows_int8(torch.randn(v, h, generator=gen))
+    h_int8, h_scale = quantize_activations(torch.randn(m, h, generator=gen) * 2)
+    return [t.to(DEVICE) for t in (h_int8, h_scale, w_int8, w_scale)]
+
+
+@pytest.mark.parametrize("m,v,h", WIDTH_VH)
+@pytest.mark.parametrize("config", [SMALL, None], ids=["small_tiles", "default"])
+def test_int8_head_matches_twin(m, v, h, config):
+    args = int8_head(m, v, h, torch.Generator().manual_seed(m * v + h))
+    top1, conf = int8_head_argmax(*args, config=config)
+    top1_ref, conf_ref = int8_head_argmax_reference(*args)
+    assert top1.dtype == torch.int64 and conf.dtype == torch.float32
+    assert torch.equal(top1, top1_ref)
+    torch.testing.assert_close(conf, conf_ref, rtol=1e-5, atol=0)
+
+
+def test_int8_head_ties_pick_the_lowest_index_across_and_within_tiles():
+    h = torch.ones(2, 128, dtype=torch.int8, device=DEVICE)
+    h_scale = torch.ones(2, device=DEVICE)
+    w = torch.zeros(300, 128, dtype=torch.int8)
+    w[[40, 45, 100, 250]] = 1  # 40 and 45 share a 32-row tile; 100, 250 sit in later tiles
+    w, w_scale = w.to(DEVICE), torch.ones(300, device=DEVICE)
+    top1, conf = int8_head_argmax(h, h_scale, w, w_scale, config=SMALL)
+    top1_ref, conf_ref = int8_head_argmax_reference(h, h_scale, w, w_scale)
+    assert top1.tolist() == [40, 40] == top1_ref.tolist()
+    torch.testing.assert_close(conf, conf_ref, rtol=1e-5, atol=0)
+
+
+def test_int8_head_combines_partials_over_several_combine_steps():
+    """63 partials folded 8 at a time: the running max / argmax / sum crosses steps."""
+    args = int8_head(3, 1000, 64, torch.Generator().manual_seed(8))
+    cfg = HeadConfig(block_v=16, block_h=64, num_warps=2, num_stages=1, combine_block=8)
+    top1, conf = int8_head_argmax(*args, config=cfg)
+    top1_ref, conf_ref = int8_head_argmax_reference(*args)
+    assert torch.equal(top1, top1_ref)
+    torch.testing.assert_close(conf, conf_ref, rtol=1e-5, atol=0)
+
+
+def assert_f16_top1(h, w, top1, top1_ref):
+    logits = f16_head_logits_reference(h, w)
+    best = logits.gather(1, top1_ref[:, None]).squeeze(1)
+    picked = logits.gather(1, top1[:, None]).squeeze(1)
+    near_tie = (best - picked).abs() <= 1e-5 * best.abs()
+    assert torch.all((top1 == top1_ref) | near_tie), f"top1 {top1.tolist()} vs {top1_ref.tolist()}"
+
+
+@pytest.mark.parametrize("m,v,h", WIDTH_VH)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_f16_head_matches_twin(m, v, h, dtype):
+    gen = torch.Generator().manual_seed(m + v + h)
+    hs = torch.randn(m, h, generator=gen).to(dtype).to(DEVICE)
+    w = (torch.randn(v, h, generator=gen) / h ** 0.5).to(dtype).to(DEVICE)
+    top1, conf = f16_head_argmax(hs, w, config=SMALL)
+    top1_ref, conf_ref = f16_head_argmax_reference(hs, w)
+    assert_f16_top1(hs, w, top1, top1_ref)
+    torch.testing.assert_close(conf, conf_ref, rtol=1e-4, atol=0)
+
+
+def test_f16_head_rejects_mixed_dtypes():
+    with pytest.raises(TypeError, match="must match"):
+        f16_head_argmax(torch.randn(1, 64, device=DEVICE).half(), torch.randn(8, 64, device=DEVICE).bfloat16())
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("m", (1, 17))
+def test_heads_full_vocabulary_on_gpu(m):
+    v, h = 128256, 2560
+    args = int8_head(m, v, h, torch.Generator().manual_seed(m))
+    top1, conf = int8_head_argmax(*args)
+    top1_ref, conf_ref = int8_head_argmax_reference(*args)
+    assert torch.equal(top1, top1_ref)
+    torch.testing.assert_close(conf, conf_ref, rtol=1e-5, atol=0)
+    gen = torch.Generator().manual_seed(m + 1)
+    hs = torch.randn(m, h, generator=gen).bfloat16().to(DEVICE)
+    w = (torch.randn(v, h, generator=gen) / h ** 0.5).bfloat16().to(DEVICE)
+    top1, conf = f16_head_argmax(hs, w)
+    top1_ref, conf_ref = f16_head_argmax_reference(hs, w)
+    assert_f16_top1(hs, w, top1, top1_ref)
+    torch.testing.assert_close(conf, conf_ref, rtol=1e-4, atol=0)

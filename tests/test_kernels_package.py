@@ -1,0 +1,82 @@
+"""The kernels package surface: lazy imports, the tuned tables and their lookup order."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kernels_ampere import tuning
+from kernels_ampere.tuning import DOT, GEMV, HeadConfig, LinearConfig
+
+
+def test_importing_the_package_does_not_import_triton():
+    code = ("import sys, kernels_ampere as k; assert 'triton' not in sys.modules, 'triton imported'; "
+            "assert callable(k.pack_ternary) and k.PACKING_LAYOUT")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_kernels_resolve_lazily_and_unknown_names_fail():
+    pytest.importorskip("triton")
+    code = ("import os, torch\n"
+            "if not torch.cuda.is_available(): os.environ['TRITON_INTERPRET'] = '1'\n"
+            "import kernels_ampere as k\n"
+            "from kernels_ampere.w2a8 import w2a8_linear\n"
+            "assert k.w2a8_linear is w2a8_linear and callable(k.small_width_attention_reference)\n"
+            "assert 'w2a8_linear' in dir(k)\n"
+            "try:\n    k.no_such_kernel\nexcept AttributeError:\n    pass\nelse:\n    raise SystemExit('no error')\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+ENTRIES = [
+    {"op": "w2a8_linear", "key": tuning.linear_key(2560, 2560, 1, False),
+     "config": {"kernel": GEMV, "block_n": 4, "block_kb": 512, "num_warps": 2, "num_stages": 1}},
+    {"op": "w2a8_linear", "key": tuning.linear_key(2560, 2560, 9, False),
+     "config": {"kernel": DOT, "block_n": 64, "block_kb": 128, "num_warps": 4, "num_stages": 3}},
+    {"op": "w2a16_linear", "key": tuning.linear_key(2560, 2560, 1, False),
+     "config": {"kernel": DOT, "block_n": 32, "block_kb": 64, "num_warps": 4, "num_stages": 2}},
+]
+
+
+def test_lookup_prefers_the_exact_key_then_the_nearest_tuned_width():
+    assert tuning.find_config(ENTRIES, "w2a8_linear", tuning.linear_key(2560, 2560, 1, False)) == \
+        LinearConfig(GEMV, 4, 512, 2, 1)
+    nearest = tuning.find_config(ENTRIES, "w2a8_linear", tuning.linear_key(2560, 2560, 7, False))
+    assert nearest == LinearConfig(DOT, 64, 128, 4, 3)
+    tie = tuning.find_config(ENTRIES, "w2a8_linear", tuning.linear_key(2560, 2560, 5, False))
+    assert tie.kernel == GEMV  # |5-1| == |5-9|: the smaller width wins
+
+
+def test_lookup_misses_other_shapes_ops_and_scale_kinds():
+    assert tuning.find_config(ENTRIES, "w2a8_linear", tuning.linear_key(3840, 2560, 1, False)) is None
+    assert tuning.find_config(ENTRIES, "w2a8_linear", tuning.linear_key(2560, 2560, 1, True)) is None
+    assert tuning.find_config(ENTRIES, "int8_head_argmax", {"V": 1, "H": 2, "M": 1}) is None
+
+
+def test_fallbacks_fit_the_packing():
+    for m in range(1, 18):
+        for grouped in (False, True):
+            for weight_only in (False, True):
+                cfg = tuning.default_linear(m, grouped, weight_only=weight_only)
+                assert cfg.block_kb == 32 or not grouped  # one chunk per step under group scales
+            for cfg in tuning.linear_candidates(m, grouped):
+                assert cfg.block_kb == 32 or not grouped
+    with pytest.raises(ValueError, match="block_kb"):
+        LinearConfig(GEMV, 8, 48)
+    with pytest.raises(ValueError, match="kernel"):
+        LinearConfig("cublas", 8, 64)
+
+
+def test_gpu_table_names():
+    assert tuning.gpu_table_name("NVIDIA H200") == "nvidia_h200"
+    assert tuning.gpu_table_name("Orin (nvgpu)") == "orin_nvgpu"
+
+
+def test_shipped_tables_are_well_formed():
+    for path in sorted(tuning.TUNED_DIR.glob("*.json")):
+        data = json.loads(path.read_text())
+        assert tuning.gpu_table_name(data["gpu"]) == path.stem, f"{path.name} holds {data['gpu']}"
+        for e in data["entries"]:
+            cls = {"w2a8_linear": LinearConfig, "w2a16_linear": LinearConfig, "int8_head_argmax": HeadConfig,
+                   "f16_head_argmax": HeadConfig}.get(e["op"], tuning.AttentionConfig)
+            cls(**e["config"])  # validates

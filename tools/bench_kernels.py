@@ -1,0 +1,607 @@
+"""Kernel micro-benchmarks on one GPU (issue 4): W2A8 / W2A16 linears, heads, attention, quant.
+
+For each layer shape of BitNet-2B and Bonsai-1.7B, the LM head, and widths M in {1, 5, 9, 17}:
+
+* check the kernel against its pure-PyTorch twin on fresh random inputs (before any timing);
+* time it: CUDA-graph replay of ``--reps`` back-to-back calls that rotate over enough weight
+  copies (>= 8, >= ``--rotate-mb`` MB together) that every call reads its weights from DRAM,
+  not L2; median over ``--replays`` replays; µs per call;
+* report effective GB/s (bytes each call must move / time) against the device-to-device copy
+  bandwidth measured in the same run (bytes read + written), and bf16 cuBLAS ``F.linear`` on
+  the same shape in the same run.
+
+``--tune`` first times the candidate configurations of ``kernels_ampere.tuning`` for every
+(op, N, K, M) benchmarked and writes the winners to ``kernels_ampere/tuned/<gpu>.json``
+(and a copy under ``--out``); the benchmark then runs with that table.
+
+Each variant runs in its own try/except: a failure is recorded with its message and the run
+goes on (a CUDA fault that poisons the context still ends the run; the JSON written so far
+stays). Writes ``<out>/kernels.json`` and ``<out>/kernels.md`` (default ``tools/results``)
+with the device, date, git commit and the exact command.
+
+    python tools/bench_kernels.py               # everything (~5 min on an H200)
+    python tools/bench_kernels.py --quick       # smoke run: two shapes, M in {1, 17}
+    python tools/bench_kernels.py --tune        # tune, save the table, then benchmark
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bitmtp_edge.quant import quantize_activations, quantize_rows_int8  # noqa: E402
+from kernels_ampere import pack_ternary, tuning  # noqa: E402
+
+WIDTHS = (1, 5, 9, 17)
+QUICK_WIDTHS = (1, 17)
+
+
+@dataclass(frozen=True)
+class LinearShape:
+    model: str
+    name: str
+    n: int
+    k: int
+    grouped: bool  # group-128 scales (Bonsai) or per-row / per-segment scales (BitNet)
+
+
+LINEAR_SHAPES = (
+    LinearShape("bitnet-2b", "wqkv", 3840, 2560, False),
+    LinearShape("bitnet-2b", "wo", 2560, 2560, False),
+    LinearShape("bitnet-2b", "w13 (gate+up)", 13824, 2560, False),
+    LinearShape("bitnet-2b", "w2 (down)", 2560, 6912, False),
+    LinearShape("bonsai-1.7b", "q / o", 2048, 2048, True),
+    LinearShape("bonsai-1.7b", "k / v", 1024, 2048, True),
+    LinearShape("bonsai-1.7b", "gate+up", 12288, 2048, True),
+    LinearShape("bonsai-1.7b", "down", 2048, 6144, True),
+)
+QUICK_SHAPES = (LINEAR_SHAPES[2], LINEAR_SHAPES[7])
+HEAD_V, HEAD_H = 128256, 2560  # BitNet-2B tied LM head
+BITNET_HEADS = dict(hq=20, hkv=5, hd=128)
+BITNET_SHAPE_NAMES = [s.name for s in LINEAR_SHAPES if s.model == "bitnet-2b"]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# --- timing --------------------------------------------------------------------------------
+
+class Timer:
+    """µs per call of ``calls[i % len(calls)]()``, replayed from one CUDA graph (cold weights)."""
+
+    def __init__(self, reps: int, replays: int):
+        self.reps, self.replays = reps, replays
+
+    def __call__(self, calls: list) -> float:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # compile / warm every variant outside the capture
+            for c in calls:
+                c()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(self.reps):
+                calls[i % len(calls)]()
+        graph.replay()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(self.replays):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / self.reps)
+        del graph
+        return statistics.median(times)
+
+
+def n_copies(nbytes: int, rotate_mb: float, min_copies: int) -> int:
+    return max(min_copies, math.ceil(rotate_mb * 1e6 / max(nbytes, 1)))
+
+
+def copy_bandwidth_gbps(timer: Timer) -> float:
+    """Device-to-device copy of 1 GiB, bytes read + written per second."""
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    t = Timer(reps=4, replays=timer.replays)([lambda: dst.copy_(src)])
+    del src, dst
+    return 2 * n / (t * 1e-6) / 1e9
+
+
+# --- correctness checks (before timing) ------------------------------------------------------
+
+def check_exact(out, ref, what):
+    if not torch.equal(out, ref):
+        bad = (out != ref).sum().item()
+        raise AssertionError(f"{what}: {bad} of {out.numel()} values differ from the twin")
+
+
+def check_close(out, ref, rtol, what):
+    err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp(min=1e-30)).item()
+    if not err <= rtol:
+        raise AssertionError(f"{what}: max error {err:.2e} of max|ref| > {rtol:.0e}")
+
+
+# --- linears ---------------------------------------------------------------------------------
+
+class LinearCase:
+    """One shape's weights (rotating copies, built on the GPU) and one width's activations."""
+
+    def __init__(self, shape: LinearShape, rotate_mb: float, min_copies: int, gen: torch.Generator):
+        n, k = shape.n, shape.k
+        self.shape, self.gen = shape, gen
+        codes = torch.randint(-1, 2, (n, k), generator=gen, device="cuda", dtype=torch.int8)
+        packed = pack_ternary(codes)
+        if shape.grouped:
+            w_scale = 0.5 + torch.rand(n, k // 128, generator=gen, device="cuda")
+        else:  # per fused segment: three (QKV-like) distinct scales, as a per-row vector
+            seg = torch.rand(3, generator=gen, device="cuda") + 0.5
+            w_scale = seg[torch.arange(n, device="cuda") * 3 // n]
+        copies = n_copies(packed.numel(), rotate_mb, min_copies)
+        self.packed = [packed] + [packed.clone() for _ in range(copies - 1)]
+        self.w_scale = [w_scale] + [w_scale.clone() for _ in range(copies - 1)]
+        self.codes = codes
+        self.set_width(1)
+
+    def set_width(self, m: int) -> None:
+        self.m = m
+        x = torch.randn(m, self.shape.k, generator=self.gen, device="cuda") * 2
+        self.x_bf16 = x.to(torch.bfloat16)
+        self.a_int8, self.a_scale = quantize_activations(x)
+
+    def bf16_weights(self, rotate_mb: float, min_copies: int):
+        w = self.codes.to(torch.bfloat16)
+        return [w] + [w.clone() for _ in range(n_copies(w.numel() * 2, rotate_mb, min_copies) - 1)]
+
+    def bytes(self, variant: str) -> int:
+        n, k, m = self.shape.n, self.shape.k, self.m
+        if variant == "bf16 cuBLAS":
+            return n * k * 2 + m * k * 2 + m * n * 2
+        scales = self.w_scale[0].numel() * 4
+        act = m * k * (1 if variant.startswith("w2a8") else 2) + 4 * m
+        return n * k // 4 + scales + act + m * n * 2
+
+
+def linear_variants(shape: LinearShape) -> list[str]:
+    return ["w2a8-g128", "w2a16-g128"] if shape.grouped else ["w2a8"]
+
+
+def linear_call(case: LinearCase, variant: str, i: int, config=None):
+    from kernels_ampere import w2a8_linear, w2a16_linear
+
+    packed, w_scale = case.packed[i], case.w_scale[i]
+    if variant.startswith("w2a8"):
+        return lambda: w2a8_linear(case.a_int8, case.a_scale, packed, w_scale, out_dtype=torch.bfloat16,
+                                   config=config)
+    return lambda: w2a16_linear(case.x_bf16, packed, w_scale, out_dtype=torch.bfloat16, config=config)
+
+
+def check_linear(case: LinearCase, variant: str, config=None):
+    from kernels_ampere import w2a8_linear_reference, w2a16_linear_reference
+
+    out = linear_call(case, variant, 0, config)().float()
+    if variant.startswith("w2a8"):
+        ref = w2a8_linear_reference(case.a_int8, case.a_scale, case.packed[0], case.w_scale[0],
+                                    out_dtype=torch.bfloat16).float()
+        if case.shape.grouped:  # float32 group-sum order, then one bf16 rounding
+            check_close(out, ref, 2**-7, variant)
+        else:
+            check_exact(out, ref, variant)
+    else:
+        ref = w2a16_linear_reference(case.x_bf16, case.packed[0], case.w_scale[0], out_dtype=torch.float32)
+        check_close(out, ref, 2**-7, variant)
+
+
+def tune_linear(case: LinearCase, variant: str, timer: Timer) -> tuple[object, float, list[dict]]:
+    tried = []
+    best, best_us = None, float("inf")
+    for cfg in tuning.linear_candidates(case.m, case.shape.grouped):
+        try:
+            check_linear(case, variant, cfg)
+            us = timer([linear_call(case, variant, i, cfg) for i in range(len(case.packed))])
+        except Exception as e:  # a candidate that fails to compile or to match is skipped
+            tried.append({"config": asdict(cfg), "error": f"{type(e).__name__}: {e}"[:300]})
+            continue
+        tried.append({"config": asdict(cfg), "us": round(us, 3)})
+        if us < best_us:
+            best, best_us = cfg, us
+    return best, best_us, tried
+
+
+# --- heads -----------------------------------------------------------------------------------
+
+class HeadCase:
+    """The LM head's int8 and bf16 weights (rotating copies) and one width's hidden states."""
+
+    def __init__(self, rotate_mb: float, min_copies: int, gen: torch.Generator):
+        self.gen = gen
+        w = torch.randn(HEAD_V, HEAD_H, generator=gen, device="cuda") / HEAD_H ** 0.5
+        w_int8, w_scale = quantize_rows_int8(w)
+        c8 = n_copies(w_int8.numel(), rotate_mb, min_copies)
+        self.w_int8 = [w_int8] + [w_int8.clone() for _ in range(c8 - 1)]
+        self.w_scale = [w_scale] + [w_scale.clone() for _ in range(c8 - 1)]
+        w16 = w.to(torch.bfloat16)
+        del w
+        self.w16 = [w16] + [w16.clone() for _ in range(n_copies(w16.numel() * 2, rotate_mb, min_copies) - 1)]
+        self.set_width(1)
+
+    def set_width(self, m: int) -> None:
+        self.m = m
+        h = torch.randn(m, HEAD_H, generator=self.gen, device="cuda")
+        self.h_int8, self.h_scale = quantize_activations(h)
+        self.h16 = h.to(torch.bfloat16)
+
+    def bytes(self, variant: str) -> int:
+        return HEAD_V * HEAD_H * (1 if variant == "int8 head" else 2) + HEAD_V * (4 if variant == "int8 head" else 0)
+
+    def calls(self, variant: str, config=None) -> list:
+        from kernels_ampere import f16_head_argmax, int8_head_argmax
+
+        if variant == "int8 head":
+            return [lambda i=i: int8_head_argmax(self.h_int8, self.h_scale, self.w_int8[i], self.w_scale[i],
+                                                 config=config) for i in range(len(self.w_int8))]
+        if variant == "bf16 head":
+            return [lambda i=i: f16_head_argmax(self.h16, self.w16[i], config=config) for i in range(len(self.w16))]
+
+        def torch_head(i):  # cuBLAS logits, then argmax and max-softmax: writes [M, V]
+            logits = F.linear(self.h16, self.w16[i]).float()
+            return logits.argmax(-1), torch.softmax(logits, -1).amax(-1)
+        return [lambda i=i: torch_head(i) for i in range(len(self.w16))]
+
+    def check(self, variant: str, config=None):
+        from kernels_ampere import f16_head_argmax_reference, int8_head_argmax_reference
+
+        top1, conf = self.calls(variant, config)[0]()
+        if variant == "int8 head":
+            ref_top1, ref_conf = int8_head_argmax_reference(self.h_int8, self.h_scale, self.w_int8[0], self.w_scale[0])
+            check_exact(top1, ref_top1, variant)
+        else:
+            ref_top1, ref_conf = f16_head_argmax_reference(self.h16, self.w16[0])
+            if not torch.equal(top1, ref_top1):  # allowed only at a float32 near-tie
+                logits = self.h16.float() @ self.w16[0].float().t()
+                gap = (logits.gather(1, ref_top1[:, None]) - logits.gather(1, top1[:, None])).abs().max().item()
+                if gap > 1e-4 * logits.abs().max().item():
+                    raise AssertionError(f"{variant}: top-1 differs from the twin by a logit gap of {gap}")
+        check_close(conf, ref_conf, 1e-4, f"{variant} confidence")
+
+
+# --- attention and quant ---------------------------------------------------------------------
+
+def attention_case(m: int, capacity: int, hist: int, rotate_mb: float, min_copies: int, gen):
+    hq, hkv, hd = BITNET_HEADS["hq"], BITNET_HEADS["hkv"], BITNET_HEADS["hd"]
+    s = capacity + 17
+    q = torch.randn(m, hq, hd, generator=gen).to(torch.bfloat16).cuda()
+    k = torch.randn(hkv, s, hd, generator=gen).to(torch.bfloat16).cuda()
+    v = torch.randn(hkv, s, hd, generator=gen).to(torch.bfloat16).cuda()
+    mask = torch.ones(m, s, dtype=torch.bool)
+    mask[:, capacity + m:] = False
+    mask[:, capacity:capacity + m] = torch.tril(torch.ones(m, m, dtype=torch.bool))
+    mask = mask.cuda()
+    history_len = torch.tensor([hist], dtype=torch.int32, device="cuda")
+    copies = n_copies(2 * k.numel() * 2, rotate_mb, min_copies)
+    kv = [(k, v)] + [(k.clone(), v.clone()) for _ in range(copies - 1)]
+    nbytes = 2 * hkv * (hist + m) * hd * 2 + q.numel() * 4
+    return q, kv, mask, history_len, nbytes
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+def git_commit() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "kernels_ampere", "tools/bench_kernels.py"],
+                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        return rev.stdout.strip() + ("+dirty" if dirty else "") if rev.returncode == 0 else "unknown"
+    except OSError:
+        return "unknown"
+
+
+class Run:
+    def __init__(self, args):
+        self.args = args
+        self.timer = Timer(args.reps, args.replays)
+        self.rows: list[dict] = []
+        self.tuned: list[dict] = []  # winners, written as the table at the end
+        self.chosen: dict[str, object] = {}  # the same winners, used by this run's benchmark
+        self.tune_log: list[dict] = []
+        self.gen = torch.Generator(device="cuda").manual_seed(args.seed)
+
+    def record(self, **row):
+        self.rows.append(row)
+        status = f"{row['us']:.2f} us" if row.get("us") is not None else f"FAILED: {row.get('error')}"
+        extra = f"  {row['gbps']:.0f} GB/s" if row.get("gbps") else ""
+        log(f"{row['op']:<22} {row.get('shape', ''):<28} M={row.get('M', ''):<3} {row['variant']:<14} {status}{extra}")
+
+    def attempt(self, fn, **row):
+        try:
+            us, nbytes, config = fn()
+            row.update(us=round(us, 3), gbps=round(nbytes / (us * 1e-6) / 1e9, 1), bytes=nbytes, ok=True,
+                       config=asdict(config) if config is not None else None)
+        except Exception as e:
+            row.update(us=None, ok=False, error=f"{type(e).__name__}: {e}"[:500])
+            if self.args.verbose:
+                traceback.print_exc()
+        self.record(**row)
+
+    def linears(self, shapes, widths):
+        a = self.args
+        for shape in shapes:
+            label = f"{shape.model} {shape.name} {shape.n}x{shape.k}"
+            try:
+                case = LinearCase(shape, a.rotate_mb, a.min_copies, self.gen)
+            except Exception as e:
+                self.record(op="linear", shape=label, M=0, variant="setup", error=repr(e))
+                continue
+            for m in widths:
+                case.set_width(m)
+                for variant in linear_variants(shape):
+                    op = "w2a8_linear" if variant.startswith("w2a8") else "w2a16_linear"
+                    key = tuning.linear_key(shape.n, shape.k, m, shape.grouped)
+                    if a.tune:
+                        try:
+                            best, us, tried = tune_linear(case, variant, self.timer)
+                            self.tune_log.append({"op": op, "key": key, "tried": tried})
+                            if best is not None:
+                                self.tuned.append(tuning.record(op, key, best, us))
+                                self.chosen[op + json.dumps(key)] = best
+                                log(f"tuned {op} {key}: {best} {us:.2f} us ({len(tried)} tried)")
+                        except Exception as e:
+                            log(f"tuning {op} {key} failed: {e!r}")
+
+                    def run_variant(variant=variant, op=op, key=key):
+                        cfg = self.chosen.get(op + json.dumps(key)) or tuning.lookup(
+                            op, key, torch.device("cuda")) or tuning.default_linear(
+                            m, shape.grouped, weight_only=op == "w2a16_linear")
+                        check_linear(case, variant, cfg)
+                        us = self.timer([linear_call(case, variant, i, cfg) for i in range(len(case.packed))])
+                        return us, case.bytes(variant), cfg
+                    self.attempt(run_variant, op=op, shape=label, model=shape.model, name=shape.name,
+                                 N=shape.n, K=shape.k, M=m, variant=variant)
+
+                def run_cublas():
+                    ws = case.bf16_weights(a.rotate_mb, a.min_copies)
+                    us = self.timer([lambda w=w: F.linear(case.x_bf16, w) for w in ws])
+                    return us, case.bytes("bf16 cuBLAS"), None
+                self.attempt(run_cublas, op="F.linear", shape=label, model=shape.model, name=shape.name,
+                             N=shape.n, K=shape.k, M=m, variant="bf16 cuBLAS")
+            del case
+            torch.cuda.empty_cache()
+
+    def heads(self, widths):
+        a = self.args
+        try:
+            case = HeadCase(a.rotate_mb, a.min_copies, self.gen)
+        except Exception as e:
+            self.record(op="head", shape="", M=0, variant="setup", error=repr(e))
+            return
+        for m in widths:
+            case.set_width(m)
+            label = f"lm-head {HEAD_V}x{HEAD_H}"
+            for variant, op in (("int8 head", "int8_head_argmax"), ("bf16 head", "f16_head_argmax"),
+                                ("torch bf16", "F.linear+argmax")):
+                key = {"V": HEAD_V, "H": HEAD_H, "M": m}
+                if a.tune and variant != "torch bf16":
+                    best, best_us, tried = None, float("inf"), []
+                    for cfg in tuning.head_candidates(m):
+                        try:
+                            case.check(variant, cfg)
+                            us = self.timer(case.calls(variant, cfg))
+                            tried.append({"config": asdict(cfg), "us": round(us, 3)})
+                            if us < best_us:
+                                best, best_us = cfg, us
+                        except Exception as e:
+                            tried.append({"config": asdict(cfg), "error": f"{type(e).__name__}: {e}"[:300]})
+                    self.tune_log.append({"op": op, "key": key, "tried": tried})
+                    if best is not None:
+                        self.tuned.append(tuning.record(op, key, best, best_us))
+                        self.chosen[op + json.dumps(key)] = best
+                        log(f"tuned {op} {key}: {best} {best_us:.2f} us")
+
+                def run_head(variant=variant, op=op, key=key):
+                    cfg = None
+                    if variant != "torch bf16":
+                        cfg = self.chosen.get(op + json.dumps(key)) or tuning.lookup(
+                            op, key, torch.device("cuda")) or tuning.default_head(m)
+                        case.check(variant, cfg)
+                    us = self.timer(case.calls(variant, cfg))
+                    return us, case.bytes(variant), cfg
+                self.attempt(run_head, op=op, shape=label, M=m, variant=variant)
+        del case
+        torch.cuda.empty_cache()
+
+    def attention(self, widths, capacity=4096, hist=4000):
+        from kernels_ampere import small_width_attention, small_width_attention_reference
+
+        a = self.args
+        for m in widths:
+            def run_attention(m=m):
+                q, kv, mask, hl, nbytes = attention_case(m, capacity, hist, a.rotate_mb, a.min_copies, self.gen)
+                out = small_width_attention(q, kv[0][0], kv[0][1], mask, hl, capacity=capacity)
+                ref = small_width_attention_reference(q, kv[0][0], kv[0][1], mask, hl, capacity=capacity)
+                check_close(out, ref, 2e-2, "attention")
+                us = self.timer([lambda k=k, v=v: small_width_attention(q, k, v, mask, hl, capacity=capacity)
+                                 for k, v in kv])
+                rows = m * BITNET_HEADS["hq"] // BITNET_HEADS["hkv"]
+                return us, nbytes, tuning.default_attention(BITNET_HEADS["hd"], rows)
+            self.attempt(run_attention, op="small_width_attention",
+                         shape=f"Hq20/Hkv5/hd128 hist {hist}/{capacity}", M=m, variant="bf16")
+
+    def quant(self, widths):
+        from kernels_ampere import (relu2_mul_rmsnorm_quant, relu2_mul_rmsnorm_quant_reference, rmsnorm_quant,
+                                    rmsnorm_quant_reference)
+
+        for m in widths:
+            for name, k in (("rmsnorm_quant", 2560), ("relu2_mul_rmsnorm_quant", 6912)):
+                def run_quant(m=m, name=name, k=k):
+                    x = (torch.randn(m, 2 * k, generator=self.gen) * 3).to(torch.bfloat16).cuda()
+                    w = (0.5 + torch.rand(k, generator=self.gen)).to(torch.bfloat16).cuda()
+                    if name == "rmsnorm_quant":
+                        args, fn, ref_fn = (x[:, :k].contiguous(), w, 1e-5), rmsnorm_quant, rmsnorm_quant_reference
+                    else:
+                        args, fn, ref_fn = (x[:, :k], x[:, k:], w, 1e-5), relu2_mul_rmsnorm_quant, \
+                            relu2_mul_rmsnorm_quant_reference
+                    (q, s), (q_ref, s_ref) = fn(*args), ref_fn(*args)
+                    if (q.int() - q_ref.int()).abs().max().item() > 1:
+                        raise AssertionError(f"{name}: int8 differs from the twin by more than 1")
+                    us = self.timer([lambda: fn(*args)])
+                    nbytes = m * k * (2 if name == "rmsnorm_quant" else 4) + m * k + 2 * k
+                    return us, nbytes, None
+                self.attempt(run_quant, op=name, shape=f"K={k}", M=m, variant="bf16 in")
+
+
+def summarize(rows: list[dict], copy_gbps: float) -> dict:
+    def us(name, m, variant):
+        for r in rows:
+            if r.get("name") == name and r.get("M") == m and r["variant"] == variant and r.get("us") is not None:
+                return r["us"]
+        return None
+
+    out = {}
+    m1 = [us(n, 1, "w2a8") for n in BITNET_SHAPE_NAMES]
+    m17 = [us(n, 17, "w2a8") for n in BITNET_SHAPE_NAMES]
+    if all(v is not None for v in m1):
+        out["bitnet_w2a8_total_us_M1"] = round(sum(m1), 2)
+        out["target_total_M1_le_15us"] = sum(m1) <= 15.0
+    if all(v is not None for v in m1 + m17):
+        out["bitnet_w2a8_total_us_M17"] = round(sum(m17), 2)
+        out["M17_over_M1"] = round(sum(m17) / sum(m1), 3)
+        out["target_M17_within_1.3x"] = sum(m17) <= 1.3 * sum(m1)
+    big = [r for r in rows if r.get("name") == "w13 (gate+up)" and r.get("M") == 1 and r["variant"] == "w2a8"
+           and r.get("gbps")]
+    if big and copy_gbps:
+        out["w13_M1_fraction_of_copy_bw"] = round(big[0]["gbps"] / copy_gbps, 3)
+        out["target_w13_ge_60pct_copy_bw"] = big[0]["gbps"] >= 0.6 * copy_gbps
+    i8 = [r for r in rows if r["variant"] == "int8 head" and r.get("M") == 1 and r.get("us")]
+    b16 = [r for r in rows if r["variant"] == "bf16 head" and r.get("M") == 1 and r.get("us")]
+    if i8 and b16:
+        out["int8_head_speedup_vs_bf16_head_M1"] = round(b16[0]["us"] / i8[0]["us"], 3)
+        out["target_int8_head_ge_1.8x"] = b16[0]["us"] >= 1.8 * i8[0]["us"]
+    return out
+
+
+def write_markdown(path: Path, meta: dict, rows: list[dict], summary: dict) -> None:
+    lines = [f"# Kernel benchmark — {meta['device']}", "",
+             f"- date: {meta['date']}", f"- git commit: `{meta['git_commit']}`", f"- command: `{meta['command']}`",
+             f"- torch {meta['torch']}, triton {meta['triton']}, CUDA {meta['cuda']}",
+             f"- timing: CUDA-graph replay of {meta['reps']} calls rotating over weight copies of "
+             f">= {meta['rotate_mb']} MB (cold L2), median of {meta['replays']} replays",
+             f"- device copy bandwidth (read + write): **{meta['copy_gbps']:.0f} GB/s**", "",
+             "| op | shape | M | variant | µs | GB/s | % copy BW | vs bf16 cuBLAS |",
+             "|---|---|---|---|---|---|---|---|"]
+    cublas = {(r.get("shape"), r.get("M")): r["us"] for r in rows if r["variant"] == "bf16 cuBLAS" and r.get("us")}
+    for r in rows:
+        if r.get("us") is None:
+            lines.append(f"| {r['op']} | {r.get('shape', '')} | {r.get('M', '')} | {r['variant']} | "
+                         f"FAILED: {r.get('error', '')[:120]} | | | |")
+            continue
+        base = cublas.get((r.get("shape"), r.get("M")))
+        speed = f"{base / r['us']:.2f}x" if base and r["variant"] != "bf16 cuBLAS" else ""
+        pct = f"{100 * r['gbps'] / meta['copy_gbps']:.0f}%" if r.get("gbps") else ""
+        lines.append(f"| {r['op']} | {r.get('shape', '')} | {r.get('M', '')} | {r['variant']} | {r['us']:.2f} | "
+                     f"{r.get('gbps', '')} | {pct} | {speed} |")
+    lines += ["", "## Targets (H200)", ""]
+    lines += [f"- {k}: **{v}**" for k, v in summary.items()] or ["- (not enough rows to evaluate)"]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def print_table(rows: list[dict], summary: dict) -> None:
+    print()
+    print(f"{'op':<24}{'shape':<34}{'M':>3}  {'variant':<13}{'us':>9}{'GB/s':>9}")
+    for r in rows:
+        us = f"{r['us']:.2f}" if r.get("us") is not None else "FAIL"
+        print(f"{r['op']:<24}{str(r.get('shape', ''))[:33]:<34}{r.get('M', ''):>3}  {r['variant']:<13}{us:>9}"
+              f"{r.get('gbps', '') or '':>9}")
+    print()
+    for k, v in summary.items():
+        print(f"  {k}: {v}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke run: two shapes, M in {1, 17}, fewer reps")
+    ap.add_argument("--tune", action="store_true", help="time candidate configs first and save the winners")
+    ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results", help="folder for kernels.json/.md")
+    ap.add_argument("--tuned-dir", type=Path, default=tuning.TUNED_DIR, help="where --tune writes <gpu>.json")
+    ap.add_argument("--only", default="linear,heads,attention,quant", help="comma list of sections to run")
+    ap.add_argument("--rotate-mb", type=float, default=320.0, help="weight copies per call site total (MB)")
+    ap.add_argument("--min-copies", type=int, default=8, help="at least this many weight copies")
+    ap.add_argument("--reps", type=int, default=None, help="calls per captured graph (default 200, quick 50)")
+    ap.add_argument("--replays", type=int, default=None, help="timed graph replays (default 10, quick 3)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_kernels: needs a CUDA device (run the CPU tests with pytest instead)", file=sys.stderr)
+        return 2
+    args.reps = args.reps or (50 if args.quick else 200)
+    args.replays = args.replays or (3 if args.quick else 10)
+    sections = set(args.only.split(","))
+    widths = QUICK_WIDTHS if args.quick else WIDTHS
+    import triton
+
+    device_name = torch.cuda.get_device_name()
+    run = Run(args)
+    log(f"{device_name}, torch {torch.__version__}, triton {triton.__version__}")
+    copy_gbps = copy_bandwidth_gbps(run.timer)
+    log(f"device copy bandwidth: {copy_gbps:.0f} GB/s (read + write)")
+    meta = {"device": device_name, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "git_commit": git_commit(), "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+            "reps": args.reps, "replays": args.replays, "rotate_mb": args.rotate_mb, "copy_gbps": copy_gbps}
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def save():
+        summary = summarize(run.rows, copy_gbps)
+        (args.out / "kernels.json").write_text(json.dumps(
+            {**meta, "summary": summary, "rows": run.rows, "tuning": run.tune_log}, indent=1) + "\n")
+        write_markdown(args.out / "kernels.md", meta, run.rows, summary)
+        return summary
+
+    try:
+        if args.tune:  # tune and benchmark shape by shape; the table is written once at the end
+            log("tuning: every benchmarked (op, shape, M) times its candidate list first")
+        if "linear" in sections:
+            run.linears(QUICK_SHAPES if args.quick else LINEAR_SHAPES, widths)
+            save()
+        if "heads" in sections:
+            run.heads((1,) if args.quick else widths)
+            save()
+        if "attention" in sections:
+            run.attention((1,) if args.quick else widths)
+        if "quant" in sections:
+            run.quant(widths)
+    finally:
+        summary = save()
+        if args.tune and run.tuned:
+            name = tuning.gpu_table_name(device_name)
+            tmeta = {"triton": triton.__version__, "created": meta["date"], "command": meta["command"]}
+            for folder in {args.tuned_dir, args.out}:
+                tuning.save_table(folder / f"{name}.json", device_name, run.tuned, tmeta)
+            log(f"wrote {len(run.tuned)} tuned entries to {args.tuned_dir / (name + '.json')}")
+    print_table(run.rows, summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,407 @@
+"""The quality report: SFT vs BitMTP on held-out code, every decoding policy, CPU decode speed.
+
+    python -m tools.eval_quality --data runs/data --model sft=runs/sft/compact \
+        --model d4=runs/d4/compact --model d8=runs/d8/compact --device cuda --jobs 9 \
+        --json tools/results/quality.json --md tools/results/quality.md
+    # add the CPU decode benchmark of the embedded artifact to an existing report
+    python -m tools.eval_quality --sections cpu_bench --merge tools/results/quality.json --data runs/data ...
+
+Sections:
+
+* ``heldout``: NTP loss and perplexity of every model on the test split (non-overlapping
+  ``--window``-token windows, the runtime's exact integer model), and each BitMTP model's
+  gap to the AR-only (SFT) model in percent;
+* ``decoding``: for each BitMTP model and policy (``ar``, ``confidence``, ``speculative``,
+  ``hybrid``; τ and m as given), greedy completions of the held-out prompts: tokens
+  committed per iteration, tokens per forward pass, the fraction of generated tokens
+  identical (same index, same id) to the same model's AR greedy output, and the fraction of
+  completions that are valid Python (``tools.prompts.is_valid_completion``); the SFT model
+  runs ``ar`` for reference;
+* ``cpu_bench``: the embedded artifact (``Engine.load()`` with no path, reference backend,
+  CPU): AR vs hybrid decode tokens/s over a few prompts in one run, and the speedup.
+
+Models load from checkpoint folders (``tools.hf_checkpoint.load_runtime_model``: exactly the
+packed codes and scales an export carries, float64 reference numerics), so the report does
+not depend on an export; ``cpu_bench`` measures the exported artifact itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tools.corpus import CorpusIndex, load_split
+from tools.prompts import Prompt, cut_at_function_end, is_valid_completion, read_prompts
+from tools.tokenizer import load_tokenizer
+
+POLICIES = ("ar", "confidence", "speculative", "hybrid")
+TARGET_NTP_GAP_PCT = 3.0
+TARGET_HYBRID_TPI_D8 = 3.5
+TARGET_PARSE_DROP_PTS = 2.0
+
+
+@dataclass(frozen=True)
+class DecodeTask:
+    model: str
+    path: str
+    policy: str
+    prompts: tuple[int, ...]  # prompt indices
+
+
+# -- model loading (cached per process) ----------------------------------------------------
+
+_CACHE: dict[tuple[str, str], tuple] = {}
+
+
+def runtime(path: str, device: str, max_context: int = 2048):
+    """(model, checkpoint, reference backend) for one checkpoint folder, cached per process."""
+    key = (path, device)
+    if key not in _CACHE:
+        from bitmtp_edge.backends.reference import ReferenceBackend
+        from bitmtp_edge.segments import plan_segments
+        from tools.hf_checkpoint import load_runtime_model
+
+        model, ck = load_runtime_model(path, torch.float64, device)
+        d = ck.mtp.block_size if ck.mtp else 1
+        plan = plan_segments(ck.model, max_context, workspace=2 * d + 1)
+        backend = ReferenceBackend(model, plan, ck.mtp.mask_token_id if ck.mtp else None, torch.float64, device)
+        _CACHE[key] = (model, ck, backend)
+    return _CACHE[key]
+
+
+# -- held-out loss ---------------------------------------------------------------------------
+
+@torch.no_grad()
+def heldout_loss(path: str, tokens: np.ndarray, window: int, max_windows: int, device: str, batch: int = 8) -> dict:
+    """Mean NTP cross-entropy over non-overlapping windows of the test split."""
+    model, _, _ = runtime(path, device)
+    n = min((len(tokens) - 1) // window, max_windows)
+    data = torch.from_numpy(tokens[: n * window + 1].astype(np.int64))
+    pos = torch.arange(window, device=device).unsqueeze(0)
+    mask = torch.ones(window, window, dtype=torch.bool, device=device).tril().unsqueeze(0)
+    total, count = 0.0, 0
+    for i in range(0, n, batch):
+        rows = range(i, min(i + batch, n))
+        x = torch.stack([data[r * window:(r + 1) * window] for r in rows]).to(device)
+        y = torch.stack([data[r * window + 1:(r + 1) * window + 1] for r in rows]).to(device)
+        logits = model.verify_logits(model(x, pos.expand(len(rows), -1), mask))
+        total += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(),
+                                                         y.reshape(-1), reduction="sum"))
+        count += y.numel()
+    loss = total / count
+    return {"ntp_loss": loss, "ppl": math.exp(loss), "tokens": count, "windows": n, "window": window}
+
+
+# -- decoding --------------------------------------------------------------------------------
+
+def run_task(task: DecodeTask, prompts: list[Prompt], data: str, device: str, max_new_tokens: int,
+             tau: float, min_prefix: int) -> dict:
+    """Greedy completions of the task's prompts under one policy; per-prompt records."""
+    from bitmtp_edge.decoding import DecodeOptions, DecodeStats, decode
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2)) if device == "cpu" else None
+    model, ck, backend = runtime(task.path, device)
+    tok = load_tokenizer(Path(task.path))
+    eos = frozenset(ck.model.eos_token_ids)
+    d = ck.mtp.block_size if ck.mtp else None
+    opts = DecodeOptions(policy=task.policy, max_new_tokens=max_new_tokens, block_size=d,
+                         tau=tau, min_prefix=min(min_prefix, d) if d else 1, stop_token_ids=eos)
+    records = []
+    for i in task.prompts:
+        p = prompts[i]
+        ids = tok.encode(p.prompt, add_special_tokens=False).ids
+        stats = DecodeStats()
+        t0 = time.perf_counter()
+        out: list[int] = []
+        with torch.no_grad():
+            for chunk in decode(backend, ids, opts, stats):
+                out.extend(chunk)
+        wall = time.perf_counter() - t0
+        text = tok.decode(out, skip_special_tokens=False)
+        finished = stats.finish_reason == "stop"
+        body, ended = cut_at_function_end(p.prompt, text, finished)
+        records.append({
+            "prompt": i, "tokens": out, "iterations": stats.iterations, "draft_calls": stats.draft_calls,
+            "verifier_calls": stats.verifier_calls, "finish": stats.finish_reason, "wall_s": wall,
+            "decode_s": stats.decode_s, "valid": is_valid_completion(p.prompt, text, finished),
+            "function_ended": ended, "completion": body,
+        })
+    return {"model": task.model, "policy": task.policy, "records": records}
+
+
+def _run_task_star(args):
+    return run_task(*args)
+
+
+def summarize(records: list[dict], ar_records: list[dict] | None) -> dict:
+    new = sum(len(r["tokens"]) for r in records)
+    its = sum(r["iterations"] for r in records)
+    passes = sum(r["draft_calls"] + r["verifier_calls"] for r in records)
+    out = {
+        "prompts": len(records), "new_tokens": new, "iterations": its,
+        "tokens_per_iteration": new / its if its else 0.0,
+        "tokens_per_forward": new / passes if passes else 0.0,
+        "verifier_call_rate": sum(r["verifier_calls"] for r in records) / its if its else 0.0,
+        "parse_rate": sum(r["valid"] for r in records) / len(records) if records else 0.0,
+        "function_ended_rate": sum(r["function_ended"] for r in records) / len(records) if records else 0.0,
+        "decode_s": sum(r["decode_s"] for r in records),
+    }
+    if ar_records is not None:
+        ar = {r["prompt"]: r["tokens"] for r in ar_records}
+        same = total = exact = 0
+        for r in records:
+            a, b = ar[r["prompt"]], r["tokens"]
+            same += sum(x == y for x, y in zip(a, b))
+            total += max(len(a), len(b))
+            exact += a == b
+        out["agreement_with_ar"] = same / total if total else 1.0
+        out["identical_completions"] = exact / len(records) if records else 1.0
+    return out
+
+
+def evaluate_decoding(models: dict[str, str], prompts: list[Prompt], data: str, device: str, jobs: int,
+                      max_new_tokens: int, tau: float, min_prefix: int, log=print) -> dict:
+    from tools.hf_checkpoint import read_checkpoint
+
+    idx = tuple(range(len(prompts)))
+    tasks = []
+    for name, path in models.items():
+        policies = POLICIES if read_checkpoint(path).mtp else ("ar",)
+        tasks += [DecodeTask(name, path, pol, idx) for pol in policies]
+    # Longest first, so the pool's tail is short.
+    weight = {"ar": 3, "confidence": 2, "speculative": 4, "hybrid": 4}
+    tasks.sort(key=lambda t: -weight[t.policy])
+    args = [(t, prompts, data, device, max_new_tokens, tau, min_prefix) for t in tasks]
+    t0 = time.perf_counter()
+    if jobs > 1:
+        import multiprocessing as mp
+
+        with mp.get_context("spawn").Pool(min(jobs, len(tasks))) as pool:
+            results = []
+            for r in pool.imap_unordered(_run_task_star, args):
+                log(f"  {r['model']}/{r['policy']} done ({time.perf_counter() - t0:.0f}s)")
+                results.append(r)
+    else:
+        results = []
+        for a in args:
+            results.append(run_task(*a))
+            log(f"  {a[0].model}/{a[0].policy} done ({time.perf_counter() - t0:.0f}s)")
+    by = {(r["model"], r["policy"]): r["records"] for r in results}
+    out: dict = {}
+    for name in models:
+        ar = by.get((name, "ar"))
+        out[name] = {pol: summarize(by[(name, pol)], ar) for pol in POLICIES if (name, pol) in by}
+    samples = {f"{m}/{p}": [{"prompt": prompts[r["prompt"]].prompt, "completion": r["completion"]}
+                            for r in recs[:3]] for (m, p), recs in by.items() if p in ("ar", "hybrid")}
+    return {"summary": out, "samples": samples, "wall_s": time.perf_counter() - t0}
+
+
+# -- the CPU decode benchmark of the shipped artifact ------------------------------------------
+
+def cpu_bench(prompts: list[Prompt], n_prompts: int, max_new_tokens: int, artifact: str | None = None,
+              threads: int | None = None) -> dict:
+    """AR vs hybrid decode tok/s of the embedded (or given) artifact on the CPU reference backend."""
+    from bitmtp_edge import Engine
+
+    if threads:
+        torch.set_num_threads(threads)
+    eng = Engine.load(artifact, backend="reference", device="cpu")
+    chosen = prompts[:n_prompts]
+    eng.generate(chosen[0].prompt, max_new_tokens=8, policy="ar")  # warm-up
+    rows = []
+    agree = same = 0
+    for p in chosen:
+        row = {"prompt_id": p.id}
+        outs = {}
+        for pol in ("ar", "hybrid"):
+            res = eng.generate(p.prompt, max_new_tokens=max_new_tokens, policy=pol)
+            outs[pol] = res.token_ids
+            row[pol] = {"new_tokens": res.stats.new_tokens, "decode_s": res.stats.decode_s,
+                        "tok_s": res.stats.decode_tokens_per_s, "tokens_per_iteration": res.stats.tokens_per_iteration}
+        same += sum(x == y for x, y in zip(outs["ar"], outs["hybrid"]))
+        agree += max(len(outs["ar"]), len(outs["hybrid"]))
+        rows.append(row)
+    tot = {pol: (sum(r[pol]["new_tokens"] for r in rows), sum(r[pol]["decode_s"] for r in rows)) for pol in ("ar", "hybrid")}
+    ar_tps, hy_tps = (tot[p][0] / tot[p][1] if tot[p][1] else 0.0 for p in ("ar", "hybrid"))
+    return {
+        "artifact": str(eng.path), "block_size": eng.block_size, "backend": "reference", "device": "cpu",
+        "dtype": "float64 (Engine default on CPU)", "threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(), "prompts": len(rows), "max_new_tokens": max_new_tokens,
+        "ar_tok_s": ar_tps, "hybrid_tok_s": hy_tps, "speedup": hy_tps / ar_tps if ar_tps else 0.0,
+        "hybrid_agreement_with_ar": same / agree if agree else 1.0, "per_prompt": rows,
+    }
+
+
+# -- the report ------------------------------------------------------------------------------
+
+def check_targets(report: dict) -> dict:
+    t: dict = {}
+    gaps = report.get("heldout", {}).get("gap_pct", {})
+    for name, gap in gaps.items():
+        t[f"{name}: NTP loss within {TARGET_NTP_GAP_PCT}% of SFT"] = {"value": round(gap, 2), "pass": gap <= TARGET_NTP_GAP_PCT}
+    dec = report.get("decoding", {}).get("summary", {})
+    for name, pols in dec.items():
+        if "speculative" in pols:
+            a = pols["speculative"]["agreement_with_ar"]
+            t[f"{name}: speculative agreement with AR = 100%"] = {"value": round(a, 4), "pass": a == 1.0}
+        if "hybrid" in pols and "ar" in pols:
+            drop = 100 * (pols["ar"]["parse_rate"] - pols["hybrid"]["parse_rate"])
+            t[f"{name}: hybrid parse rate no more than {TARGET_PARSE_DROP_PTS} points below AR"] = {
+                "value": round(drop, 2), "pass": drop <= TARGET_PARSE_DROP_PTS}
+    if "d8" in dec and "hybrid" in dec["d8"]:
+        v = dec["d8"]["hybrid"]["tokens_per_iteration"]
+        t[f"d8: hybrid tokens/iteration >= {TARGET_HYBRID_TPI_D8}"] = {"value": round(v, 3), "pass": v >= TARGET_HYBRID_TPI_D8}
+    return t
+
+
+def to_markdown(r: dict) -> str:
+    meta = r.get("meta", {})
+    lines = ["# Quality report: SFT vs BitMTP (ternary code models)", ""]
+    lines.append(f"Produced by `python -m tools.eval_quality` — {meta.get('when', '')}. "
+                 f"Corpus {str(meta.get('corpus_sha256', ''))[:12]}; {meta.get('prompts', '?')} held-out prompts "
+                 f"from the test split, greedy, {meta.get('max_new_tokens', '?')} new tokens max; "
+                 f"τ = {meta.get('tau')}, m = {meta.get('min_prefix')}; reference backend "
+                 f"({meta.get('device', '?')}, float64).")
+    lines.append("")
+    if r.get("training"):
+        lines += ["## Training", "", "| model | params | D | blocks/row | MTP weight | steps | clean tokens | wall (s) | val NTP | val MTP |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for name, t in r["training"].items():
+            lines.append(f"| {name} | {t['params'] / 1e6:.1f}M | {t.get('block_size') or '—'} | {t.get('blocks') or '—'} | "
+                         f"{t['mtp_weight']} | {t['steps']} | {t['clean_tokens'] / 1e6:.1f}M | {t['wall_s']:.0f} | "
+                         f"{t['val_ntp']:.4f} | {t.get('val_mtp', float('nan')):.4f} |")
+        lines.append("")
+    if r.get("heldout"):
+        h = r["heldout"]
+        lines += ["## Held-out NTP loss (test split)", "", "| model | NTP loss | perplexity | gap to SFT |", "|---|---|---|---|"]
+        for name, m in h["models"].items():
+            gap = h.get("gap_pct", {}).get(name)
+            lines.append(f"| {name} | {m['ntp_loss']:.4f} | {m['ppl']:.3f} | {'—' if gap is None else f'{gap:+.2f}%'} |")
+        first = next(iter(h["models"].values()))
+        lines += ["", f"{first['tokens']} tokens in {first['windows']} windows of {first['window']}.", ""]
+    if r.get("decoding"):
+        lines += ["## Decoding policies (held-out prompts)", "",
+                  "| model | policy | tokens / iteration | tokens / forward | verifier rate | agreement with AR | identical completions | parse rate |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for name, pols in r["decoding"]["summary"].items():
+            for pol, s in pols.items():
+                lines.append(f"| {name} | {pol} | {s['tokens_per_iteration']:.2f} | {s['tokens_per_forward']:.2f} | "
+                             f"{s['verifier_call_rate']:.2f} | {s.get('agreement_with_ar', 1.0):.3f} | "
+                             f"{s.get('identical_completions', 1.0):.3f} | {s['parse_rate']:.3f} |")
+        lines.append("")
+    if r.get("cpu_bench"):
+        c = r["cpu_bench"]
+        lines += ["## CPU decode speed of the embedded artifact (reference backend)", "",
+                  "| route | decode tok/s |", "|---|---|",
+                  f"| AR | {c['ar_tok_s']:.2f} |", f"| hybrid (D={c['block_size']}) | {c['hybrid_tok_s']:.2f} |", "",
+                  f"Speedup {c['speedup']:.2f}× over {c['prompts']} prompts × {c['max_new_tokens']} tokens, "
+                  f"{c['threads']} threads on {c['cpu']}; hybrid agreement with AR {c['hybrid_agreement_with_ar']:.3f}.", ""]
+    if r.get("targets"):
+        lines += ["## Targets", "", "| target | value | pass |", "|---|---|---|"]
+        for k, v in r["targets"].items():
+            lines.append(f"| {k} | {v['value']} | {'yes' if v['pass'] else '**no**'} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def training_summary(models: dict[str, str]) -> dict:
+    """Pull the training facts from each run's train_log.json (next to or above the checkpoint)."""
+    out = {}
+    for name, path in models.items():
+        for cand in (Path(path) / "train_log.json", Path(path).parent / "train_log.json"):
+            if cand.is_file():
+                d = json.loads(cand.read_text())
+                s, c = d.get("summary") or {}, d["config"]
+                has_blocks = d["layout"]["num_blocks"] > 0
+                out[name] = {"params": d["params"], "block_size": d["layout"]["block_size"] if has_blocks else None,
+                             "blocks": d["layout"]["num_blocks"], "mtp_weight": c["mtp_weight"],
+                             "steps": s.get("steps", 0), "clean_tokens": s.get("clean_tokens", 0),
+                             "wall_s": s.get("wall_s", 0.0), "val_ntp": s.get("val_ntp", float("nan")),
+                             "val_mtp": s.get("val_mtp", float("nan")), "stop_reason": s.get("stop_reason")}
+                break
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    import click
+
+    @click.command(context_settings={"help_option_names": ["-h", "--help"]})
+    @click.option("--data", required=True, help="corpus folder (test split + prompts.jsonl)")
+    @click.option("--model", "models", multiple=True, help="NAME=CHECKPOINT; the AR-only one is the SFT baseline")
+    @click.option("--sections", default="heldout,decoding", show_default=True,
+                  help="comma list of heldout, decoding, cpu_bench")
+    @click.option("--device", default="cpu", show_default=True)
+    @click.option("--jobs", default=1, show_default=True, help="decoding worker processes")
+    @click.option("--prompts", "n_prompts", default=48, show_default=True)
+    @click.option("--max-new-tokens", default=96, show_default=True)
+    @click.option("--tau", default=0.9, show_default=True)
+    @click.option("--min-prefix", default=3, show_default=True)
+    @click.option("--window", default=512, show_default=True)
+    @click.option("--max-windows", default=128, show_default=True)
+    @click.option("--bench-prompts", default=4, show_default=True)
+    @click.option("--bench-tokens", default=64, show_default=True)
+    @click.option("--artifact", default=None, help="cpu_bench: artifact folder (default: the embedded model)")
+    @click.option("--merge", default=None, type=click.Path(dir_okay=False), help="start from this report JSON")
+    @click.option("--json", "json_out", default="tools/results/quality.json", show_default=True)
+    @click.option("--md", "md_out", default="tools/results/quality.md", show_default=True)
+    def cli(data, models, sections, device, jobs, n_prompts, max_new_tokens, tau, min_prefix, window, max_windows,
+            bench_prompts, bench_tokens, artifact, merge, json_out, md_out):
+        """Write the SFT vs BitMTP quality report (JSON for machines, Markdown for people)."""
+        from tools.hf_checkpoint import read_checkpoint
+
+        wanted = {s.strip() for s in sections.split(",") if s.strip()}
+        unknown = wanted - {"heldout", "decoding", "cpu_bench"}
+        if unknown:
+            raise click.BadParameter(f"unknown section(s) {sorted(unknown)}", param_hint="--sections")
+        named = {}
+        for spec in models:
+            name, sep, path = spec.partition("=")
+            if not sep:
+                raise click.BadParameter(f"{spec!r}: expected NAME=CHECKPOINT", param_hint="--model")
+            named[name] = path
+        report = json.loads(Path(merge).read_text()) if merge else {}
+        index = CorpusIndex.load(data)
+        prompts = read_prompts(Path(data) / index.prompts)[:n_prompts]
+        meta = report.setdefault("meta", {})
+        if wanted & {"heldout", "decoding"}:
+            meta.update({"when": time.strftime("%Y-%m-%d %H:%M"), "corpus_sha256": index.corpus_sha256,
+                         "prompts": len(prompts), "max_new_tokens": max_new_tokens, "tau": tau,
+                         "min_prefix": min_prefix, "device": torch.cuda.get_device_name() if device == "cuda" else device,
+                         "torch": torch.__version__, "models": named})
+            report["training"] = training_summary(named)
+        if "heldout" in wanted:
+            tokens = load_split(data, "test")
+            click.echo("held-out loss ...")
+            h = {name: heldout_loss(path, tokens, window, max_windows, device) for name, path in named.items()}
+            sft = [n for n, p in named.items() if read_checkpoint(p).mtp is None]
+            gaps = {}
+            if sft:
+                base = h[sft[0]]["ntp_loss"]
+                gaps = {n: 100 * (m["ntp_loss"] - base) / base for n, m in h.items() if n != sft[0]}
+            report["heldout"] = {"models": h, "baseline": sft[0] if sft else None, "gap_pct": gaps}
+        if "decoding" in wanted:
+            click.echo(f"decoding {len(prompts)} prompts x {len(named)} models ...")
+            report["decoding"] = evaluate_decoding(named, prompts, data, device, jobs, max_new_tokens, tau, min_prefix,
+                                                   log=click.echo)
+        if "cpu_bench" in wanted:
+            click.echo("CPU decode benchmark of the embedded artifact ...")
+            report["cpu_bench"] = cpu_bench(prompts, bench_prompts, bench_tokens, artifact)
+        report["targets"] = check_targets(report)
+        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_out).write_text(json.dumps(report, indent=1) + "\n")
+        Path(md_out).write_text(to_markdown(report))
+        click.echo(to_markdown(report))
+
+    cli.main(args=argv, prog_name="python -m tools.eval_quality", standalone_mode=True)
+
+
+if __name__ == "__main__":
+    main()
