@@ -315,3 +315,19 @@ def test_untied_config_without_lm_head_says_how_to_tie(tmp_path):
     out = tmp_path / "out"
     assert_refused(run_cli(ckpt, out), out, str(ckpt / "model.safetensors"), "lm_head.weight is missing",
                    '"tie_word_embeddings": true')
+
+
+def test_offline_float_weights_that_are_not_ternary(tmp_path):
+    ckpt = copy_ckpt("bitnet-packed-autobitlinear", tmp_path / "ckpt")
+    name = "model.layers.1.self_attn.o_proj.weight"
+
+    def to_floats(s):
+        from kernels_ampere.packing import unpack_hf_bitnet
+
+        for k in [k for k in s if k.endswith("_proj.weight")]:
+            s[k] = unpack_hf_bitnet(s[k]).float()
+        s[name][4, 2] = 0.5
+    edit_weights(ckpt, to_floats)
+    out = tmp_path / "out"
+    assert_refused(run_cli(ckpt, out), out, str(ckpt / "model.safetensors"), name, "[4, 2] = 0.5",
+                   "ternary values {-1, 0, 1}")

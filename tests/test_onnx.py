@@ -252,11 +252,11 @@ def test_draft_step_through_onnxruntime_matches_the_reference_draft_step(artifac
     ref = eng.backend
     ref.reset()
     ref.prefill(history)
-    expected = ref.draft_step(pend, d)
-
     # The same history as the reference's (an int8 tie in an onnxruntime prefill would
     # perturb it by one int8 step; the AR test covers chaining through our own KV).
-    pk, pv = (t.float().numpy() for t in ref.kv.history())
+    pk, pv = (t.float().numpy().copy() for t in ref.kv.history())
+    expected = ref.draft_step(pend, d)
+
     p, s = len(history), pending + d
     tokens = pend + [pend[-1]] + [mask_id] * (d - 1)
     positions = list(range(p, p + pending)) + list(range(p + pending - 1, p + pending - 1 + d))

@@ -60,7 +60,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 class FastModel:
     def __init__(self, manifest: Manifest, tensors: dict[str, torch.Tensor], ops: Ops, device,
-                 head_dtype: torch.dtype = torch.float16, draft_head: str = "int8"):
+                 head_dtype: torch.dtype | None = None, draft_head: str = "int8"):
         cfg = manifest.model
         self.cfg, self.quant, self.ops, self.device = cfg, manifest.quant, ops, torch.device(device)
         dev = self.device
@@ -86,7 +86,8 @@ class FastModel:
         self.embed = t("model.embed_tokens.weight")  # [V, H] float32: a row gather per token
         self.final_norm = t("model.norm.weight")
         head = tensors["model.embed_tokens.weight"] if cfg.tie_word_embeddings else tensors["lm_head.weight"]
-        self.head_dtype = head_dtype
+        # The verify head keeps the checkpoint's 16-bit type (bf16 stays bf16: exact).
+        self.head_dtype = head_dtype or (head.dtype if head.dtype in (torch.float16, torch.bfloat16) else torch.float16)
         self.verify_head = head.to(device=dev, dtype=head_dtype).contiguous()  # [V, H]
         self.draft_head = None
         self.draft_head_kind = draft_head
