@@ -7,11 +7,13 @@ and for V)::
     [L, capacity)                  free history slots
     [capacity, capacity + M_max)   workspace: a step of width M writes its rows here
 
-A step never writes history directly (except prefill, whose rows are final): it writes the
-workspace, and the decoder then *materialises* pending rows (after a draft) or *promotes*
-accepted rows (after a verify) by copying workspace rows to the history boundary. Every
-role and width therefore shares one buffer per segment: switching width or role keeps the
-history in place; only growing into the next segment copies the history, once.
+Every row whose KV may be kept is written at its own slot (slot = absolute position):
+prefill, AR, a draft's pending rows, the verifier's [anchor, d_1..d_D]. *Materialising*
+pending rows (after a draft) and *promoting* accepted drafts (after a verify) then move the
+boundary L over rows already in place — no copy — and rejected rows past L are invisible
+and overwritten later. Only the draft block, whose positions overlap the anchor's, lives
+in the workspace. Every role and width shares one buffer per segment: switching width or
+role keeps the history in place; growing into the next segment copies the history once.
 """
 
 from __future__ import annotations
@@ -94,26 +96,13 @@ class SegmentedKV:
         return True
 
     def history_slots(self, n: int) -> torch.Tensor:
-        """Slots for ``n`` rows written straight into history (prefill)."""
+        """Slots L..L+n-1 for ``n`` rows written at their own positions."""
         if self.length + n > self.capacity:
             raise RuntimeError(f"history overflow: {self.length}+{n} > capacity {self.capacity}")
         return torch.arange(self.length, self.length + n, device=self.device)
 
     def advance(self, n: int) -> None:
-        """Declare ``n`` rows written by ``history_slots`` as materialised."""
-        self.length += n
-
-    def promote(self, workspace_rows: list[int]) -> None:
-        """Copy workspace rows (in order) to the history boundary and advance L."""
-        n = len(workspace_rows)
-        if n == 0:
-            return
-        if self.length + n > self.capacity:
-            raise RuntimeError(f"history overflow: {self.length}+{n} > capacity {self.capacity}")
-        src = torch.tensor(workspace_rows, device=self.device) + self.capacity
-        dst = slice(self.length, self.length + n)
-        self.buffer.k[:, :, dst] = self.buffer.k.index_select(2, src)
-        self.buffer.v[:, :, dst] = self.buffer.v.index_select(2, src)
+        """Move the boundary over ``n`` rows already written at slots L..L+n-1."""
         self.length += n
 
     def history(self) -> tuple[torch.Tensor, torch.Tensor]:

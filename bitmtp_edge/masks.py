@@ -1,5 +1,15 @@
 """Visibility masks of one step over a segment buffer (True = the row may attend the slot).
 
+The runtimes write every row whose KV may be kept **at its own absolute slot** (slot =
+position): prefill, AR, the pending rows of a draft and the verifier's rows. A row at
+position p then attends exactly slots 0..p of the history, in the same slots with the same
+values whatever the step's width, so an AR step and a verify step compute every kept row
+bit for bit alike (``history_step_mask``, ``draft_in_place_mask``). Only the draft block —
+speculative rows at positions that overlap the anchor's — lives in the workspace.
+
+``causal_step_mask`` / ``draft_step_mask`` below describe the same steps for a caller that
+appends the step's rows after the history instead (the ONNX graphs: past + present).
+
 Slots ``[0, capacity)`` are history (only ``[0, L)`` materialised), slots
 ``[capacity, capacity + workspace)`` are the step's own rows. The masks are built with
 tensor comparisons only, so a captured graph can rebuild them from device tensors.
@@ -51,6 +61,30 @@ def draft_step_mask(capacity: int, workspace: int, length, pending: int, block: 
         (w < pending - 1) | ((w >= pending) & (w < width))
     )
     return hist.unsqueeze(0) | pending_rows | block_rows
+
+
+def history_step_mask(capacity: int, workspace: int, first_position, width: int, device=None) -> torch.Tensor:
+    """[width, capacity + workspace]: rows written at history slots first_position + i;
+    row i sees history slots 0..first_position + i (``first_position`` may be a tensor)."""
+    s = torch.arange(capacity + workspace, device=device)
+    row = torch.arange(width, device=device).unsqueeze(1)
+    return (s < capacity) & (s <= first_position + row)
+
+
+def draft_in_place_mask(capacity: int, workspace: int, length, pending: int, block: int,
+                        device=None) -> torch.Tensor:
+    """[pending + block, capacity + workspace] for a draft step whose k pending rows are
+    written at history slots L..L+k-1 and whose D block rows sit in workspace 0..D-1.
+
+    Pending row i sees history 0..L+i; block rows see history 0..L+k-2 (everything but the
+    original anchor at L+k-1: block slot 0 repeats it) and the whole block."""
+    s = torch.arange(capacity + workspace, device=device)
+    row = torch.arange(pending + block, device=device).unsqueeze(1)
+    hist = s < capacity
+    pending_rows = (row < pending) & hist & (s <= length + row)
+    block_rows = (row >= pending) & ((hist & (s < length + pending - 1))
+                                     | (~hist & (s - capacity < block)))
+    return pending_rows | block_rows
 
 
 def prefill_mask(slots: int, length, n: int, device=None) -> torch.Tensor:

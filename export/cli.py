@@ -1,7 +1,10 @@
 """``bitmtp-export CKPT OUT/``: a thin click shell over ``export.export_checkpoint``.
 
 Exit codes: 0 exported; 2 bad input (one line on stderr, ``error: <file>: <what was
-wrong>; <what to do>``, and no OUT/ written); click's own usage errors also exit 2.
+wrong>; <what to do>``, and no OUT/ written); click's own usage errors also exit 2;
+3 (``--onnx`` only) the artifact was exported but its ONNX graphs could not be written
+(the artifact is complete and usable; the stderr line says why). ``--onnx-from OUT/``
+adds the ONNX graphs to an existing artifact: 0 written, 2 refused (nothing written).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from .errors import ExportError
 from .writer import EXPORTER_VERSION, ExportOptions, export_checkpoint
 
 EXIT_BAD_INPUT = 2
+EXIT_ONNX_NOT_WRITTEN = 3
 # Below this many tensors an export takes well under a second; a bar would only flicker.
 PROGRESS_MIN_TENSORS = 64
 
@@ -50,8 +54,8 @@ class _RichProgress:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("ckpt", type=click.Path(path_type=Path))
-@click.argument("out", type=click.Path(path_type=Path))
+@click.argument("ckpt", type=click.Path(path_type=Path), required=False)
+@click.argument("out", type=click.Path(path_type=Path), required=False)
 @click.option("--max-context", type=click.IntRange(min=2), default=None,
               help="Longest context the KV segments cover [default: min(max_position_embeddings, 4096)].")
 @click.option("--device", type=click.Choice(list(DEVICE_KV_BUDGET_MIB)), default=None,
@@ -60,15 +64,24 @@ class _RichProgress:
               help="KV memory budget in MiB (instead of --device).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT/ if it exists.")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
+@click.option("--onnx", is_flag=True, help="Also write the decode step as ONNX (model.onnx, model_draft.onnx).")
+@click.option("--onnx-from", type=click.Path(path_type=Path), default=None, metavar="OUT/",
+              help="Only write the ONNX graphs into the existing artifact folder OUT/ (no CKPT/OUT arguments).")
 @click.version_option(EXPORTER_VERSION, prog_name="bitmtp-export")
-def main(ckpt: Path, out: Path, max_context: int | None, device: str | None, kv_budget_mib: float | None,
-         overwrite: bool, quiet: bool) -> None:
+def main(ckpt: Path | None, out: Path | None, max_context: int | None, device: str | None,
+         kv_budget_mib: float | None, overwrite: bool, quiet: bool, onnx: bool, onnx_from: Path | None) -> None:
     """Export the Hugging Face checkpoint folder CKPT into the BitMTP artifact folder OUT.
 
     CKPT: a BitMTP training checkpoint (HF layout + bitmtp.json), an HF BitNet checkpoint
     (latent/online or packed/offline) or a ternary group-128 Qwen3 checkpoint
     (Ternary-Bonsai -unpacked); single-file or sharded safetensors, with tokenizer.json.
     """
+    if onnx_from is not None:
+        if ckpt is not None or out is not None:
+            raise click.UsageError("--onnx-from OUT/ takes no CKPT or OUT argument")
+        sys.exit(_write_onnx(onnx_from, quiet, EXIT_BAD_INPUT))
+    if ckpt is None or out is None:
+        raise click.UsageError("give CKPT and OUT (or --onnx-from OUT/ for an existing artifact)")
     from rich.console import Console
 
     console = Console(stderr=True)
@@ -85,6 +98,24 @@ def main(ckpt: Path, out: Path, max_context: int | None, device: str | None, kv_
             progress.stop()
     if not quiet:
         _summary(result, time.perf_counter() - t0)
+    if onnx:
+        sys.exit(_write_onnx(result.out, quiet, EXIT_ONNX_NOT_WRITTEN))
+
+
+def _write_onnx(folder: Path, quiet: bool, exit_on_error: int) -> int:
+    from .onnx_export import build_onnx_files
+
+    t0 = time.perf_counter()
+    try:
+        files = build_onnx_files(folder)
+    except ExportError as e:
+        click.echo(f"error: {e}", err=True)
+        return exit_on_error
+    if not quiet:
+        names = ", ".join(p.name for p in (files.verify, files.draft) if p is not None)
+        click.echo(f"  ONNX: {names} + {files.data.name} ({files.data.stat().st_size / MIB:.1f} MiB) "
+                   f"in {time.perf_counter() - t0:.1f} s")
+    return 0
 
 
 def _summary(result, seconds: float) -> None:

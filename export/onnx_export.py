@@ -60,7 +60,14 @@ import numpy as np
 import torch
 
 from bitmtp_edge.artifact import (
-    MANIFEST, PROJECTIONS, WEIGHTS, ArtifactError, Manifest, load_tensors, read_manifest, sha256_file, verify_files,
+    MANIFEST,
+    WEIGHTS,
+    ArtifactError,
+    Manifest,
+    load_tensors,
+    read_manifest,
+    sha256_file,
+    verify_files,
 )
 from kernels_ampere.packing import PACKING_LAYOUT, unpack_ternary
 
@@ -68,7 +75,7 @@ from .errors import ExportError
 from .writer import EXPORTER_VERSION
 
 OPSET = 17
-IR_VERSION = 8  # the IR of opset 17: loadable by onnxruntime >= 1.13 and TensorRT 8.6's parser
+IR_VERSION = 8  # the IR opset 17 shipped with, so older runtimes (onnxruntime >= 1.13) load the files
 ONNX_FILE = "model.onnx"
 DRAFT_SUFFIX = "_draft"
 DATA_SUFFIX = ".data"
@@ -162,30 +169,75 @@ def build_onnx_files(artifact_dir: str | os.PathLike, out_path: str | os.PathLik
         verify_files(folder, dataclasses.replace(
             manifest, files={k: v for k, v in manifest.files.items() if k not in ARTIFACT_ONNX_FILES}))
         tensors = load_tensors(folder)
-    except ArtifactError as e:
-        problem, _, fix = str(e).rpartition("; ")
-        raise OnnxExportError(folder, problem or fix, fix if problem else "re-export the artifact") from None
+    except ArtifactError as e:  # "<file>: <what was wrong>; <what to do>", re-raised as an ExportError
+        where, _, rest = str(e).partition(": ")
+        problem, _, fix = rest.rpartition("; ")
+        raise OnnxExportError(where, problem or fix, fix if problem else "re-export the artifact") from None
     target = Path(out_path) if out_path is not None else folder / ONNX_FILE
     files = OnnxFiles(verify=target,
                       draft=target.with_name(target.stem + DRAFT_SUFFIX + target.suffix) if manifest.mtp else None,
                       data=target.with_name(target.name + DATA_SUFFIX))
-    weights = _Weights(manifest, tensors)
-    models = {files.verify: build_step_model(manifest, weights, "verify")}
-    if files.draft is not None:
-        models[files.draft] = build_step_model(manifest, weights, "draft")
-    _write_shared(models, files.data)
+    files.verify.parent.mkdir(parents=True, exist_ok=True)
+    staged = {path: _tmp_sibling(path) for path in (files.data, files.verify, files.draft) if path is not None}
+    try:
+        with _DataFile(staged[files.data], files.data.name) as data:
+            weights = _Weights(manifest, tensors, data)
+            for path, role in ((files.verify, "verify"), (files.draft, "draft")):
+                if path is not None:  # one graph in memory at a time; its weights already on disk
+                    staged[path].write_bytes(build_step_model(manifest, weights, role).SerializeToString())
+        for path, tmp in staged.items():  # the data first: a graph never points at missing bytes
+            os.replace(tmp, path)
+    finally:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
     if target.parent.resolve() == folder.resolve():
-        _record_in_manifest(folder, manifest, [files.data, *models])
+        _record_in_manifest(folder, manifest, list(staged))
     return files
 
 
 # --- weights -----------------------------------------------------------------------------
 
-class _Weights:
-    """Artifact tensors as ONNX initialisers, each made once (shared by both graphs)."""
+class _DataFile:
+    """The external data file both graphs share: each large tensor is written once, page-aligned."""
 
-    def __init__(self, manifest: Manifest, tensors: dict[str, torch.Tensor]):
-        self.manifest, self.tensors = manifest, tensors
+    def __init__(self, path: Path, location: str):
+        self.path, self.location = path, location
+        self._offsets: dict[str, tuple[int, int]] = {}
+
+    def __enter__(self):
+        self._f = open(self.path, "wb")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._f.close()
+
+    def externalise(self, proto):
+        """Move ``proto``'s raw bytes into the file (once per name); returns the proto."""
+        from onnx import TensorProto
+        from onnx.external_data_helper import set_external_data
+
+        if len(proto.raw_data) < EXTERNAL_MIN_BYTES:
+            return proto
+        if proto.name not in self._offsets:
+            self._f.write(b"\0" * (-self._f.tell() % DATA_ALIGN))
+            self._offsets[proto.name] = (self._f.tell(), len(proto.raw_data))
+            self._f.write(proto.raw_data)
+        offset, length = self._offsets[proto.name]
+        set_external_data(proto, location=self.location, offset=offset, length=length)
+        proto.ClearField("raw_data")
+        proto.data_location = TensorProto.EXTERNAL
+        return proto
+
+
+class _Weights:
+    """Artifact tensors as ONNX initialisers, made once and shared by both graphs.
+
+    Large tensors go straight to the data file; what is kept here are small protos that
+    point into it, so a multi-GB model never sits in memory twice.
+    """
+
+    def __init__(self, manifest: Manifest, tensors: dict[str, torch.Tensor], data: _DataFile):
+        self.manifest, self.tensors, self.data = manifest, tensors, data
         self._made: dict[str, object] = {}
 
     def _get(self, name: str) -> torch.Tensor:
@@ -195,7 +247,7 @@ class _Weights:
 
     def _cache(self, name: str, make):
         if name not in self._made:
-            self._made[name] = make()
+            self._made[name] = self.data.externalise(make())
         return self._made[name]
 
     def codes_t(self, proj: str):
@@ -442,7 +494,7 @@ def _identity(src: str, dst: str):
 
 
 def build_step_model(manifest: Manifest, weights: _Weights, role: str):
-    """The ``onnx.ModelProto`` of one role (``verify`` or ``draft``), initialisers inline."""
+    """The ``onnx.ModelProto`` of one role (``verify`` or ``draft``) over ``weights``' initialisers."""
     from onnx import TensorProto, helper
 
     if role not in ("verify", "draft"):
@@ -514,41 +566,6 @@ def _graph_doc(manifest: Manifest, role: str) -> str:
 
 # --- writing -----------------------------------------------------------------------------
 
-def _write_shared(models: dict[Path, object], data_path: Path) -> None:
-    """Move every large initialiser into one data file shared by ``models``; write all atomically."""
-    from onnx import TensorProto
-    from onnx.external_data_helper import set_external_data
-
-    data_path.parent.mkdir(parents=True, exist_ok=True)
-    offsets: dict[str, tuple[int, int]] = {}
-    tmp_data = _tmp_sibling(data_path)
-    tmp_models: dict[Path, Path] = {}
-    try:
-        with open(tmp_data, "wb") as f:
-            for model in models.values():
-                for t in model.graph.initializer:
-                    if len(t.raw_data) < EXTERNAL_MIN_BYTES:
-                        continue
-                    if t.name not in offsets:
-                        pad = -f.tell() % DATA_ALIGN
-                        f.write(b"\0" * pad)
-                        offsets[t.name] = (f.tell(), len(t.raw_data))
-                        f.write(t.raw_data)
-                    offset, length = offsets[t.name]
-                    set_external_data(t, location=data_path.name, offset=offset, length=length)
-                    t.ClearField("raw_data")
-                    t.data_location = TensorProto.EXTERNAL
-        for path, model in models.items():
-            tmp_models[path] = _tmp_sibling(path)
-            tmp_models[path].write_bytes(model.SerializeToString())
-        os.replace(tmp_data, data_path)
-        for path, tmp in tmp_models.items():
-            os.replace(tmp, path)
-    finally:
-        for tmp in [tmp_data, *tmp_models.values()]:
-            tmp.unlink(missing_ok=True)
-
-
 def _tmp_sibling(path: Path) -> Path:
     # Same folder, so os.replace is an atomic rename; the pid keeps concurrent writers apart.
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -568,5 +585,5 @@ def _record_in_manifest(folder: Path, manifest: Manifest, written: list[Path]) -
         tmp.unlink(missing_ok=True)
 
 
-__all__ = ["OPSET", "ONNX_FILE", "INPUTS", "VERIFY_OUTPUTS", "DRAFT_OUTPUTS", "OnnxExportError", "OnnxFiles",
+__all__ = ["DRAFT_OUTPUTS", "INPUTS", "ONNX_FILE", "OPSET", "VERIFY_OUTPUTS", "OnnxExportError", "OnnxFiles",
            "build_onnx", "build_onnx_files", "build_step_model", "check_onnx_coverage"]

@@ -112,3 +112,49 @@ def scale_strides(w_scale: torch.Tensor, grouped: bool) -> tuple[int, int]:
     if grouped:
         return w_scale.stride(0), w_scale.stride(1)
     return (0 if w_scale.shape[0] == 1 else w_scale.stride(0)), 0
+
+
+# --- split-K: partial sums per K slice, then one ordered reduction ----------------------------
+
+@triton.jit
+def _split_k_reduce_kernel(
+    part_ptr,  # [S, M, N] int32 or float32 partial sums
+    a_scale_ptr,  # [M] float32 (HAS_A_SCALE)
+    w_scale_ptr,  # [N] float32 (HAS_W_SCALE), row stride stride_sn
+    out_ptr,  # [M, N]
+    M, N, stride_sn, stride_om,
+    S: tl.constexpr, HAS_A_SCALE: tl.constexpr, HAS_W_SCALE: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    m = tl.program_id(0)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = rn < N
+    # slices are added in order, so the result does not depend on scheduling; int32 partials
+    # stay exact until the single float conversion
+    tot = tl.load(part_ptr + m * N + rn, mask=mask, other=0)
+    for s in tl.static_range(1, S):
+        tot += tl.load(part_ptr + (s * M + m) * N + rn, mask=mask, other=0)
+    y = tot.to(tl.float32)
+    if HAS_A_SCALE:
+        y = y * tl.load(a_scale_ptr + m)
+    if HAS_W_SCALE:
+        y = y * tl.load(w_scale_ptr + rn * stride_sn, mask=mask, other=0.0)
+    tl.store(out_ptr + m * stride_om + rn, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def split_k_reduce(part: torch.Tensor, out: torch.Tensor, a_scale: torch.Tensor | None,
+                   w_scale: torch.Tensor | None, stride_sn: int) -> None:
+    """out[m, n] = (sum_s part[s, m, n]) [* a_scale[m]] [* w_scale[n]], the twin's multiply order."""
+    s, m, n = part.shape
+    block_n = min(1024, next_pow2(n))
+    _split_k_reduce_kernel[(m, triton.cdiv(n, block_n))](
+        part, part if a_scale is None else a_scale, part if w_scale is None else w_scale, out,
+        m, n, stride_sn, out.stride(0),
+        S=s, HAS_A_SCALE=a_scale is not None, HAS_W_SCALE=w_scale is not None, BLOCK_N=block_n,
+        num_warps=4,
+    )
+
+
+def split_k_chunks(n_chunks: int, split_k: int, chunks_per_step: int) -> tuple[int, int]:
+    """(chunks per K slice rounded to whole steps, number of non-empty slices)."""
+    per = triton.cdiv(triton.cdiv(n_chunks, max(split_k, 1)), chunks_per_step) * chunks_per_step
+    return per, triton.cdiv(n_chunks, per)

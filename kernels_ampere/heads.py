@@ -62,7 +62,7 @@ def _head_partial_kernel(
         if UPCAST:
             acc = tl.dot(w.to(tl.float32), x.to(tl.float32), acc, input_precision="ieee")
         else:
-            acc = tl.dot(w, x, acc)
+            acc = tl.dot(w, x, acc, out_dtype=tl.int32 if INT8 else tl.float32)
     if INT8:
         hs = tl.load(h_scale_ptr + rm, mask=mask_m, other=0.0)
         ws = tl.load(w_scale_ptr + rv, mask=mask_v, other=0.0)

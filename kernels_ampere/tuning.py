@@ -44,6 +44,7 @@ class LinearConfig:
     block_kb: int  # packed bytes of one row read per K step: a multiple of 32 (one 128-chunk)
     num_warps: int = 4
     num_stages: int = 1
+    split_k: int = 1  # K slices run by separate programs, summed in order by a second launch
 
     def __post_init__(self):
         if self.kernel not in (GEMV, DOT):
@@ -139,25 +140,45 @@ def linear_key(n: int, k: int, m: int, grouped: bool) -> dict[str, Any]:
     return {"N": n, "K": k, "M": m, "scales": "group128" if grouped else "row"}
 
 
-def default_linear(m: int, grouped: bool, *, weight_only: bool = False) -> LinearConfig:
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int | None = None,
+                   k: int | None = None) -> LinearConfig:
+    """The fallback launch of a packed linear; ``n`` and ``k`` (when known) size the split-K."""
+    chunks = (k // 128) if k else 0
     # int8: dp4a decodes once and multiplies four weights per instruction, which beats the
     # tensor-core path's per-element unpack while only a couple of rows share the decode.
     # 16-bit: every weight costs a convert and an FMA per row, so only M = 1 stays on gemv.
     if m <= (1 if weight_only else 2):
-        return LinearConfig(GEMV, block_n=8, block_kb=32 if grouped else 256, num_warps=4, num_stages=1)
-    return LinearConfig(DOT, block_n=64, block_kb=32 if grouped else 64, num_warps=4, num_stages=3)
+        return LinearConfig(GEMV, block_n=8, block_kb=512 if chunks >= 16 else 256, num_warps=4)
+    split = 1
+    if n and chunks:  # too few N tiles to fill a GPU: slice K as well, two steps per slice at least
+        split = max(1, min(_cdiv(128, _cdiv(n, 64)), chunks // 4, 8))
+    return LinearConfig(DOT, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split)
 
 
-def linear_candidates(m: int, grouped: bool) -> list[LinearConfig]:
-    kbs = (32,) if grouped else (128, 256, 512)
+def linear_candidates(m: int, n: int, k: int, grouped: bool) -> list[LinearConfig]:
+    """What --tune times for one (N, K, M): gemv (dp4a / FMA) at M = 1, 2; tensor cores always."""
+    chunks = k // 128
     out = []
-    if m <= 8:
+    if m <= 2:
         for bn in (4, 8, 16):
-            for kb in kbs:
-                out.append(LinearConfig(GEMV, bn, kb, num_warps=4 if bn * kb >= 2048 else 2))
+            for kb in (256, 512, 1024):
+                step = kb // 32
+                if step > 2 * chunks:
+                    continue
+                for sk in (1, 2, 4):
+                    if sk > 1 and chunks / sk < step / 2:  # slices much shorter than a step waste lanes
+                        continue
+                    out.append(LinearConfig(GEMV, bn, kb, num_warps=4, num_stages=1, split_k=sk))
     for bn in (32, 64, 128):
-        for kb in ((32,) if grouped else (64, 128)):
-            out.append(LinearConfig(DOT, bn, kb, num_warps=4, num_stages=3))
+        for kb in (64, 128):
+            for sk in (1, 2, 4, 8):
+                if sk > 1 and (_cdiv(n, bn) >= 264 or chunks / sk < kb // 32):
+                    continue
+                out.append(LinearConfig(DOT, bn, kb, num_warps=4, num_stages=3, split_k=sk))
     return out
 
 

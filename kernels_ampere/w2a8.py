@@ -10,18 +10,23 @@ byte ``32*g + j`` of a row holds, in bits ``2i..2i+1``, the code ``c = W + 1`` o
 ``sum_k a*(c - 1) = sum_k a*c - sum_k a`` (the offset trick of llama.cpp's TQ2_0), so
 decoding is a shift and a mask, nothing more.
 
-Two kernels, picked per width M by the tuned table (``tuning.py``):
+Two kernels, picked per (N, K, M) by the tuned table (``tuning.py``):
 
-* ``gemv`` (M = 1, a few rows): the packed row is read as int32 words. For lane ``i``,
-  ``(word >> 2i) & 0x03030303`` holds the codes of four *consecutive* inputs
-  ``128g + 32i + 4(w%8) + 0..3`` in its four bytes -- exactly the int8 activation word at
-  index ``32g + 8i + w%8`` -- so one ``dp4a`` does four multiply-adds: about three integer
-  instructions per four weights, all in registers.
-* ``dot`` (M >= 3 or so): the byte tile ``[BLOCK_N, BLOCK_KB]`` is shifted/masked per lane
-  into an int8 tile of codes that multiplies (``tl.dot``, int8 tensor cores, int32
-  accumulators) the activations gathered at ``k = 128*(b//32) + 32*i + b%32``. The
-  weights are the dot's first operand ("swap AB"), so the big dimension N fills the
-  tensor-core M side and the width only pads to 16.
+* ``gemv`` (M = 1, 2): one activation row per program, a ``[BLOCK_N, CHUNKS, 8]`` tile of
+  int32 words per K step. Word ``j`` of chunk ``c`` holds, in lane ``i``, the codes of the
+  four *consecutive* inputs ``128c + 32i + 4j .. +3`` -- exactly activation word
+  ``32c + 8i + j`` -- so ``(word >> 2i) & 0x03030303`` and one ``dp4a`` do four
+  multiply-adds: about three integer instructions per four weights, all in registers, and
+  the activation words of a lane are contiguous (vector loads).
+* ``dot`` (M >= 3): per 128-chunk, the ``[BLOCK_N, 32]`` byte tile is shifted/masked per
+  lane into int8 codes that multiply (``tl.dot``, int8 tensor cores, int32 accumulators)
+  the activations of inputs ``128c + 32i + 0..31``. The weights are the dot's first
+  operand ("swap AB"): N fills the tensor-core M side and the width only pads to 16.
+
+Group-128 scales are applied per chunk after its exact int32 sum. ``split_k > 1`` gives
+each program a slice of the chunks; slices write int32 (per-row scales: still exact) or
+float32 (group scales applied) partials that ``common.split_k_reduce`` adds in slice order
+-- deterministic, no atomics, no zero-fill.
 
 The epilogue multiplies in the same order as the twin, ``(float(acc) * a_scale) * w_scale``,
 so per-row results in float32 are bit-identical to ``w2a8_linear_reference``.
@@ -36,70 +41,75 @@ import triton.language as tl
 from bitmtp_edge.quant import int_matmul
 
 from .common import (check_dtype, check_launchable, check_packed_weight, dp4a, is_interpreted, next_pow2,
-                     scale_strides)
+                     scale_strides, split_k_chunks, split_k_reduce)
 from .packing import BYTES_PER_CHUNK, CHUNK_K, unpack_ternary
-from .tuning import DOT, GEMV, LinearConfig, default_linear, linear_key, lookup
+from .tuning import GEMV, LinearConfig, default_linear, linear_key, lookup
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-WORDS_PER_CHUNK = BYTES_PER_CHUNK // 4  # 8 int32 words hold one 128-input chunk of a row
 
 
 @triton.jit
 def _w2a8_gemv_kernel(
     a_ptr,  # [M, K/4] int32: four int8 activations per word
     a_scale_ptr,  # [M] float32
-    w_ptr,  # [N, K/16] int32: sixteen 2-bit codes per word
+    w_ptr,  # [N, K/16] int32: sixteen 2-bit codes per word, 8 words per 128-chunk
     w_scale_ptr,  # [N] or [N, K/128] float32
-    out_ptr,  # [M, N]
-    M, N,
+    out_ptr,  # [M, N] (SPLIT: [S, M, N] int32 or float32 partial sums)
+    M, N, chunks_per_split,
     stride_am, stride_wn, stride_sn, stride_sg, stride_om,
     K: tl.constexpr,
-    GROUPED: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
+    GROUPED: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,  # rows per program, 128-chunks per K step
     USE_ASM: tl.constexpr,
 ):
-    KW: tl.constexpr = K // 16
-    pid_n = tl.program_id(0)
-    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rw = tl.arange(0, BLOCK_W)
-    mask_m = rm < M
+    N_CHUNKS: tl.constexpr = K // 128
+    m = tl.program_id(0)  # one activation row per program; rows of one N tile run side by side
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_lo = tl.program_id(2) * chunks_per_split
+    c_hi = tl.minimum(c_lo + chunks_per_split, N_CHUNKS)
+    rc = tl.arange(0, CHUNKS)
+    rj = tl.arange(0, 8)  # word j of a chunk holds inputs 4j..4j+3 of each 32-wide lane
     mask_n = rn < N
-    # activation word matching weight word w for lane 0 (lane i adds 8*i); BLOCK_W % 8 == 0
-    a_word = 32 * (rw // 8) + rw % 8
-    ones = tl.full((BLOCK_M, BLOCK_W), 0x01010101, tl.int32)
+    ones = tl.full((CHUNKS, 8), 0x01010101, tl.int32)
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_W), tl.int32)
-    asum = tl.zeros((BLOCK_M, BLOCK_W), tl.int32)
-    facc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for w0 in range(0, KW, BLOCK_W):
-        mask_w = (w0 + rw) < KW
+    acc = tl.zeros((BLOCK_N, CHUNKS, 8), tl.int32)
+    asum = tl.zeros((CHUNKS, 8), tl.int32)
+    facc = tl.zeros((BLOCK_N,), tl.float32)
+    for c0 in range(c_lo, c_hi, CHUNKS):
+        c = c0 + rc
+        mask_c = c < c_hi
         # padding words read as 0 and meet activation 0: they add nothing to acc or asum
-        wt = tl.load(w_ptr + rn[:, None] * stride_wn + (w0 + rw)[None, :],
-                     mask=mask_n[:, None] & mask_w[None, :], other=0)  # [BLOCK_N, BLOCK_W]
+        wt = tl.load(w_ptr + rn[:, None, None] * stride_wn + c[None, :, None] * 8 + rj[None, None, :],
+                     mask=mask_n[:, None, None] & mask_c[None, :, None], other=0)  # [BLOCK_N, CHUNKS, 8]
         if GROUPED:
-            acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_W), tl.int32)
-            asum = tl.zeros((BLOCK_M, BLOCK_W), tl.int32)
+            acc = tl.zeros((BLOCK_N, CHUNKS, 8), tl.int32)
+            asum = tl.zeros((CHUNKS, 8), tl.int32)
         for i in tl.static_range(4):
-            a = tl.load(a_ptr + rm[:, None] * stride_am + (4 * w0 + 8 * i + a_word)[None, :],
-                        mask=mask_m[:, None] & mask_w[None, :], other=0)  # [BLOCK_M, BLOCK_W]
+            # lane i of word j = inputs 128c + 32i + 4j .. +3 = activation word 32c + 8i + j
+            a = tl.load(a_ptr + m * stride_am + c[:, None] * 32 + 8 * i + rj[None, :],
+                        mask=mask_c[:, None], other=0)  # [CHUNKS, 8]
             codes = (wt >> (2 * i)) & 0x03030303
-            acc = dp4a(codes[None, :, :], a[:, None, :], acc, USE_ASM)
+            acc = dp4a(codes, a[None, :, :], acc, USE_ASM)
             asum = dp4a(a, ones, asum, USE_ASM)
-        if GROUPED:  # BLOCK_W == 8: this step was exactly chunk g of every row
-            s = tl.load(w_scale_ptr + rn * stride_sn + (w0 // 8) * stride_sg, mask=mask_n, other=0.0)
-            chunk = tl.sum(acc, axis=2) - tl.sum(asum, axis=1)[:, None]
-            facc += chunk.to(tl.float32) * s[None, :]
+        if GROUPED:
+            s = tl.load(w_scale_ptr + rn[:, None] * stride_sn + c[None, :] * stride_sg,
+                        mask=mask_n[:, None] & mask_c[None, :], other=0.0)  # [BLOCK_N, CHUNKS]
+            chunk = tl.sum(acc, axis=2) - tl.sum(asum, axis=1)[None, :]
+            facc += tl.sum(chunk.to(tl.float32) * s, axis=1)
 
-    a_s = tl.load(a_scale_ptr + rm, mask=mask_m, other=0.0)
     if GROUPED:
-        y = facc * a_s[:, None]
+        y = facc
     else:
-        ws = tl.load(w_scale_ptr + rn * stride_sn, mask=mask_n, other=0.0)
-        tot = tl.sum(acc, axis=2) - tl.sum(asum, axis=1)[:, None]
-        y = tot.to(tl.float32) * a_s[:, None] * ws[None, :]
-    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], y.to(out_ptr.dtype.element_ty),
-             mask=mask_m[:, None] & mask_n[None, :])
+        y = tl.sum(tl.sum(acc, axis=2), axis=1) - tl.sum(tl.sum(asum, axis=1), axis=0)  # int32
+    if SPLIT:
+        tl.store(out_ptr + (tl.program_id(2) * M + m) * N + rn, y, mask=mask_n)
+    else:
+        a_s = tl.load(a_scale_ptr + m)
+        if GROUPED:
+            y = y * a_s
+        else:
+            y = y.to(tl.float32) * a_s * tl.load(w_scale_ptr + rn * stride_sn, mask=mask_n, other=0.0)
+        tl.store(out_ptr + m * stride_om + rn, y.to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
 @triton.jit
@@ -108,50 +118,60 @@ def _w2a8_dot_kernel(
     a_scale_ptr,  # [M] float32
     w_ptr,  # [N, K/4] uint8 packed codes
     w_scale_ptr,  # [N] or [N, K/128] float32
-    out_ptr,  # [M, N]
-    M, N,
+    out_ptr,  # [M, N] (SPLIT: [S, M, N] int32 or float32 partial sums)
+    M, N, chunks_per_split,
     stride_am, stride_wn, stride_sn, stride_sg, stride_om,
     K: tl.constexpr,
-    GROUPED: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
+    GROUPED: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
 ):
-    KB: tl.constexpr = K // 4
-    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    N_CHUNKS: tl.constexpr = K // 128
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rb = tl.arange(0, BLOCK_KB)
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    c_lo = tl.program_id(2) * chunks_per_split
+    c_hi = tl.minimum(c_lo + chunks_per_split, N_CHUNKS)
+    rb = tl.arange(0, 32)  # byte j of a chunk holds input 32i + j of lane i
     mask_m = rm < M
     mask_n = rn < N
-    # input index of byte column b for lane 0 (lane i adds 32*i); BLOCK_KB % 32 == 0
-    k_of_b = 128 * (rb // 32) + rb % 32
 
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
     asum = tl.zeros((BLOCK_M,), tl.int32)
     facc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-    for b0 in range(0, KB, BLOCK_KB):
-        mask_b = (b0 + rb) < KB
-        wb = tl.load(w_ptr + rn[:, None] * stride_wn + (b0 + rb)[None, :],
-                     mask=mask_n[:, None] & mask_b[None, :], other=0)  # [BLOCK_N, BLOCK_KB] uint8
-        if GROUPED:
-            acc = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
-            asum = tl.zeros((BLOCK_M,), tl.int32)
-        for i in tl.static_range(4):
-            a = tl.load(a_ptr + rm[None, :] * stride_am + (4 * b0 + 32 * i + k_of_b)[:, None],
-                        mask=mask_m[None, :] & mask_b[:, None], other=0)  # [BLOCK_KB, BLOCK_M] int8
-            codes = ((wb >> (2 * i)) & 3).to(tl.int8)
-            acc = tl.dot(codes, a, acc)  # [BLOCK_N, BLOCK_M] int32
-            asum += tl.sum(a.to(tl.int32), axis=0)
-        if GROUPED:  # BLOCK_KB == 32: this step was exactly chunk g
-            s = tl.load(w_scale_ptr + rn * stride_sn + (b0 // 32) * stride_sg, mask=mask_n, other=0.0)
-            facc += (acc - asum[None, :]).to(tl.float32) * s[:, None]
+    for c0 in range(c_lo, c_hi, CHUNKS):
+        for cc in tl.static_range(CHUNKS):  # one 32-byte column block per chunk: scales stay per chunk
+            c = c0 + cc
+            ok = (c * 32 + rb) < c_hi * 32  # [32]: the whole chunk is in this slice or not
+            wb = tl.load(w_ptr + rn[:, None] * stride_wn + c * 32 + rb[None, :],
+                         mask=mask_n[:, None] & ok[None, :], other=0)  # [BLOCK_N, 32] uint8
+            if GROUPED:
+                acc = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+                asum = tl.zeros((BLOCK_M,), tl.int32)
+            for i in tl.static_range(4):
+                a = tl.load(a_ptr + rm[None, :] * stride_am + c * 128 + 32 * i + rb[:, None],
+                            mask=mask_m[None, :] & ok[:, None], other=0)  # [32, BLOCK_M] int8
+                codes = ((wb >> (2 * i)) & 3).to(tl.int8)
+                acc = tl.dot(codes, a, acc, out_dtype=tl.int32)  # [BLOCK_N, BLOCK_M]
+                asum += tl.sum(a.to(tl.int32), axis=0)
+            if GROUPED:
+                s = tl.load(w_scale_ptr + rn * stride_sn + c * stride_sg, mask=mask_n & (rn * 0 + c < c_hi), other=0.0)
+                facc += (acc - asum[None, :]).to(tl.float32) * s[:, None]
 
-    a_s = tl.load(a_scale_ptr + rm, mask=mask_m, other=0.0)
     if GROUPED:
-        y = facc * a_s[None, :]
+        y = facc
     else:
-        ws = tl.load(w_scale_ptr + rn * stride_sn, mask=mask_n, other=0.0)
-        y = (acc - asum[None, :]).to(tl.float32) * a_s[None, :] * ws[:, None]
-    tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y.to(out_ptr.dtype.element_ty),
-             mask=mask_n[:, None] & mask_m[None, :])
+        y = acc - asum[None, :]  # int32
+    if SPLIT:
+        tl.store(out_ptr + (tl.program_id(2) * M + rm[None, :]) * N + rn[:, None], y,
+                 mask=mask_n[:, None] & mask_m[None, :])
+    else:
+        a_s = tl.load(a_scale_ptr + rm, mask=mask_m, other=0.0)
+        if GROUPED:
+            y = y * a_s[None, :]
+        else:
+            ws = tl.load(w_scale_ptr + rn * stride_sn, mask=mask_n, other=0.0)
+            y = y.to(tl.float32) * a_s[None, :] * ws[:, None]
+        tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y.to(out_ptr.dtype.element_ty),
+                 mask=mask_n[:, None] & mask_m[None, :])
 
 
 def w2a8_linear(
@@ -178,15 +198,21 @@ def w2a8_linear(
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"w2a8_linear: out_dtype {out_dtype} not supported, expected one of {OUT_DTYPES}")
     if config is None:
-        config = lookup("w2a8_linear", linear_key(n, k, m, grouped), packed.device) or default_linear(m, grouped)
-    if grouped and config.block_kb != BYTES_PER_CHUNK:
-        raise ValueError(f"w2a8_linear: group-128 scales need block_kb={BYTES_PER_CHUNK} (one chunk "
-                         f"per step), config has {config.block_kb}")
+        config = (lookup("w2a8_linear", linear_key(n, k, m, grouped), packed.device)
+                  or default_linear(m, grouped, n=n, k=k))
 
     out = torch.empty((m, n), dtype=out_dtype, device=a_int8.device)
     if m == 0 or n == 0:
         return out
     stride_sn, stride_sg = scale_strides(w_scale, grouped)
+    chunks = config.block_kb // BYTES_PER_CHUNK
+    per_split, n_split = split_k_chunks(k // CHUNK_K, config.split_k, chunks)
+    split = n_split > 1
+    # split-K slices write int32 (per-row: still exact) or float32 (group scales applied) partials
+    target = torch.empty((n_split, m, n), dtype=torch.float32 if grouped else torch.int32,
+                         device=out.device) if split else out
+    common = dict(K=k, GROUPED=grouped, SPLIT=split, BLOCK_N=config.block_n, CHUNKS=chunks,
+                  num_warps=config.num_warps, num_stages=config.num_stages)
     if config.kernel == GEMV:
         check_launchable(_w2a8_gemv_kernel, a_int8, a_scale, packed, w_scale)
         if a_int8.stride(0) % 4 or a_int8.data_ptr() % 4 or packed.stride(0) % 4 or packed.data_ptr() % 4:
@@ -194,29 +220,23 @@ def w2a8_linear(
                              "must start 4-byte aligned")
         a_words = a_int8.view(torch.int32)  # [M, K/4]
         w_words = packed.view(torch.int32)  # [N, K/16]
-        block_m = min(next_pow2(m), 8)
-        grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, block_m))
+        grid = (m, triton.cdiv(n, config.block_n), n_split)
         _w2a8_gemv_kernel[grid](
-            a_words, a_scale, w_words, w_scale, out,
-            m, n,
+            a_words, a_scale, w_words, w_scale, target, m, n, per_split,
             a_words.stride(0), w_words.stride(0), stride_sn, stride_sg, out.stride(0),
-            K=k, GROUPED=grouped,
-            BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_W=config.block_kb // 4,
-            USE_ASM=not is_interpreted(_w2a8_gemv_kernel),
-            num_warps=config.num_warps, num_stages=config.num_stages,
+            USE_ASM=not is_interpreted(_w2a8_gemv_kernel), **common,
         )
     else:
         check_launchable(_w2a8_dot_kernel, a_int8, a_scale, packed, w_scale)
         block_m = max(16, min(next_pow2(m), 64))  # tl.dot needs 16 rows at least
-        grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, block_m))
+        grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, block_m), n_split)
         _w2a8_dot_kernel[grid](
-            a_int8, a_scale, packed, w_scale, out,
-            m, n,
+            a_int8, a_scale, packed, w_scale, target, m, n, per_split,
             a_int8.stride(0), packed.stride(0), stride_sn, stride_sg, out.stride(0),
-            K=k, GROUPED=grouped,
-            BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_KB=config.block_kb,
-            num_warps=config.num_warps, num_stages=config.num_stages,
+            BLOCK_M=block_m, **common,
         )
+    if split:
+        split_k_reduce(target, out, a_scale, None if grouped else w_scale, stride_sn)
     return out
 
 

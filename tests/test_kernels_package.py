@@ -53,14 +53,17 @@ def test_lookup_misses_other_shapes_ops_and_scale_kinds():
     assert tuning.find_config(ENTRIES, "int8_head_argmax", {"V": 1, "H": 2, "M": 1}) is None
 
 
-def test_fallbacks_fit_the_packing():
+def test_fallbacks_and_candidates_are_valid_configs():
     for m in range(1, 18):
         for grouped in (False, True):
-            for weight_only in (False, True):
-                cfg = tuning.default_linear(m, grouped, weight_only=weight_only)
-                assert cfg.block_kb == 32 or not grouped  # one chunk per step under group scales
-            for cfg in tuning.linear_candidates(m, grouped):
-                assert cfg.block_kb == 32 or not grouped
+            assert tuning.default_linear(m, grouped).kernel == (GEMV if m <= 2 else DOT)
+            assert tuning.default_linear(m, grouped, weight_only=True).kernel == (GEMV if m == 1 else DOT)
+            for n, k in ((2560, 6912), (13824, 2560), (1024, 2048)):
+                cfg = tuning.default_linear(m, grouped, n=n, k=k)
+                assert 1 <= cfg.split_k <= k // 128
+                cands = tuning.linear_candidates(m, n, k, grouped)
+                assert cands and len(set(cands)) == len(cands)
+                assert all(c.kernel == DOT for c in cands) or m <= 2
     with pytest.raises(ValueError, match="block_kb"):
         LinearConfig(GEMV, 8, 48)
     with pytest.raises(ValueError, match="kernel"):

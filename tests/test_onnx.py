@@ -1,13 +1,16 @@
 """The ONNX decode-step graphs (export/onnx_export.py) against the reference backend, via onnxruntime.
 
 Tolerance: verify-role logits agree with the reference backend (float64 on the CPU) to
-``|Δ| ≤ ATOL + RTOL·|ref|`` (measured ≤ 1.2e-6 on logits of magnitude ~1.3), *up to the
-first int8 rounding tie*: an activation whose ``x·127/max|x|`` lies within float32 rounding
-of a .5 boundary may round one way in torch and the other in onnxruntime (both correct to
-float32; the RMSNorm reductions sum in different orders). Rows from that one on then differ
-by about one int8 step (measured 2.6e-2 on a bf16 checkpoint). ``assert_logits_match``
-checks exactly that: rows before the first flip within tolerance, and every flip at the
-first diverging quantisation a tie. Greedy tokens and drafts must be identical.
+``|Δ| ≤ ATOL + RTOL·|ref|`` (measured ≤ 1.5e-6 on logits of magnitude ~1.3), *up to the
+first int8 rounding tie*: an activation whose float32 ``x·127/max|x|`` lands on a .5
+boundary (about one in 1e5 activations) rounds one way in torch and the other way in
+onnxruntime whenever their float32 values differ by an ulp (RMSNorm and attention reduce in
+different orders; neither is wrong). That row and every later one then differ by about one
+int8 step (measured up to 4e-2 on these checkpoints). ``assert_logits_match`` checks
+exactly that: rows before the earliest flipped row within tolerance, the first flip in that
+row a tie, the rest within a sanity bound. Greedy tokens (64 AR steps) and drafts must be
+identical on these fixed checkpoints; on a flat random model a tie can also flip a greedy
+choice, so such equality is a property of the checkpoint, not a guarantee.
 """
 
 from __future__ import annotations
@@ -23,17 +26,23 @@ import torch
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-import bitmtp_edge.model as model_module  # noqa: E402
-from bitmtp_edge.artifact import MANIFEST, read_manifest, sha256_file  # noqa: E402
-from bitmtp_edge.backends.base import DraftResult  # noqa: E402
-from bitmtp_edge.decoding_rules import accepted_prefix  # noqa: E402
-from bitmtp_edge.engine import Engine, embedded_artifact_path  # noqa: E402
-from bitmtp_edge.masks import causal_step_mask, draft_step_mask  # noqa: E402
-from export import export_checkpoint  # noqa: E402
-from export.onnx_export import (  # noqa: E402
-    DRAFT_OUTPUTS, INPUTS, OPSET, VERIFY_OUTPUTS, OnnxExportError, build_onnx, build_onnx_files,
+import bitmtp_edge.model as model_module
+from bitmtp_edge.artifact import MANIFEST, read_manifest, sha256_file
+from bitmtp_edge.backends.base import DraftResult
+from bitmtp_edge.decoding_rules import accepted_prefix
+from bitmtp_edge.engine import Engine, embedded_artifact_path
+from bitmtp_edge.masks import causal_step_mask, draft_step_mask
+from export import export_checkpoint
+from export.onnx_export import (
+    DRAFT_OUTPUTS,
+    INPUTS,
+    OPSET,
+    VERIFY_OUTPUTS,
+    OnnxExportError,
+    build_onnx,
+    build_onnx_files,
 )
-from tests.export_fixtures import checkpoint, run_cli  # noqa: E402
+from tests.export_fixtures import checkpoint, run_cli
 
 ATOL, RTOL = 1e-4, 1e-4
 TIE_WINDOW = 1e-4  # |x·q - (n + 0.5)| below this is a tie at float32 precision (ulp of 127 is 7.6e-6)
@@ -60,8 +69,11 @@ def artifacts(tmp_path_factory):
 
 # --- driving the graphs ------------------------------------------------------------------
 
-def session(path: Path):
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+def session(path: Path | bytes):
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1  # tiny graphs: threads only add contention
+    return ort.InferenceSession(str(path) if isinstance(path, Path) else path, opts,
+                                providers=["CPUExecutionProvider"])
 
 
 def empty_kv(eng: Engine) -> np.ndarray:
@@ -113,8 +125,7 @@ def ort_quantisation(path: Path, inputs: dict[str, np.ndarray]) -> list[np.ndarr
     names = [n.output[0] for n in model.graph.node if n.op_type == "Cast" and n.output[0].startswith("x_int8")]
     for name in names:
         model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(names, inputs)
+    return session(model.SerializeToString()).run(names, inputs)
 
 
 def assert_logits_match(eng: Engine, path: Path, ids: list[int], monkeypatch) -> float:
@@ -129,17 +140,20 @@ def assert_logits_match(eng: Engine, path: Path, ids: list[int], monkeypatch) ->
         assert seen, f"weight-only graph deviates from the reference at rows {bad_rows.tolist()}"
         ours = ort_quantisation(path, inputs)
         assert len(ours) == len(seen)
-        first = next((i for i, (o, (_, r)) in enumerate(zip(ours, seen)) if not np.array_equal(o, r.numpy())), None)
-        assert first is not None, f"logits deviate at rows {bad_rows.tolist()} with identical int8 activations"
-        x, ref_int = seen[first]
-        rows, cols = np.nonzero(ours[first] != ref_int.numpy())
-        q = 127.0 / x.abs().amax(-1).clamp(min=1e-5)
-        frac = (x[rows, cols] * q[rows]).abs().numpy() % 1.0
+        flips = [o != r.numpy() for o, (_, r) in zip(ours, seen)]  # per quantisation: [rows, K]
+        flipped_rows = [i for i in range(len(ids)) if any(f[i].any() for f in flips)]
+        assert flipped_rows, f"logits deviate at rows {bad_rows.tolist()} with identical int8 activations"
+        first_row = flipped_rows[0]
+        # Rows before it saw ulp-close values everywhere, so the first flip in it must be a tie.
+        call = next(c for c, f in enumerate(flips) if f[first_row].any())
+        x = seen[call][0][first_row]
+        cols = np.nonzero(flips[call][first_row])[0]
+        frac = (x[cols] * (127.0 / x.abs().amax().clamp(min=1e-5))).abs().numpy() % 1.0
         assert np.all(np.abs(frac - 0.5) < TIE_WINDOW), f"int8 activations differ off a rounding tie: {frac}"
-        assert bad_rows.min() >= rows.min(), "rows before the first int8 tie flip deviate"
-        assert diff.max() < 0.1, "a tie flip moved the logits by more than a few int8 steps"
-        ok = slice(0, int(rows.min()))
-        assert (got[ok].argmax(-1) == ref[ok].argmax(-1)).all()
+        assert bad_rows.min() >= first_row, "rows before the first int8 tie flip deviate"
+        # A sanity bound only (one flipped int8 step, carried through the later layers).
+        assert diff.max() < 0.1 * np.abs(ref).max(), "a tie flip moved the logits by more than a few int8 steps"
+        assert (got[:first_row].argmax(-1) == ref[:first_row].argmax(-1)).all()
     else:
         assert (got.argmax(-1) == ref.argmax(-1)).all()
     return float(diff.max())
@@ -331,7 +345,7 @@ def test_cli_onnx_from_an_existing_artifact(tmp_path):
 
 
 def test_cli_onnx_on_an_uncovered_architecture_still_writes_the_artifact(tmp_path, monkeypatch):
-    import export.onnx_export as onnx_export
+    from export import onnx_export
 
     def refuse(manifest, where):
         raise OnnxExportError(where, "architecture not covered by the ONNX builder (simulated)", "export without --onnx")

@@ -119,14 +119,27 @@ def n_copies(nbytes: int, rotate_mb: float, min_copies: int) -> int:
     return max(min_copies, math.ceil(rotate_mb * 1e6 / max(nbytes, 1)))
 
 
-def copy_bandwidth_gbps(timer: Timer) -> float:
-    """Device-to-device copy of 1 GiB, bytes read + written per second."""
-    n = 1 << 30
+def copy_bandwidth_gbps(replays: int) -> float:
+    """Device-to-device copy of 2 GiB, bytes read + written per second (median of eager copies).
+
+    Eager, not graph-captured: a captured memcpy becomes a copy-engine node, which is slower
+    than the SM copy kernels an eager device-to-device copy uses.
+    """
+    n = 2 << 30
     src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
-    t = Timer(reps=4, replays=timer.replays)([lambda: dst.copy_(src)])
-    del src, dst
-    return 2 * n / (t * 1e-6) / 1e9
+    dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(max(replays, 3)):
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    src = dst = None
+    torch.cuda.empty_cache()
+    return 2 * n / statistics.median(times) / 1e9
 
 
 # --- correctness checks (before timing) ------------------------------------------------------
@@ -216,7 +229,7 @@ def check_linear(case: LinearCase, variant: str, config=None):
 def tune_linear(case: LinearCase, variant: str, timer: Timer) -> tuple[object, float, list[dict]]:
     tried = []
     best, best_us = None, float("inf")
-    for cfg in tuning.linear_candidates(case.m, case.shape.grouped):
+    for cfg in tuning.linear_candidates(case.m, case.shape.n, case.shape.k, case.shape.grouped):
         try:
             check_linear(case, variant, cfg)
             us = timer([linear_call(case, variant, i, cfg) for i in range(len(case.packed))])
@@ -291,9 +304,9 @@ class HeadCase:
 def attention_case(m: int, capacity: int, hist: int, rotate_mb: float, min_copies: int, gen):
     hq, hkv, hd = BITNET_HEADS["hq"], BITNET_HEADS["hkv"], BITNET_HEADS["hd"]
     s = capacity + 17
-    q = torch.randn(m, hq, hd, generator=gen).to(torch.bfloat16).cuda()
-    k = torch.randn(hkv, s, hd, generator=gen).to(torch.bfloat16).cuda()
-    v = torch.randn(hkv, s, hd, generator=gen).to(torch.bfloat16).cuda()
+    q = torch.randn(m, hq, hd, generator=gen, device="cuda").to(torch.bfloat16)
+    k = torch.randn(hkv, s, hd, generator=gen, device="cuda").to(torch.bfloat16)
+    v = torch.randn(hkv, s, hd, generator=gen, device="cuda").to(torch.bfloat16)
     mask = torch.ones(m, s, dtype=torch.bool)
     mask[:, capacity + m:] = False
     mask[:, capacity:capacity + m] = torch.tril(torch.ones(m, m, dtype=torch.bool))
@@ -306,6 +319,12 @@ def attention_case(m: int, capacity: int, hist: int, rotate_mb: float, min_copie
 
 
 # --- the run ---------------------------------------------------------------------------------
+
+def merge_entries(old: list[dict], new: list[dict]) -> list[dict]:
+    """The table after a --tune run: this run's winners replace entries of the same op and key."""
+    fresh = {(e["op"], json.dumps(e["key"], sort_keys=True)) for e in new}
+    return [e for e in old if (e["op"], json.dumps(e["key"], sort_keys=True)) not in fresh] + new
+
 
 def git_commit() -> str:
     try:
@@ -321,6 +340,7 @@ class Run:
     def __init__(self, args):
         self.args = args
         self.timer = Timer(args.reps, args.replays)
+        self.tune_timer = Timer(max(args.reps // 4, 16), 3)  # candidates: a cheaper look
         self.rows: list[dict] = []
         self.tuned: list[dict] = []  # winners, written as the table at the end
         self.chosen: dict[str, object] = {}  # the same winners, used by this run's benchmark
@@ -360,7 +380,7 @@ class Run:
                     key = tuning.linear_key(shape.n, shape.k, m, shape.grouped)
                     if a.tune:
                         try:
-                            best, us, tried = tune_linear(case, variant, self.timer)
+                            best, us, tried = tune_linear(case, variant, self.tune_timer)
                             self.tune_log.append({"op": op, "key": key, "tried": tried})
                             if best is not None:
                                 self.tuned.append(tuning.record(op, key, best, us))
@@ -372,7 +392,7 @@ class Run:
                     def run_variant(variant=variant, op=op, key=key):
                         cfg = self.chosen.get(op + json.dumps(key)) or tuning.lookup(
                             op, key, torch.device("cuda")) or tuning.default_linear(
-                            m, shape.grouped, weight_only=op == "w2a16_linear")
+                            m, shape.grouped, weight_only=op == "w2a16_linear", n=shape.n, k=shape.k)
                         check_linear(case, variant, cfg)
                         us = self.timer([linear_call(case, variant, i, cfg) for i in range(len(case.packed))])
                         return us, case.bytes(variant), cfg
@@ -385,7 +405,7 @@ class Run:
                     return us, case.bytes("bf16 cuBLAS"), None
                 self.attempt(run_cublas, op="F.linear", shape=label, model=shape.model, name=shape.name,
                              N=shape.n, K=shape.k, M=m, variant="bf16 cuBLAS")
-            del case
+            case = None
             torch.cuda.empty_cache()
 
     def heads(self, widths):
@@ -406,7 +426,7 @@ class Run:
                     for cfg in tuning.head_candidates(m):
                         try:
                             case.check(variant, cfg)
-                            us = self.timer(case.calls(variant, cfg))
+                            us = self.tune_timer(case.calls(variant, cfg))
                             tried.append({"config": asdict(cfg), "us": round(us, 3)})
                             if us < best_us:
                                 best, best_us = cfg, us
@@ -427,7 +447,7 @@ class Run:
                     us = self.timer(case.calls(variant, cfg))
                     return us, case.bytes(variant), cfg
                 self.attempt(run_head, op=op, shape=label, M=m, variant=variant)
-        del case
+        case = None
         torch.cuda.empty_cache()
 
     def attention(self, widths, capacity=4096, hist=4000):
@@ -454,14 +474,14 @@ class Run:
         for m in widths:
             for name, k in (("rmsnorm_quant", 2560), ("relu2_mul_rmsnorm_quant", 6912)):
                 def run_quant(m=m, name=name, k=k):
-                    x = (torch.randn(m, 2 * k, generator=self.gen) * 3).to(torch.bfloat16).cuda()
-                    w = (0.5 + torch.rand(k, generator=self.gen)).to(torch.bfloat16).cuda()
+                    x = (torch.randn(m, 2 * k, generator=self.gen, device="cuda") * 3).to(torch.bfloat16)
+                    w = (0.5 + torch.rand(k, generator=self.gen, device="cuda")).to(torch.bfloat16)
                     if name == "rmsnorm_quant":
                         args, fn, ref_fn = (x[:, :k].contiguous(), w, 1e-5), rmsnorm_quant, rmsnorm_quant_reference
                     else:
                         args, fn, ref_fn = (x[:, :k], x[:, k:], w, 1e-5), relu2_mul_rmsnorm_quant, \
                             relu2_mul_rmsnorm_quant_reference
-                    (q, s), (q_ref, s_ref) = fn(*args), ref_fn(*args)
+                    (q, _), (q_ref, _) = fn(*args), ref_fn(*args)
                     if (q.int() - q_ref.int()).abs().max().item() > 1:
                         raise AssertionError(f"{name}: int8 differs from the twin by more than 1")
                     us = self.timer([lambda: fn(*args)])
@@ -563,7 +583,7 @@ def main(argv=None) -> int:
     device_name = torch.cuda.get_device_name()
     run = Run(args)
     log(f"{device_name}, torch {torch.__version__}, triton {triton.__version__}")
-    copy_gbps = copy_bandwidth_gbps(run.timer)
+    copy_gbps = copy_bandwidth_gbps(args.replays)
     log(f"device copy bandwidth: {copy_gbps:.0f} GB/s (read + write)")
     meta = {"device": device_name, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "git_commit": git_commit(), "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
@@ -596,8 +616,10 @@ def main(argv=None) -> int:
         if args.tune and run.tuned:
             name = tuning.gpu_table_name(device_name)
             tmeta = {"triton": triton.__version__, "created": meta["date"], "command": meta["command"]}
+            path = args.tuned_dir / f"{name}.json"
+            entries = merge_entries(json.loads(path.read_text())["entries"] if path.is_file() else [], run.tuned)
             for folder in {args.tuned_dir, args.out}:
-                tuning.save_table(folder / f"{name}.json", device_name, run.tuned, tmeta)
+                tuning.save_table(folder / f"{name}.json", device_name, entries, tmeta)
             log(f"wrote {len(run.tuned)} tuned entries to {args.tuned_dir / (name + '.json')}")
     print_table(run.rows, summary)
     return 0

@@ -107,7 +107,8 @@ def run_task(task: DecodeTask, prompts: list[Prompt], data: str, device: str, ma
     """Greedy completions of the task's prompts under one policy; per-prompt records."""
     from bitmtp_edge.decoding import DecodeOptions, DecodeStats, decode
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2)) if device == "cpu" else None
+    if device != "cpu":
+        torch.set_num_threads(1)  # several workers share the host; the work is on the GPU
     model, ck, backend = runtime(task.path, device)
     tok = load_tokenizer(Path(task.path))
     eos = frozenset(ck.model.eos_token_ids)

@@ -5,7 +5,7 @@
 # adopt it), and leave compact checkpoints, logs and the held-out data in $OUT.
 #
 #   bash tools/h200_train.sh                       # on the H200 (run from the repo root)
-#   BUDGET=240 PRESET=tiny SEQ=64 BATCH=8 CORPUS_ARGS="--root a=/some/tree" bash tools/h200_train.sh   # CPU dry run
+#   BUDGET=240 PRESET=tiny SEQ=64 BATCH=8 D8_BLOCKS=4 D4_BLOCKS=8 CORPUS_ARGS="--root a=/some/tree" bash tools/h200_train.sh   # CPU dry run
 #
 # BUDGET: seconds from start until every trainer must have saved (corpus build included).
 set -uo pipefail
@@ -17,6 +17,8 @@ OUT=${OUT:-runs/h200_out}
 PRESET=${PRESET:-base27m}
 SEQ=${SEQ:-512}
 BATCH=${BATCH:-64}
+D8_BLOCKS=${D8_BLOCKS:-40}
+D4_BLOCKS=${D4_BLOCKS:-80}
 CORPUS_ARGS=${CORPUS_ARGS:-}
 TRAIN_ARGS=${TRAIN_ARGS:-}
 mkdir -p "$R" "$OUT"
@@ -30,9 +32,9 @@ LEFT=$(( BUDGET - ($(date +%s) - T0) ))
 echo "corpus ready after $(( $(date +%s) - T0 ))s; training budget ${LEFT}s"
 
 COMMON="--data $R/data --preset $PRESET --seq-len $SEQ --batch-size $BATCH --max-steps 0 --time-budget-s $LEFT $TRAIN_ARGS"
-python -m tools.train $COMMON --out "$R/d8" --block-size 8 --blocks 40 --share-plan "$R/d8/plan.json" > "$R/d8.log" 2>&1 &
+python -m tools.train $COMMON --out "$R/d8" --block-size 8 --blocks $D8_BLOCKS --share-plan "$R/d8/plan.json" > "$R/d8.log" 2>&1 &
 P8=$!
-python -m tools.train $COMMON --out "$R/d4" --block-size 4 --blocks 80 --steps-from "$R/d8/plan.json" > "$R/d4.log" 2>&1 &
+python -m tools.train $COMMON --out "$R/d4" --block-size 4 --blocks $D4_BLOCKS --steps-from "$R/d8/plan.json" > "$R/d4.log" 2>&1 &
 P4=$!
 python -m tools.train $COMMON --out "$R/sft" --mtp-weight 0 --steps-from "$R/d8/plan.json" > "$R/sft.log" 2>&1 &
 PS=$!

@@ -45,7 +45,6 @@ PRESETS: dict[str, dict] = {
     "base27m": dict(hidden_size=512, intermediate_size=1408, num_layers=8, num_heads=8, num_kv_heads=2, head_dim=64),
 }
 MAX_BLOCK = 16  # windows are sampled as if D were this large, so every run sees the same data
-CALIBRATE_FROM, CALIBRATE_TO, RECALIBRATE_AT = 10, 60, 300
 PLAN_POLL_EVERY = 25
 
 
@@ -83,9 +82,13 @@ class TrainConfig:
     precision: str = "auto"  # bf16 (autocast) | fp32 | auto: bf16 on CUDA
     compile: str = "auto"  # on | off | auto: on for CUDA
     resume: bool = False
+    stop_at: int | None = None  # pause after this step: save everything, continue later with --resume
     share_plan: str | None = None
     steps_from: str | None = None
     plan_wait_s: float = 60.0
+    # Fitting the step count to the budget: the rate between the first two marks sets it, each
+    # later mark re-fits at the rate since the previous one (concurrent runs settling).
+    fit_marks: tuple[int, ...] = (10, 60, 300, 600, 1000)
     tau: float = 0.9
     min_prefix: int = 3
 
@@ -419,16 +422,18 @@ class Trainer:
         while True:
             if self.plan_in.path is not None and (self.step % PLAN_POLL_EVERY == 0 or self.max_steps == 0):
                 self._follow_plan(wait=self.step >= tc.warmup_steps and self.plan_in.version < 0)
-            if self.deadline is not None and tc.max_steps == 0:
-                if self.max_steps == 0 and CALIBRATE_FROM in marks and CALIBRATE_TO in marks:
-                    self._fit_steps(marks[CALIBRATE_FROM], CALIBRATE_FROM, 1)
-                    bar.total = self.max_steps
-                elif self.step == RECALIBRATE_AT and CALIBRATE_TO in marks and RECALIBRATE_AT in marks \
-                        and self.plan_in.path is None:
-                    # Re-fit once every concurrent run is past its compile, at the steady rate.
-                    self._fit_steps(marks[CALIBRATE_TO], CALIBRATE_TO, 2)
-                    bar.total = self.max_steps
+            fm = tc.fit_marks
+            if self.deadline is not None and tc.max_steps == 0 and self.step in marks and self.step in fm[1:]:
+                if self.max_steps == 0 or (self.step != fm[1] and self.plan_in.path is None):
+                    prev = max(s for s in marks if s < self.step)
+                    self._fit_steps(marks[prev], prev, fm.index(self.step))
+            if bar.total != (self.max_steps or None):
+                bar.total = self.max_steps or None
+                bar.refresh()
             if self.max_steps and self.step >= self.max_steps:
+                break
+            if tc.stop_at is not None and self.step >= tc.stop_at:
+                stop_reason = "stop_at"
                 break
             if self._remaining() < tc.reserve_s:
                 stop_reason = "time_budget"
@@ -442,7 +447,7 @@ class Trainer:
                 loss, ntp, mtp, gnorm, lr = self._train_step(fn, batch)
             self.step += 1
             bar.update(1)
-            if self.step in (CALIBRATE_FROM, CALIBRATE_TO, RECALIBRATE_AT):
+            if self.step in tc.fit_marks:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize()
                 marks[self.step] = time.perf_counter()
@@ -522,6 +527,7 @@ def main(argv: list[str] | None = None) -> None:
     @click.option("--precision", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True)
     @click.option("--compile", "compile_", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True)
     @click.option("--resume", is_flag=True, help="continue from OUT/latest + OUT/resume.pt")
+    @click.option("--stop-at", type=int, default=None, help="pause after this step (save; continue with --resume)")
     @click.option("--share-plan", default=None, help="with --max-steps 0: write the fitted step count here")
     @click.option("--steps-from", default=None, help="adopt the step count another run wrote (same steps)")
     @click.option("--tau", default=defaults["tau"], show_default=True, help="default τ written to bitmtp.json")

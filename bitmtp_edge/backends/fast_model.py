@@ -88,7 +88,7 @@ class FastModel:
         head = tensors["model.embed_tokens.weight"] if cfg.tie_word_embeddings else tensors["lm_head.weight"]
         # The verify head keeps the checkpoint's 16-bit type (bf16 stays bf16: exact).
         self.head_dtype = head_dtype or (head.dtype if head.dtype in (torch.float16, torch.bfloat16) else torch.float16)
-        self.verify_head = head.to(device=dev, dtype=head_dtype).contiguous()  # [V, H]
+        self.verify_head = head.to(device=dev, dtype=self.head_dtype).contiguous()  # [V, H]
         self.draft_head = None
         self.draft_head_kind = draft_head
         if draft_head == "fp8":  # the server path: e4m3 rows quantised here from the verify head

@@ -8,11 +8,12 @@ window; smaller segments keep attention short. Every graph of segment σ reads a
 fixed-shape views of that one buffer, and all graphs share one memory pool.
 
 **Dynamic values on the device.** The history length L lives in a device tensor; positions,
-masks, the KV boundary copies (pending rows materialised after a draft, accepted rows
-promoted after a verify, both as ``index_copy_`` at ``L + arange(n)``) and the accepted
-count are computed inside the graphs. A verify promotes all D draft rows and then advances
-L by a: rows past the boundary are invisible (masks see ``slot < L``) and overwritten
-later, so the copy needs no host-known length.
+masks, write slots and the accepted count are computed inside the graphs. Every row that
+may be kept is written at its own slot (slot = position; see ``masks.py``), so
+materialising a draft's pending rows and promoting a verify's accepted rows are both just
+``L += n`` on the device: a verify writes all D drafts, and the rejected ones past the
+boundary are invisible and overwritten later. The same slots and values in every width
+also make an AR step and a verify row compute bit for bit alike.
 
 **Chaining.** Each graph writes its outputs into the static inputs of the next likely step:
 the verifier token into the width-1 pending buffer, an AR token into the AR input, and
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from ..decoding_rules import accepted_prefix
-from ..masks import causal_step_mask, draft_step_mask, prefill_mask
+from ..masks import draft_in_place_mask, history_step_mask, prefill_mask
 from ..replay import ReplayState
 from ..segments import KVPlan
 from .base import DraftResult, StepLog, VerifyResult
@@ -94,10 +95,8 @@ class GraphBackend:
                                    dtype=torch.long, device=dev)
         self.readback = torch.zeros(2 + 2 * d, dtype=torch.float64, device=dev)  # a, v, drafts, confidences
         self.ar_out = longs(1)
-        self._ar_off = longs(1)
         self._draft_off = {k: torch.tensor(list(range(k)) + list(range(k - 1, k - 1 + d)), device=dev)
                            for k in range(1, d + 1)}
-        self._verify_off = torch.arange(-1, d, device=dev)
         self._ws_rows = torch.arange(self.workspace, device=dev)
 
         self.segment = 0
@@ -143,25 +142,19 @@ class GraphBackend:
         return out
 
     # -- graph bodies: everything below reads and writes static tensors only ------------------
-    def _promote(self, cap: int, rows: torch.Tensor) -> None:
-        dst = self.L + torch.arange(rows.numel(), device=self.device)
-        src = cap + rows
-        self.k.index_copy_(2, dst, self.k.index_select(2, src))
-        self.v.index_copy_(2, dst, self.v.index_select(2, src))
-
-    def _forward(self, seg, tokens, positions, mask):
-        cap = self._capacity(seg)
+    def _forward(self, seg, tokens, positions, write_slots, mask, history_rows):
+        """One step over segment ``seg``; ``history_rows`` = rows this step writes at slots
+        from L on (the attention kernel skips history slots past L + history_rows)."""
         k, v = self._view(seg)
-        self.hist32.copy_(self.L)
-        return self.fast.forward(tokens, positions, k, v, cap + self._ws_rows[: tokens.numel()], mask, self.hist32,
-                                 capacity=cap)
+        self.hist32.copy_(self.L + history_rows)
+        return self.fast.forward(tokens, positions, k, v, write_slots, mask, self.hist32,
+                                 capacity=self._capacity(seg))
 
     def _ar_body(self, seg: int) -> None:
         cap = self._capacity(seg)
-        mask = causal_step_mask(cap, self.workspace, self.L, 1, self.device)
-        x = self._forward(seg, self.ar_token, self.L + self._ar_off, mask)
+        mask = history_step_mask(cap, self.workspace, self.L, 1, self.device)
+        x = self._forward(seg, self.ar_token, self.L, self.L, mask, 1)
         top, _ = self.fast.verify_top1(x)
-        self._promote(cap, self._ws_rows[:1])
         self.L += 1
         self.ar_out.copy_(top)
         self.ar_token.copy_(top)
@@ -170,10 +163,11 @@ class GraphBackend:
         d, cap = self.block_size, self._capacity(seg)
         pending = self.pending[k]
         tokens = torch.cat([pending, pending[-1:], self.mask_ids])
-        mask = draft_step_mask(cap, self.workspace, self.L, k, d, self.device)
-        x = self._forward(seg, tokens, self.L + self._draft_off[k], mask)
+        # Pending rows at their own history slots, the block in the workspace.
+        slots = torch.cat([self.L + self._ws_rows[:k], cap + self._ws_rows[:d]])
+        mask = draft_in_place_mask(cap, self.workspace, self.L, k, d, self.device)
+        x = self._forward(seg, tokens, self.L + self._draft_off[k], slots, mask, k)
         top, conf = self.fast.draft_top1(x[k:])
-        self._promote(cap, self._ws_rows[:k])
         self.L += k
         self.readback[2:2 + d].copy_(top)
         self.readback[2 + d:].copy_(conf)
@@ -183,14 +177,15 @@ class GraphBackend:
 
     def _verify_body(self, seg: int) -> None:
         d, cap = self.block_size, self._capacity(seg)
-        mask = causal_step_mask(cap, self.workspace, self.L, d + 1, self.device, hidden_slot=self.L - 1)
-        x = self._forward(seg, self.verify_tokens, self.L + self._verify_off, mask)
+        first = self.L - 1  # the anchor's own slot; its row is recomputed bit for bit
+        mask = history_step_mask(cap, self.workspace, first, d + 1, self.device)
+        positions = first + self._ws_rows[: d + 1]
+        x = self._forward(seg, self.verify_tokens, positions, positions, mask, d)
         greedy, _ = self.fast.verify_top1(x)  # [D + 1]
         match = (self.verify_tokens[1:] == greedy[:-1]).long()
         accepted = match.cumprod(0).sum().view(1)
         verifier = greedy.gather(0, accepted)
-        self._promote(cap, self._ws_rows[1:d + 1])
-        self.L += accepted
+        self.L += accepted  # d_1..d_a are already at their slots
         self.readback[0:1].copy_(accepted)
         self.readback[1:2].copy_(verifier)
         self.pending[1].copy_(verifier)

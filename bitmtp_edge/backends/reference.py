@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..kv import SegmentedKV
-from ..masks import causal_step_mask, draft_step_mask, prefill_mask
+from ..masks import draft_in_place_mask, history_step_mask, prefill_mask
 from ..model import TernaryLM
 from ..replay import ReplayState
 from ..segments import KVPlan
@@ -69,30 +69,31 @@ class ReferenceBackend:
     def ar_step(self, token: int) -> int:
         length = self.kv.length
         self._ensure(length + 1)
-        mask = causal_step_mask(self.kv.capacity, self.kv.buffer.workspace, length, 1, self.device)
-        hidden = self._run([token], [length], mask, self.kv.buffer.workspace_slots(1))
+        mask = history_step_mask(self.kv.capacity, self.kv.buffer.workspace, length, 1, self.device)
+        hidden = self._run([token], [length], mask, self.kv.history_slots(1))
         self._record(1, "verify")
-        self.kv.promote([0])
+        self.kv.advance(1)  # the row sits at its own slot: materialising = moving L
         self.log.host_syncs += 1
         return int(self.model.verify_logits(hidden).argmax(-1)[0])
 
     def draft_step(self, pending: list[int], block_size: int) -> DraftResult:
         if self.mask_token_id is None:
             raise RuntimeError("this artifact has no MTP block (AR-only); use policy='ar'")
-        k, length = len(pending), self.kv.length
-        # History must later hold the pending rows plus up to D promoted drafts.
-        self._ensure(length + k + block_size)
-        length = self.kv.length
+        k = len(pending)
+        # History must later hold the pending rows plus up to D verified drafts.
+        self._ensure(self.kv.length + k + block_size)
+        length, cap = self.kv.length, self.kv.capacity
         tokens = pending + [pending[-1]] + [self.mask_token_id] * (block_size - 1)
         anchor_pos = length + k - 1
         positions = list(range(length, length + k)) + list(range(anchor_pos, anchor_pos + block_size))
-        width = k + block_size
-        mask = draft_step_mask(self.kv.capacity, self.kv.buffer.workspace, length, k, block_size, self.device)
-        hidden = self._run(tokens, positions, mask, self.kv.buffer.workspace_slots(width))
-        self._record(width, "draft")
+        # Pending rows at their history slots; the block (speculative) in the workspace.
+        slots = torch.cat([self.kv.history_slots(k), self.kv.buffer.workspace_slots(block_size)])
+        mask = draft_in_place_mask(cap, self.kv.buffer.workspace, length, k, block_size, self.device)
+        hidden = self._run(tokens, positions, mask, slots)
+        self._record(k + block_size, "draft")
         probs = torch.softmax(self.model.draft_logits(hidden[k:]), dim=-1)
         conf, top = probs.max(dim=-1)
-        self.kv.promote(list(range(k)))
+        self.kv.advance(k)  # materialise the pending rows
         self.log.host_syncs += 1
         return DraftResult(top.tolist(), conf.tolist())
 
@@ -101,17 +102,19 @@ class ReferenceBackend:
         length = self.kv.length
         if length == 0:
             raise RuntimeError("verify needs a materialised anchor")
-        anchor_slot = length - 1
         width = len(drafts) + 1
-        mask = causal_step_mask(self.kv.capacity, self.kv.buffer.workspace, length, width, self.device,
-                                hidden_slot=anchor_slot)
-        hidden = self._run([anchor] + drafts, list(range(anchor_slot, anchor_slot + width)), mask,
-                           self.kv.buffer.workspace_slots(width))
+        # [anchor, d_1..d_D] at positions L-1..L+D-1, each at its own slot: the anchor's row
+        # is recomputed from the same inputs (identical values), the drafts land where they
+        # stay if accepted; rejected ones lie past the boundary, invisible, overwritten later.
+        first = length - 1
+        mask = history_step_mask(self.kv.capacity, self.kv.buffer.workspace, first, width, self.device)
+        slots = torch.arange(first, first + width, device=self.device)
+        hidden = self._run([anchor] + drafts, list(range(first, first + width)), mask, slots)
         self._record(width, "verify")
         self.log.host_syncs += 1
         greedy = self.model.verify_logits(hidden).argmax(-1).tolist()
         a = accepted_prefix(drafts, greedy)
-        self.kv.promote(list(range(1, a + 1)))  # the drafts' rows, not the repeated anchor
+        self.kv.advance(a)  # promote d_1..d_a
         return VerifyResult(a, greedy[a])
 
     @torch.no_grad()

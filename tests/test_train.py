@@ -1,0 +1,229 @@
+"""The trainer (tools.train): QAT numerics, the joint loss, budget/resume/compile handling,
+checkpoints, and train -> export -> Engine.load -> generate on a tiny model."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from bitmtp_edge.config import QuantConfig
+from bitmtp_edge.model import LatentTernaryLinear, PackedTernaryLinear
+from bitmtp_edge.quant import ternarize_absmean
+from tests.test_corpus_tokenizer import write_tree
+from tools.blocks import BlockLayout, build_rows, clean_mask, sample_anchors
+from tools.corpus import CorpusOptions, SourceRoot, build
+from tools.hf_checkpoint import load_latent_model, load_runtime_model, read_checkpoint
+from tools.train import TrainConfig, Trainer, joint_loss
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("src")
+    write_tree(root, n=60)
+    out = tmp_path_factory.mktemp("corpus")
+    build(out, [SourceRoot("demo", root)], CorpusOptions(vocab_size=384, val_permille=100, test_permille=150),
+          log=lambda m: None)
+    return out
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # Tiny models: a second intra-op thread only adds contention on a shared CI runner.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny(data: Path, out: Path, **kw) -> TrainConfig:
+    base = dict(data=str(data), out=str(out), preset="tiny", seq_len=32, block_size=4, blocks=4, batch_size=8,
+                lr=1e-2, warmup_steps=5, max_steps=40, eval_every=0, eval_batches=1, log_every=1,
+                save_every_s=1e9, device="cpu", compile="off")
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def quiet(_msg: str) -> None:
+    pass
+
+
+@pytest.fixture(scope="module")
+def trained(data, tmp_path_factory) -> Path:
+    """A tiny BitMTP (D=4) run of 40 steps."""
+    out = tmp_path_factory.mktemp("run_d4")
+    Trainer(tiny(data, out), log=quiet).run()
+    return out
+
+
+# -- numerics --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,k,m", [(64, 128, 5), (96, 256, 1), (128, 384, 17)])
+def test_qat_linear_equals_runtime_linear_on_same_weights(n, k, m):
+    g = torch.Generator().manual_seed(n + k)
+    w = torch.randn(n, k, generator=g, dtype=torch.float64) * 0.02
+    x = torch.randn(2, m, k, generator=g, dtype=torch.float64) * 3
+    qat = LatentTernaryLinear(k, n, QuantConfig()).double()
+    qat.weight.data.copy_(w)
+    runtime = PackedTernaryLinear(k, n, QuantConfig())
+    codes, scale = ternarize_absmean(w)
+    runtime.codes.copy_(codes)
+    runtime.scale.copy_(scale)
+    y_qat, y_rt = qat(x), runtime(x)
+    # The runtime's product is exact integer arithmetic; QAT rounds x_int * scale to float32 once.
+    torch.testing.assert_close(y_qat, y_rt, rtol=1e-5, atol=1e-6)
+    # straight-through: the latent weight gets a gradient
+    y_qat.sum().backward()
+    assert qat.weight.grad is not None and qat.weight.grad.abs().sum() > 0
+
+
+def test_clean_stream_is_blind_to_blocks(trained):
+    model, _ = load_latent_model(trained / "final")
+    model = model.double().eval()
+    layout = BlockLayout(32, 4, 6)
+    window = torch.randint(2, 300, (2, layout.window), generator=torch.Generator().manual_seed(0))
+    ids, pos, tgt, mask = build_rows(window, sample_anchors(layout, 2, torch.Generator().manual_seed(1)), layout, 1, 0)
+    with torch.no_grad():
+        joint = model(ids, pos, mask)[:, :32]
+        alone = model(ids[:, :32], pos[:, :32], clean_mask(32))
+    torch.testing.assert_close(joint, alone, rtol=1e-9, atol=1e-9)
+
+
+def test_checkpoint_forms_agree_with_the_qat_model(trained):
+    qat, _ = load_latent_model(trained / "final")
+    qat = qat.double().eval()
+    rt_latent, _ = load_runtime_model(trained / "final")
+    rt_compact, ck = load_runtime_model(trained / "compact")
+    assert ck.compact and ck.mtp is not None and ck.mtp.block_size == 4 and ck.corpus_sha256
+    ids = torch.randint(2, 300, (1, 24), generator=torch.Generator().manual_seed(3))
+    pos = torch.arange(24).unsqueeze(0)
+    m = clean_mask(24)
+    with torch.no_grad():
+        a = qat.verify_logits(qat(ids, pos, m))
+        b = rt_latent.verify_logits(rt_latent(ids, pos, m))
+        c = rt_compact.verify_logits(rt_compact(ids, pos, m))
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)  # QAT forward == exact integer runtime
+    # compact = latent with the embedding rounded to bfloat16
+    assert (b.argmax(-1) == c.argmax(-1)).float().mean() >= 0.9
+    for name in ("model.layers.0.mlp.down_proj", "model.layers.1.self_attn.k_proj"):
+        mod_l, mod_c = rt_latent.get_submodule(name), rt_compact.get_submodule(name)
+        assert torch.equal(mod_l.codes, mod_c.codes) and torch.equal(mod_l.scale, mod_c.scale)
+
+
+# -- the trainer ---------------------------------------------------------------------------
+
+def test_cpu_training_smoke_loss_falls(trained):
+    log = json.loads((trained / "train_log.json").read_text())
+    hist = log["history"]
+    first = sum(h["loss"] for h in hist[:3]) / 3
+    last = sum(h["loss"] for h in hist[-5:]) / 5
+    assert last < first - 1.0, f"loss did not fall: {first:.3f} -> {last:.3f}"
+    assert all(h["mtp"] > 0 for h in hist), "the MTP term is on"
+    s = log["summary"]
+    assert s["steps"] == 40 and s["stop_reason"] == "max_steps" and s["clean_tokens"] == 40 * 8 * 32
+    assert s["val_ntp"] < 5.5 and len(s["val_slot_acc"]) == 4
+    b = json.loads((trained / "compact" / "bitmtp.json").read_text())
+    assert b["block_size"] == 4 and b["mask_token_id"] == 1 and b["tau"] == 0.9 and b["min_prefix"] == 3
+    assert b["corpus_sha256"] == log["corpus_sha256"]
+    cfg = json.loads((trained / "compact" / "config.json").read_text())
+    assert cfg["architectures"] == ["BitNetForCausalLM"] and cfg["hidden_act"] == "relu2"
+    assert cfg["quantization_config"]["quantization_mode"] == "offline"
+
+
+def test_sft_baseline_has_no_blocks(data, tmp_path):
+    tc = tiny(data, tmp_path, mtp_weight=0.0, max_steps=3)
+    assert not tc.layout.has_blocks and tc.layout.seq_len == 32
+    s = Trainer(tc, log=quiet).run()
+    assert s["block_tokens"] == 0 and "val_mtp" not in s
+    assert not (tmp_path / "compact" / "bitmtp.json").exists(), "an AR-only checkpoint exports as AR-only"
+    assert read_checkpoint(tmp_path / "compact").mtp is None
+
+
+def test_time_budget_stops_and_saves(data, tmp_path):
+    s = Trainer(tiny(data, tmp_path, max_steps=100000, time_budget_s=2.0, reserve_s=0.5), log=quiet).run()
+    assert s["stop_reason"] == "time_budget" and 0 < s["steps"] < 100000
+    assert (tmp_path / "compact" / "model.safetensors").is_file() and (tmp_path / "resume.pt").is_file()
+
+
+def test_budget_fitted_steps_are_shared(data, tmp_path):
+    plan = tmp_path / "plan.json"
+    lead = Trainer(tiny(data, tmp_path / "lead", max_steps=0, time_budget_s=3.0, reserve_s=0.5, fit_marks=(2, 6, 12),
+                        share_plan=str(plan)), log=quiet)
+    s = lead.run()
+    assert plan.is_file() and json.loads(plan.read_text())["max_steps"] == s["max_steps"]
+    follow = Trainer(tiny(data, tmp_path / "follow", max_steps=0, mtp_weight=0.0, steps_from=str(plan)), log=quiet)
+    assert follow.run()["max_steps"] == s["max_steps"]
+
+
+def test_resume_reproduces_an_uninterrupted_run(data, tmp_path):
+    straight = Trainer(tiny(data, tmp_path / "a", max_steps=8), log=quiet)
+    straight.run()
+    Trainer(tiny(data, tmp_path / "b", max_steps=8, stop_at=4), log=quiet).run()
+    resumed = Trainer(tiny(data, tmp_path / "b", max_steps=8, resume=True), log=quiet)
+    assert resumed.step == 4
+    s = resumed.run()
+    assert s["steps"] == 8
+    for (n, p), q in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_compile_failure_falls_back_to_eager(data, tmp_path, monkeypatch):
+    def broken_compile(fn, **kw):
+        def run(*a, **k):
+            raise RuntimeError("inductor exploded")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    tr = Trainer(tiny(data, tmp_path, max_steps=3, compile="on"), log=quiet)
+    s = tr.run()
+    assert s["steps"] == 3 and tr.compiled is None
+    assert any("torch.compile failed" in e for e in tr.events)
+
+
+# -- train -> export -> load -> generate -------------------------------------------------------
+
+def test_train_export_load_generate(trained, tmp_path):
+    from click.testing import CliRunner
+
+    export_cli = pytest.importorskip("export.cli")
+    from bitmtp_edge import Engine
+    from bitmtp_edge.backends.reference import ReferenceBackend
+    from bitmtp_edge.decoding import DecodeOptions, DecodeStats, decode
+    from bitmtp_edge.segments import plan_segments
+
+    out = tmp_path / "artifact"
+    res = CliRunner().invoke(export_cli.main, [str(trained / "compact"), str(out), "--max-context", "256", "-q"])
+    assert res.exit_code == 0, res.output
+    eng = Engine.load(out, backend="reference", device="cpu")
+    assert eng.block_size == 4
+    prompt = "def scale(values, factor):\n"
+    runs = {pol: eng.generate(prompt, max_new_tokens=12, policy=pol) for pol in ("ar", "confidence", "speculative", "hybrid")}
+    assert runs["speculative"].token_ids == runs["ar"].token_ids, "speculative decoding is lossless"
+    for r in runs.values():
+        assert 0 < len(r.token_ids) <= 12 and r.stats.iterations > 0
+    # The artifact and the in-process runtime model (tools/eval_quality's) decode identically.
+    model, ck = load_runtime_model(trained / "compact")
+    backend = ReferenceBackend(model, plan_segments(ck.model, 256, workspace=9), ck.mtp.mask_token_id,
+                               torch.float64, "cpu")
+    ids = eng.encode(prompt)
+    opts = DecodeOptions(policy="ar", max_new_tokens=12, block_size=4, stop_token_ids=frozenset(ck.model.eos_token_ids))
+    tokens = [t for chunk in decode(backend, ids, opts, DecodeStats()) for t in chunk]
+    assert tokens == runs["ar"].token_ids
+
+
+@pytest.mark.slow
+def test_transformers_loads_the_compact_checkpoint(trained):
+    """The compact checkpoint is a valid HF BitNet (autobitlinear, offline) checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(trained / "compact"), dtype=torch.float32).eval()
+    model, _ = load_runtime_model(trained / "compact")
+    ids = torch.randint(2, 300, (1, 20), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ref = model.verify_logits(model(ids, torch.arange(20).unsqueeze(0), clean_mask(20)))[0]
+        got = hf(ids).logits[0].double()
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
+    torch.testing.assert_close(got, ref, rtol=0.05, atol=0.05)
