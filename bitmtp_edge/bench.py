@@ -150,8 +150,8 @@ def make_routes(engine: Engine, policies: Sequence[str] | None, taus: Sequence[f
         if needs:
             raise BenchError(f"policy {needs[0]!r} needs an MTP-trained model; {engine.path} is AR-only "
                              "(no MTP block in its manifest): use --policies ar")
-    taus = tuple(taus) or ((mtp.tau,) if mtp else ())
-    ms = tuple(min_prefixes) or ((mtp.min_prefix,) if mtp else ())
+    taus = tuple(dict.fromkeys(taus)) or ((mtp.tau,) if mtp else ())
+    ms = tuple(dict.fromkeys(min_prefixes)) or ((mtp.min_prefix,) if mtp else ())
     for t in taus:
         if not 0.0 < t <= 1.0:
             raise BenchError(f"--tau {t}: τ must be in (0, 1]")

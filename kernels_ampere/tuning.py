@@ -173,7 +173,7 @@ def linear_candidates(m: int, n: int, k: int, grouped: bool) -> list[LinearConfi
                     if sk > 1 and chunks / sk < step / 2:  # slices much shorter than a step waste lanes
                         continue
                     out.append(LinearConfig(GEMV, bn, kb, num_warps=4, num_stages=1, split_k=sk))
-    for bn in (32, 64, 128):
+    for bn in (32, 64):
         for kb in (64, 128):
             for sk in (1, 2, 4, 8):
                 if sk > 1 and (_cdiv(n, bn) >= 264 or chunks / sk < kb // 32):

@@ -22,6 +22,7 @@ from bitmtp_edge import bench as B
 from bitmtp_edge.cli import main
 from bitmtp_edge.monitor import PollingSource, Sample, Sampler
 from tests.helpers import random_model, write_test_artifact
+from tests.test_monitor_sampler import fake_tegrastats  # noqa: F401  (a fixture)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PROMPTS = ['{"prompt": "t1 t2 t3"}', "", '{"prompt": "t4 t5", "id": "extra keys are ignored"}']
@@ -112,6 +113,15 @@ def test_routes_put_ar_first_and_sweep_tau_and_m(engine):
         B.make_routes(engine, ("hybrid",), min_prefixes=(9,))
 
 
+def test_an_ar_only_model_benchmarks_ar_alone():
+    from types import SimpleNamespace
+
+    ar_only = SimpleNamespace(manifest=SimpleNamespace(mtp=None), path="AR/")
+    assert [r.name for r in B.make_routes(ar_only, None)] == ["ar"]
+    with pytest.raises(B.BenchError, match="'hybrid' needs an MTP-trained model; AR/ is AR-only"):
+        B.make_routes(ar_only, ("ar", "hybrid"))
+
+
 # --------------------------------------------------------------------------- the CLI end to end
 
 
@@ -168,8 +178,8 @@ def test_bench_cli_writes_json_table_and_plots(artifact, prompts_file, tmp_path)
 @pytest.mark.skipif(not (Path(B.__file__).parent / "embedded" / "model" / "manifest.json").is_file(),
                     reason="no embedded model in this checkout yet")
 def test_bench_runs_on_the_embedded_model_and_its_held_out_prompts(tmp_path):
-    res = invoke("bench", "--num-prompts", 1, "-n", 8, "--repeats", 1, "--warmup", 0, "--monitor", "psutil",
-                 "--out", tmp_path / "e", "--json")
+    res = invoke("bench", "--num-prompts", 1, "-n", 6, "--repeats", 1, "--warmup", 0, "--policies", "ar,hybrid",
+                 "--monitor", "psutil", "--out", tmp_path / "e", "--json")
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
     assert report["artifact"]["path"].endswith("embedded/model")
@@ -301,6 +311,30 @@ def test_posture_is_recorded_and_warned_without_strict(monkeypatch, artifact, pr
     assert p["on_jetson"] is True and p["power_mode_name"] == "25W" and p["ready"] is False
     assert p["clocks_locked"] is False and len(p["warnings"]) == 2
     assert "25W" in (tmp_path / "o" / "bench.md").read_text()
+
+
+def test_strict_bench_on_a_ready_jetson_with_tegrastats(monkeypatch, fake_tegrastats, artifact,  # noqa: F811
+                                                        prompts_file, tmp_path):
+    """The Jetson story end to end on the CPU: an Orin Nano Super fixture at MAXN_SUPER with
+    locked clocks passes --strict, and the fake tegrastats (recorded Orin Nano lines) gives
+    module power (VDD_IN), so every route has J/token; only our own child was started."""
+    _fixture_posture(monkeypatch, "orin-nano-super")
+    _, log = fake_tegrastats
+    out = tmp_path / "jetson"
+    res = invoke("bench", "--strict", "-a", artifact, "--prompts", prompts_file, "-n", 4, "--repeats", 1,
+                 "--policies", "ar,hybrid", "--monitor", "tegrastats", "--interval-ms", 20, "--out", out, "--json")
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["posture"]["ready"] is True and report["posture"]["power_mode_name"] == "MAXN_SUPER"
+    assert report["device"].startswith("Jetson Orin Nano")
+    assert report["monitor"]["source"] == "tegrastats"
+    vdd_in_w = (4.761, 12.479)  # the range of VDD_IN over the recorded lines
+    for r in report["routes"]:
+        assert vdd_in_w[0] <= r["avg_power_w"] <= vdd_in_w[1] and r["j_per_token"] > 0
+        assert "tj" in r["peak_temps_c"]
+    started = log.read_text().splitlines()
+    assert len(started) == 1 and started[0].endswith("--interval 20")  # never --stop
+    assert "MAXN_SUPER, clocks locked — benchmark-ready" in (out / "bench.md").read_text()
 
 
 # --------------------------------------------------------------------------- errors
