@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# One device call for the speed reports (issues 4, 5, 6): kernels, end-to-end, monitored
+# bench with NVML, then the bf16 routes a user would otherwise pick. Each part has its own
+# time limit so one slow part cannot cost the others; results land in $OUT (<= 8 files).
+set -uo pipefail
+export PYTHONPATH=. PYTHONUNBUFFERED=1 BITMTP_COMMIT=${BITMTP_COMMIT:-unknown}
+OUT=${OUT:-runs/h200_bench}
+mkdir -p "$OUT/k" "$OUT/e" "$OUT/b" "$OUT/x"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+timeout ${T_KERNELS:-120} python tools/bench_kernels.py --out "$OUT/k" 2>&1 | tail -45
+timeout ${T_E2E:-230} python tools/bench_e2e.py --parts 2b,trained --artifact bitmtp_edge/embedded/model \
+  --tokens 128 --repeats 2 --prompts 4 --out "$OUT/e" 2>&1 | tail -60
+timeout ${T_BENCH:-70} python -m bitmtp_edge.cli bench --backend ampere --device cuda --monitor nvml -n 256 \
+  --num-prompts 4 --repeats 2 -q --out "$OUT/b" 2>&1 | tail -25
+timeout ${T_BASE:-100} python tools/bench_e2e.py --parts baselines --baseline-tokens 32 --out "$OUT/x" 2>&1 | tail -12
+tar czf "$OUT/bench_h200.tgz" -C "$OUT" b x
+find "$OUT" -maxdepth 2 -type f | sort
