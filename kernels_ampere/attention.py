@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .common import bf16_dot_upcast, check_dtype, check_launchable, next_pow2
-from .tuning import AttentionConfig, default_attention, lookup
+from .tuning import AttentionConfig, default_attention, lookup, sm_count
 
 LOG2E = 1.4426950408889634
 QKV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -194,7 +194,7 @@ def small_width_attention(
     g = hq // hkv
     if config is None:
         config = lookup("small_width_attention", {"hd": hd, "G": g, "M": m, "capacity": capacity},
-                        q.device) or default_attention(hd, m * g)
+                        q.device) or default_attention(hd, m * g, capacity, hkv, sm_count(q.device))
     if config.split_slots % config.block_s:
         raise ValueError(f"small_width_attention: split_slots={config.split_slots} must be a multiple "
                          f"of block_s={config.block_s}")

@@ -151,8 +151,9 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     # int8: dp4a decodes once and multiplies four weights per instruction, which beats the
     # tensor-core path's per-element unpack while only a couple of rows share the decode.
     # 16-bit: every weight costs a convert and an FMA per row, so only M = 1 stays on gemv.
-    if m <= (1 if weight_only else 2):
-        return LinearConfig(GEMV, block_n=8, block_kb=512 if chunks >= 16 else 256, num_warps=4)
+    if m <= (1 if weight_only else 2):  # a whole row (up to 32 chunks) per step: all loads in flight at once
+        step = min(32, max(8, 1 << (chunks - 1).bit_length())) if chunks else 16  # chunks, a power of two
+        return LinearConfig(GEMV, block_n=8, block_kb=32 * step, num_warps=4)
     split = 1
     if n and chunks:  # too few N tiles to fill a GPU: slice K as well, two steps per slice at least
         split = max(1, min(_cdiv(128, _cdiv(n, 64)), chunks // 4, 8))
@@ -191,7 +192,20 @@ def head_candidates(m: int) -> list[HeadConfig]:
             ((64, 128, 4, 3), (128, 128, 4, 3), (128, 256, 4, 3), (256, 128, 8, 3), (128, 64, 4, 4))]
 
 
-def default_attention(head_dim: int, rows: int) -> AttentionConfig:
-    """``rows`` = M * (Hq / Hkv), the query tile height; tall tiles get more warps (registers)."""
-    return AttentionConfig(block_s=64 if head_dim <= 128 else 32, split_slots=512,
-                           num_warps=8 if rows > 64 else 4, num_stages=2)
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def default_attention(head_dim: int, rows: int, capacity: int, kv_heads: int, sms: int) -> AttentionConfig:
+    """Split the history so that ``kv_heads * splits`` programs cover the GPU about twice.
+
+    ``rows`` = M * (Hq / Hkv) is the query tile height: tall tiles get more warps (registers).
+    Splits never go below 128 slots: past that the partials cost more than they spread.
+    """
+    block_s = 64 if head_dim <= 128 else 32
+    splits = max(1, min(_cdiv(2 * sms, kv_heads), _cdiv(capacity, 128)))
+    split_slots = max(block_s, _cdiv(_cdiv(max(capacity, 1), splits), block_s) * block_s)
+    return AttentionConfig(block_s=block_s, split_slots=split_slots, num_warps=8 if rows > 64 else 4, num_stages=2)

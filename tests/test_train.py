@@ -4,7 +4,6 @@ checkpoints, and train -> export -> Engine.load -> generate on a tiny model."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from tests.test_corpus_tokenizer import write_tree
 from tools.blocks import BlockLayout, build_rows, clean_mask, sample_anchors
 from tools.corpus import CorpusOptions, SourceRoot, build
 from tools.hf_checkpoint import load_latent_model, load_runtime_model, read_checkpoint
-from tools.train import TrainConfig, Trainer, joint_loss
+from tools.train import TrainConfig, Trainer
 
 
 @pytest.fixture(scope="module")
@@ -106,11 +105,25 @@ def test_checkpoint_forms_agree_with_the_qat_model(trained):
         b = rt_latent.verify_logits(rt_latent(ids, pos, m))
         c = rt_compact.verify_logits(rt_compact(ids, pos, m))
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)  # QAT forward == exact integer runtime
-    # compact = latent with the embedding rounded to bfloat16
+    # compact = latent with the scales, norms and embedding rounded to bfloat16
     assert (b.argmax(-1) == c.argmax(-1)).float().mean() >= 0.9
     for name in ("model.layers.0.mlp.down_proj", "model.layers.1.self_attn.k_proj"):
         mod_l, mod_c = rt_latent.get_submodule(name), rt_compact.get_submodule(name)
-        assert torch.equal(mod_l.codes, mod_c.codes) and torch.equal(mod_l.scale, mod_c.scale)
+        assert torch.equal(mod_l.codes, mod_c.codes)
+        torch.testing.assert_close(mod_l.scale, mod_c.scale, rtol=4e-3, atol=0)
+
+
+def test_pack_checkpoint_matches_the_trainers_compact_form(trained, tmp_path):
+    from tools.pack_checkpoint import pack
+
+    from safetensors.torch import load_file
+
+    out = pack(trained / "final", tmp_path / "packed")
+    a, b = load_file(out / "model.safetensors"), load_file(trained / "compact" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
+    assert (out / "bitmtp.json").read_text() == (trained / "compact" / "bitmtp.json").read_text()
+    with pytest.raises(FileExistsError):
+        pack(trained / "final", out)
 
 
 # -- the trainer ---------------------------------------------------------------------------
@@ -219,11 +232,28 @@ def test_transformers_loads_the_compact_checkpoint(trained):
     """The compact checkpoint is a valid HF BitNet (autobitlinear, offline) checkpoint."""
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(str(trained / "compact"), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(str(trained / "compact"), dtype=torch.bfloat16).eval()
     model, _ = load_runtime_model(trained / "compact")
     ids = torch.randint(2, 300, (1, 20), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         ref = model.verify_logits(model(ids, torch.arange(20).unsqueeze(0), clean_mask(20)))[0]
         got = hf(ids).logits[0].double()
+    # transformers runs it in bfloat16; the runtime is exact integer arithmetic
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
-    torch.testing.assert_close(got, ref, rtol=0.05, atol=0.05)
+    assert (got - ref).abs().max() < 0.1 * ref.abs().max()
+
+
+def test_embedded_model_is_the_default_and_decodes_losslessly():
+    """The shipped artifact (bitmtp_edge/embedded/model): Engine.load() with no path."""
+    from bitmtp_edge import Engine
+    from bitmtp_edge.engine import embedded_artifact_path
+
+    if not (embedded_artifact_path() / "manifest.json").is_file():
+        pytest.skip("no embedded artifact in this checkout")
+    eng = Engine.load(backend="reference", device="cpu")
+    assert eng.block_size == 8 and eng.manifest.mtp.mask_token_id == 1
+    prompt = 'def clamp(value, low, high):\n    """Limit value to the range [low, high]."""'
+    ar = eng.generate(prompt, max_new_tokens=16, policy="ar")
+    spec = eng.generate(prompt, max_new_tokens=16, policy="speculative")
+    assert spec.token_ids == ar.token_ids and len(ar.token_ids) == 16
+    assert spec.stats.tokens_per_iteration > 1.0, "the trained drafts get accepted"

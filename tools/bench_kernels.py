@@ -29,7 +29,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -463,7 +465,11 @@ class Run:
                 us = self.timer([lambda k=k, v=v: small_width_attention(q, k, v, mask, hl, capacity=capacity)
                                  for k, v in kv])
                 rows = m * BITNET_HEADS["hq"] // BITNET_HEADS["hkv"]
-                return us, nbytes, tuning.default_attention(BITNET_HEADS["hd"], rows)
+                key = {"hd": BITNET_HEADS["hd"], "G": BITNET_HEADS["hq"] // BITNET_HEADS["hkv"], "M": m,
+                       "capacity": capacity}
+                cfg = tuning.lookup("small_width_attention", key, torch.device("cuda")) or tuning.default_attention(
+                    BITNET_HEADS["hd"], rows, capacity, BITNET_HEADS["hkv"], tuning.sm_count(torch.device("cuda")))
+                return us, nbytes, cfg
             self.attempt(run_attention, op="small_width_attention",
                          shape=f"Hq20/Hkv5/hd128 hist {hist}/{capacity}", M=m, variant="bf16")
 
@@ -569,6 +575,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=None, help="calls per captured graph (default 200, quick 50)")
     ap.add_argument("--replays", type=int, default=None, help="timed graph replays (default 10, quick 3)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--commit", default=os.environ.get("BITMTP_COMMIT"),
+                    help="git commit to record when the tree has no .git (default: $BITMTP_COMMIT)")
     ap.add_argument("--verbose", action="store_true", help="print tracebacks of failures")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -586,10 +594,13 @@ def main(argv=None) -> int:
     copy_gbps = copy_bandwidth_gbps(args.replays)
     log(f"device copy bandwidth: {copy_gbps:.0f} GB/s (read + write)")
     meta = {"device": device_name, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "git_commit": git_commit(), "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+            "git_commit": git_commit() if args.commit in (None, "", "unknown") else args.commit,
+            "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
             "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
             "reps": args.reps, "replays": args.replays, "rotate_mb": args.rotate_mb, "copy_gbps": copy_gbps}
     args.out.mkdir(parents=True, exist_ok=True)
+    # `timeout` sends SIGTERM: turn it into an exception so the finally below still writes the files
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
 
     def save():
         summary = summarize(run.rows, copy_gbps)

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from tools import prompts as prompt_lib
-from tools.tokenizer import TOKENIZER_FILE, encode_documents, load_tokenizer, save_tokenizer, special_token_ids, train_tokenizer
+from tools.tokenizer import TOKENIZER_FILE, encode_documents, save_tokenizer, special_token_ids, train_tokenizer
 
 SPLITS = ("train", "val", "test")
 INDEX_FILE = "corpus.json"
@@ -236,7 +236,7 @@ def build(out: str | Path, roots: list[SourceRoot] | None = None, opts: CorpusOp
         tokens[split] = sum(s["tokens"] for s in shards[split])
         nbytes[split] = sum(len(t.encode()) for t in texts)
         nfiles[split] = len(texts)
-    log(f"shards: " + ", ".join(f"{s} {tokens[s] / 1e6:.2f}M tokens" for s in SPLITS)
+    log("shards: " + ", ".join(f"{s} {tokens[s] / 1e6:.2f}M tokens" for s in SPLITS)
         + f" ({time.perf_counter() - t0:.1f}s)")
 
     test_docs = [(f.key, t) for f, t in docs if f.split == "test"]

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import platform
 import time
 from dataclasses import dataclass
@@ -118,7 +117,7 @@ def run_task(task: DecodeTask, prompts: list[Prompt], data: str, device: str, ma
     records = []
     for i in task.prompts:
         p = prompts[i]
-        ids = tok.encode(p.prompt, add_special_tokens=False).ids
+        ids = tok.encode(p.model_prompt, add_special_tokens=False).ids
         stats = DecodeStats()
         t0 = time.perf_counter()
         out: list[int] = []
@@ -128,11 +127,11 @@ def run_task(task: DecodeTask, prompts: list[Prompt], data: str, device: str, ma
         wall = time.perf_counter() - t0
         text = tok.decode(out, skip_special_tokens=False)
         finished = stats.finish_reason == "stop"
-        body, ended = cut_at_function_end(p.prompt, text, finished)
+        body, ended = cut_at_function_end(p.model_prompt, text, finished)
         records.append({
             "prompt": i, "tokens": out, "iterations": stats.iterations, "draft_calls": stats.draft_calls,
             "verifier_calls": stats.verifier_calls, "finish": stats.finish_reason, "wall_s": wall,
-            "decode_s": stats.decode_s, "valid": is_valid_completion(p.prompt, text, finished),
+            "decode_s": stats.decode_s, "valid": is_valid_completion(p.model_prompt, text, finished),
             "function_ended": ended, "completion": body,
         })
     return {"model": task.model, "policy": task.policy, "records": records}
@@ -200,7 +199,7 @@ def evaluate_decoding(models: dict[str, str], prompts: list[Prompt], data: str, 
     for name in models:
         ar = by.get((name, "ar"))
         out[name] = {pol: summarize(by[(name, pol)], ar) for pol in POLICIES if (name, pol) in by}
-    samples = {f"{m}/{p}": [{"prompt": prompts[r["prompt"]].prompt, "completion": r["completion"]}
+    samples = {f"{m}/{p}": [{"prompt": prompts[r["prompt"]].model_prompt, "completion": r["completion"]}
                             for r in recs[:3]] for (m, p), recs in by.items() if p in ("ar", "hybrid")}
     return {"summary": out, "samples": samples, "wall_s": time.perf_counter() - t0}
 
@@ -216,14 +215,14 @@ def cpu_bench(prompts: list[Prompt], n_prompts: int, max_new_tokens: int, artifa
         torch.set_num_threads(threads)
     eng = Engine.load(artifact, backend="reference", device="cpu")
     chosen = prompts[:n_prompts]
-    eng.generate(chosen[0].prompt, max_new_tokens=8, policy="ar")  # warm-up
+    eng.generate(chosen[0].model_prompt, max_new_tokens=8, policy="ar")  # warm-up
     rows = []
     agree = same = 0
     for p in chosen:
         row = {"prompt_id": p.id}
         outs = {}
         for pol in ("ar", "hybrid"):
-            res = eng.generate(p.prompt, max_new_tokens=max_new_tokens, policy=pol)
+            res = eng.generate(p.model_prompt, max_new_tokens=max_new_tokens, policy=pol)
             outs[pol] = res.token_ids
             row[pol] = {"new_tokens": res.stats.new_tokens, "decode_s": res.stats.decode_s,
                         "tok_s": res.stats.decode_tokens_per_s, "tokens_per_iteration": res.stats.tokens_per_iteration}
@@ -266,11 +265,8 @@ def check_targets(report: dict) -> dict:
 def to_markdown(r: dict) -> str:
     meta = r.get("meta", {})
     lines = ["# Quality report: SFT vs BitMTP (ternary code models)", ""]
-    lines.append(f"Produced by `python -m tools.eval_quality` — {meta.get('when', '')}. "
-                 f"Corpus {str(meta.get('corpus_sha256', ''))[:12]}; {meta.get('prompts', '?')} held-out prompts "
-                 f"from the test split, greedy, {meta.get('max_new_tokens', '?')} new tokens max; "
-                 f"τ = {meta.get('tau')}, m = {meta.get('min_prefix')}; reference backend "
-                 f"({meta.get('device', '?')}, float64).")
+    lines.append(f"Produced by `python -m tools.eval_quality`. Corpus sha256 {str(meta.get('corpus_sha256', ''))[:12]}…; "
+                 "models loaded from their compact checkpoints, reference backend, float64.")
     lines.append("")
     if r.get("training"):
         lines += ["## Training", "", "| model | params | D | blocks/row | MTP weight | steps | clean tokens | wall (s) | val NTP | val MTP |",
@@ -287,9 +283,15 @@ def to_markdown(r: dict) -> str:
             gap = h.get("gap_pct", {}).get(name)
             lines.append(f"| {name} | {m['ntp_loss']:.4f} | {m['ppl']:.3f} | {'—' if gap is None else f'{gap:+.2f}%'} |")
         first = next(iter(h["models"].values()))
-        lines += ["", f"{first['tokens']} tokens in {first['windows']} windows of {first['window']}.", ""]
+        lines += ["", f"{first['tokens']} test-split tokens in {first['windows']} windows of {first['window']}; "
+                  f"computed on {h.get('device', '?')} ({h.get('when', '')}).", ""]
     if r.get("decoding"):
+        st = r["decoding"].get("settings", {})
         lines += ["## Decoding policies (held-out prompts)", "",
+                  f"{st.get('prompts', '?')} prompts from the test split (function signature + docstring, or the first "
+                  f"lines of a function), greedy, up to {st.get('max_new_tokens', '?')} new tokens; confidence and hybrid "
+                  f"use τ = {st.get('tau')}, hybrid m = {st.get('min_prefix')}. Computed on "
+                  f"{r['decoding'].get('device', '?')} ({r['decoding'].get('when', '')}).", "",
                   "| model | policy | tokens / iteration | tokens / forward | verifier rate | agreement with AR | identical completions | parse rate |",
                   "|---|---|---|---|---|---|---|---|"]
         for name, pols in r["decoding"]["summary"].items():
@@ -313,11 +315,15 @@ def to_markdown(r: dict) -> str:
     return "\n".join(lines)
 
 
-def training_summary(models: dict[str, str]) -> dict:
-    """Pull the training facts from each run's train_log.json (next to or above the checkpoint)."""
+def training_summary(models: dict[str, str], logs_dir: str | None) -> dict:
+    """Pull the training facts from each run's log: ``logs_dir/train_{name}.json``, else the
+    ``train_log.json`` next to or above the checkpoint."""
     out = {}
     for name, path in models.items():
-        for cand in (Path(path) / "train_log.json", Path(path).parent / "train_log.json"):
+        cands = [Path(path) / "train_log.json", Path(path).parent / "train_log.json"]
+        if logs_dir:
+            cands.insert(0, Path(logs_dir) / f"train_{name}.json")
+        for cand in cands:
             if cand.is_file():
                 d = json.loads(cand.read_text())
                 s, c = d.get("summary") or {}, d["config"]
@@ -351,10 +357,12 @@ def main(argv: list[str] | None = None) -> None:
     @click.option("--bench-tokens", default=64, show_default=True)
     @click.option("--artifact", default=None, help="cpu_bench: artifact folder (default: the embedded model)")
     @click.option("--merge", default=None, type=click.Path(dir_okay=False), help="start from this report JSON")
+    @click.option("--train-logs", default="tools/results", show_default=True,
+                  help="folder with train_NAME.json logs (else OUT/train_log.json beside each checkpoint)")
     @click.option("--json", "json_out", default="tools/results/quality.json", show_default=True)
     @click.option("--md", "md_out", default="tools/results/quality.md", show_default=True)
     def cli(data, models, sections, device, jobs, n_prompts, max_new_tokens, tau, min_prefix, window, max_windows,
-            bench_prompts, bench_tokens, artifact, merge, json_out, md_out):
+            bench_prompts, bench_tokens, artifact, merge, train_logs, json_out, md_out):
         """Write the SFT vs BitMTP quality report (JSON for machines, Markdown for people)."""
         from tools.hf_checkpoint import read_checkpoint
 
@@ -371,13 +379,12 @@ def main(argv: list[str] | None = None) -> None:
         report = json.loads(Path(merge).read_text()) if merge else {}
         index = CorpusIndex.load(data)
         prompts = read_prompts(Path(data) / index.prompts)[:n_prompts]
-        meta = report.setdefault("meta", {})
-        if wanted & {"heldout", "decoding"}:
-            meta.update({"when": time.strftime("%Y-%m-%d %H:%M"), "corpus_sha256": index.corpus_sha256,
-                         "prompts": len(prompts), "max_new_tokens": max_new_tokens, "tau": tau,
-                         "min_prefix": min_prefix, "device": torch.cuda.get_device_name() if device == "cuda" else device,
-                         "torch": torch.__version__, "models": named})
-            report["training"] = training_summary(named)
+        where = {"device": (torch.cuda.get_device_name() if device == "cuda"
+                            else f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"),
+                 "torch": torch.__version__, "when": time.strftime("%Y-%m-%d %H:%M")}
+        if named:
+            report.setdefault("meta", {}).update({"corpus_sha256": index.corpus_sha256, "models": named})
+            report["training"] = training_summary(named, train_logs) or report.get("training", {})
         if "heldout" in wanted:
             tokens = load_split(data, "test")
             click.echo("held-out loss ...")
@@ -387,14 +394,16 @@ def main(argv: list[str] | None = None) -> None:
             if sft:
                 base = h[sft[0]]["ntp_loss"]
                 gaps = {n: 100 * (m["ntp_loss"] - base) / base for n, m in h.items() if n != sft[0]}
-            report["heldout"] = {"models": h, "baseline": sft[0] if sft else None, "gap_pct": gaps}
+            report["heldout"] = {"models": h, "baseline": sft[0] if sft else None, "gap_pct": gaps, **where}
         if "decoding" in wanted:
             click.echo(f"decoding {len(prompts)} prompts x {len(named)} models ...")
-            report["decoding"] = evaluate_decoding(named, prompts, data, device, jobs, max_new_tokens, tau, min_prefix,
-                                                   log=click.echo)
+            dec = evaluate_decoding(named, prompts, data, device, jobs, max_new_tokens, tau, min_prefix, log=click.echo)
+            report["decoding"] = {**dec, "settings": {"prompts": len(prompts), "max_new_tokens": max_new_tokens,
+                                                      "tau": tau, "min_prefix": min_prefix}, **where}
         if "cpu_bench" in wanted:
             click.echo("CPU decode benchmark of the embedded artifact ...")
-            report["cpu_bench"] = cpu_bench(prompts, bench_prompts, bench_tokens, artifact)
+            report["cpu_bench"] = {**cpu_bench(prompts, bench_prompts, bench_tokens, artifact), "when": where["when"],
+                                   "torch": torch.__version__}
         report["targets"] = check_targets(report)
         Path(json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(json_out).write_text(json.dumps(report, indent=1) + "\n")

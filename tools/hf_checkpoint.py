@@ -15,8 +15,13 @@ Two weight forms (``formats.md`` §1.4):
   applied on the fly. What training resumes from.
 * **compact** (``autobitlinear`` + ``offline``): every projection ``…proj.weight`` is the
   ternary code matrix packed HF-style (uint8 ``[N/4, K]``, ``kernels_ampere.packing.pack_hf_bitnet``)
-  with ``…proj.weight_scale`` float32 ``[1]`` = mean|W|, a *multiplier*; embeddings in
-  bfloat16, norms in float32. About 14 MB for the 27M model: the release form.
+  with ``…proj.weight_scale`` ``[1]`` = mean|W|, a *multiplier*; every float tensor (scales,
+  norms, embedding) in bfloat16. About 14 MB for the 27M model: the release form.
+
+Why bfloat16 throughout: transformers (v5) keeps a quantised checkpoint's stored dtypes, so
+one float32 norm or scale beside bfloat16 weights breaks its forward with a dtype mismatch;
+and training ran under bf16 autocast, where ``codes * scale`` and every normed activation
+were already rounded to bfloat16 before each projection — the rounding the release form keeps.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ WEIGHTS = "model.safetensors"
 BITMTP = "bitmtp.json"
 TOKENIZER_SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 QUANT_ONLINE = {"quant_method": "bitnet", "linear_class": "autobitlinear", "quantization_mode": "online"}
+RELEASE_DTYPE = torch.bfloat16
 QUANT_OFFLINE = {"quant_method": "bitnet", "linear_class": "autobitlinear", "quantization_mode": "offline"}
 
 
@@ -163,12 +169,26 @@ def compact_state(model: TernaryLM) -> dict[str, torch.Tensor]:
         if base in projections:
             codes, scale = ternarize_absmean(t.detach().float().cpu())
             out[f"{base}.weight"] = pack_hf_bitnet(codes).contiguous()
-            out[f"{base}.weight_scale"] = scale.float().reshape(1)
-        elif "norm" in name:
-            out[name] = t.detach().float().cpu().contiguous()
+            out[f"{base}.weight_scale"] = scale.to(RELEASE_DTYPE).reshape(1)
         else:
-            out[name] = t.detach().to(torch.bfloat16).cpu().contiguous()
+            out[name] = t.detach().to(RELEASE_DTYPE).cpu().contiguous()
     return out
+
+
+def recast_compact(src: str | Path, dst: str | Path) -> Path:
+    """Copy a compact checkpoint with every float tensor in ``RELEASE_DTYPE`` (codes untouched)."""
+    from safetensors.torch import save_file
+
+    ck = read_checkpoint(src)
+    if not ck.compact:
+        raise CheckpointError(f"{src}: not a compact checkpoint")
+    state = {k: (v.to(RELEASE_DTYPE) if v.is_floating_point() else v).contiguous()
+             for k, v in _load_state(ck.folder).items()}
+    folder, tmp = _atomic_folder(Path(dst))
+    save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt", "producer": "tools.pack_checkpoint"})
+    _write_side_files(tmp, ck.model, True, ck.folder, ck.mtp, ck.corpus_sha256)
+    _publish(tmp, folder)
+    return folder
 
 
 def save_compact(model: TernaryLM, folder: str | Path, tokenizer_dir: Path | None, mtp: MTPConfig | None,

@@ -6,6 +6,12 @@ A **prompt** is the start of a function from the test split, cut at a line bound
 * otherwise: the header plus the first body line(s) (``FIRST_BODY_LINES``).
 
 The rest of the function is kept as the ``reference`` (not used for scoring here).
+The model is given ``model_prompt``: the prompt without its final newline. Byte-level BPE
+merges a newline with the next line's indentation into one token, so a prompt ending in a
+bare newline would put the model at a token boundary that, in training, almost only comes
+before end-of-file or a column-0 line (it then emits EOS); without it, the completion starts
+with the newline token the model would have produced anyway.
+
 **Validity**: ``prompt + completion`` is cut at the function's end (the first non-blank line
 indented no deeper than the ``def``), or, when the completion stops inside the function, at
 its last complete line; the dedented text must pass ``ast.parse``.
@@ -38,6 +44,11 @@ class Prompt:
     @property
     def indent(self) -> int:
         return _indent(self.prompt.splitlines()[0])
+
+    @property
+    def model_prompt(self) -> str:
+        """What the model is given (see the module docstring)."""
+        return self.prompt[:-1] if self.prompt.endswith("\n") else self.prompt
 
 
 def _indent(line: str) -> int:
