@@ -207,25 +207,33 @@ def evaluate_decoding(models: dict[str, str], prompts: list[Prompt], data: str, 
 # -- the CPU decode benchmark of the shipped artifact ------------------------------------------
 
 def cpu_bench(prompts: list[Prompt], n_prompts: int, max_new_tokens: int, artifact: str | None = None,
-              threads: int | None = None) -> dict:
-    """AR vs hybrid decode tok/s of the embedded (or given) artifact on the CPU reference backend."""
+              repeats: int = 3) -> dict:
+    """AR vs hybrid decode tok/s of the embedded (or given) artifact on the CPU reference backend.
+
+    Per prompt the two routes alternate ``repeats`` times and each keeps its median decode
+    time (DESIGN.md §7), so a busy shared host slows both alike.
+    """
+    from statistics import median
+
     from bitmtp_edge import Engine
 
-    if threads:
-        torch.set_num_threads(threads)
     eng = Engine.load(artifact, backend="reference", device="cpu")
     chosen = prompts[:n_prompts]
     eng.generate(chosen[0].model_prompt, max_new_tokens=8, policy="ar")  # warm-up
     rows = []
     agree = same = 0
     for p in chosen:
-        row = {"prompt_id": p.id}
-        outs = {}
+        row, outs = {"prompt_id": p.id}, {}
+        times: dict[str, list[float]] = {"ar": [], "hybrid": []}
+        for _ in range(repeats):
+            for pol in ("ar", "hybrid"):
+                res = eng.generate(p.model_prompt, max_new_tokens=max_new_tokens, policy=pol)
+                outs[pol] = res.token_ids
+                times[pol].append(res.stats.decode_s)
+                row[pol] = {"new_tokens": res.stats.new_tokens, "iterations": res.stats.iterations}
         for pol in ("ar", "hybrid"):
-            res = eng.generate(p.model_prompt, max_new_tokens=max_new_tokens, policy=pol)
-            outs[pol] = res.token_ids
-            row[pol] = {"new_tokens": res.stats.new_tokens, "decode_s": res.stats.decode_s,
-                        "tok_s": res.stats.decode_tokens_per_s, "tokens_per_iteration": res.stats.tokens_per_iteration}
+            row[pol]["decode_s"] = median(times[pol])
+            row[pol]["tok_s"] = row[pol]["new_tokens"] / row[pol]["decode_s"] if row[pol]["decode_s"] else 0.0
         same += sum(x == y for x, y in zip(outs["ar"], outs["hybrid"]))
         agree += max(len(outs["ar"]), len(outs["hybrid"]))
         rows.append(row)
@@ -233,9 +241,10 @@ def cpu_bench(prompts: list[Prompt], n_prompts: int, max_new_tokens: int, artifa
     ar_tps, hy_tps = (tot[p][0] / tot[p][1] if tot[p][1] else 0.0 for p in ("ar", "hybrid"))
     return {
         "artifact": str(eng.path), "block_size": eng.block_size, "backend": "reference", "device": "cpu",
-        "dtype": "float64 (Engine default on CPU)", "threads": torch.get_num_threads(),
-        "cpu": platform.processor() or platform.machine(), "prompts": len(rows), "max_new_tokens": max_new_tokens,
+        "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
+        "prompts": len(rows), "max_new_tokens": max_new_tokens, "repeats": repeats,
         "ar_tok_s": ar_tps, "hybrid_tok_s": hy_tps, "speedup": hy_tps / ar_tps if ar_tps else 0.0,
+        "hybrid_tokens_per_iteration": tot["hybrid"][0] / max(sum(r["hybrid"]["iterations"] for r in rows), 1),
         "hybrid_agreement_with_ar": same / agree if agree else 1.0, "per_prompt": rows,
     }
 
@@ -305,8 +314,20 @@ def to_markdown(r: dict) -> str:
         lines += ["## CPU decode speed of the embedded artifact (reference backend)", "",
                   "| route | decode tok/s |", "|---|---|",
                   f"| AR | {c['ar_tok_s']:.2f} |", f"| hybrid (D={c['block_size']}) | {c['hybrid_tok_s']:.2f} |", "",
-                  f"Speedup {c['speedup']:.2f}× over {c['prompts']} prompts × {c['max_new_tokens']} tokens, "
-                  f"{c['threads']} threads on {c['cpu']}; hybrid agreement with AR {c['hybrid_agreement_with_ar']:.3f}.", ""]
+                  f"Speedup {c['speedup']:.2f}× over {c['prompts']} prompts × up to {c['max_new_tokens']} tokens (median of "
+                  f"{c.get('repeats', 1)} alternating repeats per prompt), {c['threads']} threads on {c['cpu']}; hybrid commits "
+                  f"{c.get('hybrid_tokens_per_iteration', float('nan')):.2f} tokens per iteration and agrees with AR "
+                  f"{c['hybrid_agreement_with_ar']:.3f}. The host is shared, so absolute tok/s vary between runs.", ""]
+    for e in r.get("earlier_runs", []):
+        lines += [f"## Earlier run: {e['label']}", "", e.get("note", ""), "",
+                  "| model | policy | tokens / iteration | agreement with AR | parse rate |", "|---|---|---|---|---|"]
+        for name, pols in e.get("decoding", {}).items():
+            for pol, v in pols.items():
+                lines.append(f"| {name} | {pol} | {v['tokens_per_iteration']:.2f} | {v.get('agreement_with_ar', 1.0):.3f} | "
+                             f"{v['parse_rate']:.3f} |")
+        if e.get("heldout_gap_pct"):
+            lines += ["", "Held-out NTP gap to SFT: " + ", ".join(f"{k} {v:+.2f}%" for k, v in e["heldout_gap_pct"].items())]
+        lines.append("")
     if r.get("targets"):
         lines += ["## Targets", "", "| target | value | pass |", "|---|---|---|"]
         for k, v in r["targets"].items():
@@ -359,10 +380,12 @@ def main(argv: list[str] | None = None) -> None:
     @click.option("--merge", default=None, type=click.Path(dir_okay=False), help="start from this report JSON")
     @click.option("--train-logs", default="tools/results", show_default=True,
                   help="folder with train_NAME.json logs (else OUT/train_log.json beside each checkpoint)")
+    @click.option("--attach-earlier", "earlier", multiple=True,
+                  help="LABEL=REPORT.json[::NOTE]: keep an earlier run's decoding summary beside this one")
     @click.option("--json", "json_out", default="tools/results/quality.json", show_default=True)
     @click.option("--md", "md_out", default="tools/results/quality.md", show_default=True)
     def cli(data, models, sections, device, jobs, n_prompts, max_new_tokens, tau, min_prefix, window, max_windows,
-            bench_prompts, bench_tokens, artifact, merge, train_logs, json_out, md_out):
+            bench_prompts, bench_tokens, artifact, merge, train_logs, earlier, json_out, md_out):
         """Write the SFT vs BitMTP quality report (JSON for machines, Markdown for people)."""
         from tools.hf_checkpoint import read_checkpoint
 
@@ -404,6 +427,15 @@ def main(argv: list[str] | None = None) -> None:
             click.echo("CPU decode benchmark of the embedded artifact ...")
             report["cpu_bench"] = {**cpu_bench(prompts, bench_prompts, bench_tokens, artifact), "when": where["when"],
                                    "torch": torch.__version__}
+        for spec in earlier:
+            label, sep, rest = spec.partition("=")
+            path, _, note = rest.partition("::")
+            old = json.loads(Path(path).read_text())
+            runs = [e for e in report.get("earlier_runs", []) if e["label"] != label]
+            runs.append({"label": label, "note": note, "decoding": old.get("decoding", {}).get("summary", {}),
+                         "heldout_gap_pct": old.get("heldout", {}).get("gap_pct", {}),
+                         "device": old.get("decoding", {}).get("device") or old.get("meta", {}).get("device")})
+            report["earlier_runs"] = runs
         report["targets"] = check_targets(report)
         Path(json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(json_out).write_text(json.dumps(report, indent=1) + "\n")
