@@ -212,7 +212,8 @@ def build_model(manifest: Manifest, tensors: dict[str, torch.Tensor], dtype: tor
             f"packing layout {manifest.packing_layout!r} is not supported by this runtime ({PACKING_LAYOUT}); "
             "re-export the artifact with this version"
         )
-    model = TernaryLM(manifest.model, manifest.quant)
+    # Cast before loading: load_state_dict copies into the parameters' existing dtype.
+    model = TernaryLM(manifest.model, manifest.quant).to(dtype)
     state = {}
     expected = model.state_dict()
     for name, ref in expected.items():

@@ -257,3 +257,25 @@ def test_embedded_model_is_the_default_and_decodes_losslessly():
     spec = eng.generate(prompt, max_new_tokens=16, policy="speculative")
     assert spec.token_ids == ar.token_ids and len(ar.token_ids) == 16
     assert spec.stats.tokens_per_iteration > 1.0, "the trained drafts get accepted"
+
+
+def test_quality_report_on_a_tiny_model(data, trained, tmp_path):
+    from tools import eval_quality
+
+    sft = tmp_path / "sft"
+    Trainer(tiny(data, sft, mtp_weight=0.0, max_steps=10), log=quiet).run()
+    out_json, out_md = tmp_path / "q.json", tmp_path / "q.md"
+    args = ["--data", str(data), "--model", f"sft={sft / 'compact'}", "--model", f"d4={trained / 'compact'}",
+            "--prompts", "3", "--max-new-tokens", "10", "--window", "32", "--max-windows", "4",
+            "--train-logs", str(tmp_path / "none"), "--json", str(out_json), "--md", str(out_md)]
+    with pytest.raises(SystemExit) as done:
+        eval_quality.main(args)
+    assert done.value.code == 0
+    r = json.loads(out_json.read_text())
+    assert set(r["heldout"]["models"]) == {"sft", "d4"} and r["heldout"]["baseline"] == "sft"
+    dec = r["decoding"]["summary"]
+    assert set(dec["sft"]) == {"ar"} and set(dec["d4"]) == {"ar", "confidence", "speculative", "hybrid"}
+    assert dec["d4"]["speculative"]["agreement_with_ar"] == 1.0
+    assert dec["d4"]["speculative"]["tokens_per_iteration"] >= 1.0
+    assert r["training"]["d4"]["steps"] == 40 and "d4: speculative agreement with AR = 100%" in r["targets"]
+    assert "| d4 | hybrid |" in out_md.read_text()

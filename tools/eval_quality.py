@@ -271,6 +271,10 @@ def check_targets(report: dict) -> dict:
     return t
 
 
+def _num(v, fmt: str = ".4f") -> str:
+    return "—" if v is None else format(v, fmt)
+
+
 def to_markdown(r: dict) -> str:
     meta = r.get("meta", {})
     lines = ["# Quality report: SFT vs BitMTP (ternary code models)", ""]
@@ -283,7 +287,7 @@ def to_markdown(r: dict) -> str:
         for name, t in r["training"].items():
             lines.append(f"| {name} | {t['params'] / 1e6:.1f}M | {t.get('block_size') or '—'} | {t.get('blocks') or '—'} | "
                          f"{t['mtp_weight']} | {t['steps']} | {t['clean_tokens'] / 1e6:.1f}M | {t['wall_s']:.0f} | "
-                         f"{t['val_ntp']:.4f} | {t.get('val_mtp', float('nan')):.4f} |")
+                         f"{_num(t.get('val_ntp'))} | {_num(t.get('val_mtp'))} |")
         lines.append("")
     if r.get("heldout"):
         h = r["heldout"]
@@ -352,8 +356,8 @@ def training_summary(models: dict[str, str], logs_dir: str | None) -> dict:
                 out[name] = {"params": d["params"], "block_size": d["layout"]["block_size"] if has_blocks else None,
                              "blocks": d["layout"]["num_blocks"], "mtp_weight": c["mtp_weight"],
                              "steps": s.get("steps", 0), "clean_tokens": s.get("clean_tokens", 0),
-                             "wall_s": s.get("wall_s", 0.0), "val_ntp": s.get("val_ntp", float("nan")),
-                             "val_mtp": s.get("val_mtp", float("nan")), "stop_reason": s.get("stop_reason")}
+                             "wall_s": s.get("wall_s", 0.0), "val_ntp": s.get("val_ntp"),
+                             "val_mtp": s.get("val_mtp"), "stop_reason": s.get("stop_reason")}
                 break
     return out
 
@@ -365,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
     @click.option("--data", required=True, help="corpus folder (test split + prompts.jsonl)")
     @click.option("--model", "models", multiple=True, help="NAME=CHECKPOINT; the AR-only one is the SFT baseline")
     @click.option("--sections", default="heldout,decoding", show_default=True,
-                  help="comma list of heldout, decoding, cpu_bench")
+                  help="comma list of heldout, decoding, cpu_bench (none: only re-render a --merge report)")
     @click.option("--device", default="cpu", show_default=True)
     @click.option("--jobs", default=1, show_default=True, help="decoding worker processes")
     @click.option("--prompts", "n_prompts", default=48, show_default=True)
@@ -389,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
         """Write the SFT vs BitMTP quality report (JSON for machines, Markdown for people)."""
         from tools.hf_checkpoint import read_checkpoint
 
-        wanted = {s.strip() for s in sections.split(",") if s.strip()}
+        wanted = {s.strip() for s in sections.split(",") if s.strip() and s.strip() != "none"}
         unknown = wanted - {"heldout", "decoding", "cpu_bench"}
         if unknown:
             raise click.BadParameter(f"unknown section(s) {sorted(unknown)}", param_hint="--sections")
