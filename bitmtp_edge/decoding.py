@@ -19,7 +19,6 @@ The same loop drives every backend.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterator
 

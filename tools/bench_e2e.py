@@ -35,7 +35,6 @@ sys.path.insert(0, str(ROOT))
 
 from bitmtp_edge import Engine  # noqa: E402
 from bitmtp_edge.backends.base import DraftResult  # noqa: E402
-from bitmtp_edge.backends.graph import RuntimeOptions  # noqa: E402
 from bitmtp_edge.decoding import DecodeOptions, DecodeStats, decode  # noqa: E402
 
 BITNET_2B = dict(vocab_size=128256, hidden_size=2560, intermediate_size=6912, num_hidden_layers=30,
@@ -297,7 +296,7 @@ def part_trained(args) -> dict:
 # -- report ------------------------------------------------------------------------------------
 
 def markdown(report: dict) -> str:
-    lines = [f"# End-to-end decode benchmark", "",
+    lines = ["# End-to-end decode benchmark", "",
              f"- device: {report['device']}", f"- date: {report['date']}", f"- commit: {report['commit']}",
              f"- command: `{report['command']}`", ""]
     if "2b" in report:

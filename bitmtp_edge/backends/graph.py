@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..decoding_rules import accepted_prefix
 from ..masks import draft_in_place_mask, history_step_mask, prefill_mask
 from ..replay import ReplayState
 from ..segments import KVPlan
@@ -346,4 +345,4 @@ class GraphBackend:
         return self.fast.verify_logits(x)
 
 
-__all__ = ["GraphBackend", "RuntimeOptions", "accepted_prefix"]
+__all__ = ["GraphBackend", "RuntimeOptions"]
