@@ -149,7 +149,7 @@ def _iterate(backend: Backend, pending: list[int], opts: DecodeOptions,
              stats: DecodeStats) -> tuple[list[int], list[int]]:
     """One iteration: returns (committed tokens, new pending)."""
     if opts.policy == "ar":
-        nxt = backend.ar_step(pending[-1]) if len(pending) == 1 else _ar_multi(backend, pending)
+        nxt = backend.ar_step(pending[-1])  # AR always holds exactly one pending token
         stats.verifier_calls += 1
         return [nxt], [nxt]
     draft = backend.draft_step(pending, opts.block_size)
@@ -163,13 +163,6 @@ def _iterate(backend: Backend, pending: list[int], opts: DecodeOptions,
     stats.verifier_calls += 1
     a, v = verified.accepted, verified.verifier_token
     return list(draft.tokens[:a]) + [v], [v]
-
-
-def _ar_multi(backend: Backend, pending: list[int]) -> int:
-    # AR keeps one pending token, so this only runs if a caller mixes policies.
-    for t in pending[:-1]:
-        backend.ar_step(t)
-    return backend.ar_step(pending[-1])
 
 
 def _check_alignment(backend: Backend, prompt_ids, produced, chunk, committed, pending) -> None:

@@ -141,22 +141,22 @@ class FastModel:
             a, s = quantize_activations(x)
         return self.ops.linear_w2a8(a, s, proj.packed, proj.scale)
 
+    def _glu_normed(self, gate, up, layer: Layer):
+        """The FFN middle in float (activation × up, then the sub-norm if the family has one)."""
+        h = (torch.relu(gate).square() * up) if self.cfg.activation == "relu2" else F.silu(gate) * up
+        return rms_norm(h, layer.ffn_sub_norm, self.cfg.rms_norm_eps) if layer.ffn_sub_norm is not None else h
+
     def _ffn_down(self, gate, up, layer: Layer):
         if not self.quant.quantize_activations:
-            h = (torch.relu(gate).square() * up) if self.cfg.activation == "relu2" else F.silu(gate) * up
-            if layer.ffn_sub_norm is not None:
-                h = rms_norm(h, layer.ffn_sub_norm, self.cfg.rms_norm_eps)
-            return self.ops.linear_w2a16(h.contiguous(), layer.down.packed, layer.down.scale)
+            return self.ops.linear_w2a16(self._glu_normed(gate, up, layer).contiguous(), layer.down.packed,
+                                         layer.down.scale)
         if self.cfg.activation == "relu2" and layer.ffn_sub_norm is not None:
             a, s = self.ops.relu2_mul_rmsnorm_quant(gate.contiguous(), up.contiguous(), layer.ffn_sub_norm,
                                                     self.cfg.rms_norm_eps)
         elif self.cfg.activation == "silu" and layer.ffn_sub_norm is None:
             a, s = self.ops.silu_mul_quant(gate.contiguous(), up.contiguous())
-        else:
-            h = (torch.relu(gate).square() * up) if self.cfg.activation == "relu2" else F.silu(gate) * up
-            if layer.ffn_sub_norm is not None:
-                h = rms_norm(h, layer.ffn_sub_norm, self.cfg.rms_norm_eps)
-            a, s = quantize_activations(h)
+        else:  # a family/scheme pair without a fused kernel
+            a, s = quantize_activations(self._glu_normed(gate, up, layer))
         return self.ops.linear_w2a8(a, s, layer.down.packed, layer.down.scale)
 
     # -- heads ----------------------------------------------------------------------------

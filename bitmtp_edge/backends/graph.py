@@ -274,13 +274,14 @@ class GraphBackend:
             self.L_host += n
         self.L.fill_(self.L_host)
 
-    def _set(self, buf: torch.Tensor, values: list[int], chained: bool) -> None:
-        if not chained:
-            buf.copy_(torch.tensor(values, dtype=torch.long), non_blocking=False)
+    @staticmethod
+    def _upload(buf: torch.Tensor, values: list[int]) -> None:
+        buf.copy_(torch.tensor(values, dtype=torch.long))
 
     def ar_step(self, token: int) -> int:
         self._ensure(self.L_host + 1)
-        self._set(self.ar_token, [token], self._chain == ("ar", token))
+        if self._chain != ("ar", token):  # the last AR graph already wrote it otherwise
+            self._upload(self.ar_token, [token])
         self._run(ReplayState(1, self.segment, "verify"))
         self.L_host += 1
         nxt = int(self._read(self.ar_out)[0])
@@ -299,7 +300,7 @@ class GraphBackend:
         elif self._chain and self._chain[0] == "draft" and tuple(pending) == self._chain[1][:k]:
             self.pending[k].copy_(self.readback[2:2 + k].long())  # device to device
         else:
-            self._set(self.pending[k], pending, False)
+            self._upload(self.pending[k], pending)
         self._run(ReplayState(k + d, self.segment, "draft"))
         self.L_host += k
 
@@ -315,7 +316,7 @@ class GraphBackend:
     def verify_step(self, anchor: int, draft: DraftResult) -> VerifyResult:
         d = self.block_size
         if not self.opts.hoist_verify:  # Generic: prepare the verifier's inputs after the branch
-            self._set(self.verify_tokens, [anchor] + list(draft.tokens), False)
+            self._upload(self.verify_tokens, [anchor] + list(draft.tokens))
         self._run(ReplayState(d + 1, self.segment, "verify"))
         values = self._read(self.readback)  # a, v, drafts, confidences: one transfer
         accepted, verifier = int(values[0]), int(values[1])
