@@ -204,11 +204,9 @@ def choose_backend(backend: str, device: torch.device) -> str:
     fast_ok = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0) \
         and kernel_ops_available(device)
     if backend == "auto":
-        # The fast backends are opt-in until their GPU end-to-end run is clean: on the H200
-        # (2026-11-29) the width-specialised path hit a device-side assert on the 2B shape
-        # (tools/results/logs/h200_session_2026-11-29.log). CPU twins and the Triton
-        # interpreter match the reference; the compiled path is not yet proven end to end.
-        return "reference"
+        if not fast_ok:
+            return "reference"
+        return "server" if fp8_supported(device) else "ampere"
     if not fast_ok:
         raise ValueError(f"backend {backend!r} needs a CUDA GPU of compute capability 8.0+ with Triton; "
                          f"this is {device}. Use backend='reference' (or 'auto')")

@@ -10,8 +10,10 @@ pack_ternary / unpack_ternary      packing                 the INT2 layout ``ter
 w2a8_linear                        w2a8                    packed ternary x int8, exact int32 accum
 w2a16_linear                       w2a16                   packed ternary x 16/32-bit (weight-only)
 rmsnorm_quant                      fused_quant             RMSNorm + per-token int8 quantisation
+act_quant                          fused_quant             per-token int8 quantisation alone
 relu2_mul_rmsnorm_quant            fused_quant             relu(g)^2 * u + sub-norm + quantisation
 silu_mul_quant                     fused_quant             silu(g) * u + quantisation
+rope_qkv_to_cache                  rope_cache              QK-norm + RoPE, K/V stored at their slots
 small_width_attention              attention               M rows over a shared KV buffer, GQA
 int8_head_argmax / f16_head_argmax heads                   head matmul fused with argmax + max-softmax
 =================================  ======================  ==========================================
@@ -38,12 +40,16 @@ _LAZY = {
     "w2a16_linear_reference": "w2a16",
     "rmsnorm_quant": "fused_quant",
     "rmsnorm_quant_reference": "fused_quant",
+    "act_quant": "fused_quant",
+    "act_quant_reference": "fused_quant",
     "relu2_mul_rmsnorm_quant": "fused_quant",
     "relu2_mul_rmsnorm_quant_reference": "fused_quant",
     "silu_mul_quant": "fused_quant",
     "silu_mul_quant_reference": "fused_quant",
     "small_width_attention": "attention",
     "small_width_attention_reference": "attention",
+    "rope_qkv_to_cache": "rope_cache",
+    "rope_qkv_to_cache_reference": "rope_cache",
     "int8_head_argmax": "heads",
     "int8_head_argmax_reference": "heads",
     "f16_head_argmax": "heads",

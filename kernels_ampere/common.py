@@ -48,6 +48,17 @@ def dp4a(a, b, c, USE_ASM: tl.constexpr):
         return acc
 
 
+@triton.jit
+def bf16_rne(x):
+    """float32 rounded to the nearest bfloat16 (ties to even), still as float32.
+
+    Casting the result to bfloat16 is then exact under any conversion mode: the Triton
+    interpreter truncates float32 -> bfloat16 (the GPU rounds), this makes both agree."""
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # -65536 = 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
 def is_interpreted(kernel) -> bool:
     """True when ``kernel`` was decorated under ``TRITON_INTERPRET=1`` (runs on the CPU)."""
     return type(kernel).__name__ == "InterpretedFunction"
@@ -108,6 +119,17 @@ def check_packed_weight(packed: torch.Tensor, w_scale: torch.Tensor, k: int, nam
     return n, False
 
 
+def check_residual(residual: torch.Tensor | None, m: int, n: int, out_dtype: torch.dtype, name: str) -> None:
+    if residual is None:
+        return
+    if out_dtype != torch.float32 or residual.dtype != torch.float32:
+        raise TypeError(f"{name}: a fused residual needs float32 output and a float32 residual, got "
+                        f"out_dtype={out_dtype}, residual {residual.dtype}")
+    if residual.shape != (m, n) or residual.stride(1) != 1:
+        raise ValueError(f"{name}: residual must be [M, N] = [{m}, {n}] with contiguous rows, "
+                         f"got {tuple(residual.shape)}")
+
+
 def scale_strides(w_scale: torch.Tensor, grouped: bool) -> tuple[int, int]:
     if grouped:
         return w_scale.stride(0), w_scale.stride(1)
@@ -121,9 +143,11 @@ def _split_k_reduce_kernel(
     part_ptr,  # [S, M, N] int32 or float32 partial sums
     a_scale_ptr,  # [M] float32 (HAS_A_SCALE)
     w_scale_ptr,  # [N] float32 (HAS_W_SCALE), row stride stride_sn
+    res_ptr,  # [M, N] float32 residual (RESIDUAL)
     out_ptr,  # [M, N]
-    M, N, stride_sn, stride_om,
-    S: tl.constexpr, HAS_A_SCALE: tl.constexpr, HAS_W_SCALE: tl.constexpr, BLOCK_N: tl.constexpr,
+    M, N, stride_sn, stride_rm, stride_om,
+    S: tl.constexpr, HAS_A_SCALE: tl.constexpr, HAS_W_SCALE: tl.constexpr, RESIDUAL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     m = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -138,19 +162,22 @@ def _split_k_reduce_kernel(
         y = y * tl.load(a_scale_ptr + m)
     if HAS_W_SCALE:
         y = y * tl.load(w_scale_ptr + rn * stride_sn, mask=mask, other=0.0)
+    if RESIDUAL:
+        y = tl.load(res_ptr + m * stride_rm + rn, mask=mask, other=0.0) + y
     tl.store(out_ptr + m * stride_om + rn, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def split_k_reduce(part: torch.Tensor, out: torch.Tensor, a_scale: torch.Tensor | None,
-                   w_scale: torch.Tensor | None, stride_sn: int) -> None:
-    """out[m, n] = (sum_s part[s, m, n]) [* a_scale[m]] [* w_scale[n]], the twin's multiply order."""
+                   w_scale: torch.Tensor | None, stride_sn: int, residual: torch.Tensor | None = None) -> None:
+    """out[m, n] = (sum_s part[s, m, n]) [* a_scale[m]] [* w_scale[n]] [+ residual], the twin's order."""
     s, m, n = part.shape
     block_n = min(1024, next_pow2(n))
+    res = residual if residual is not None else out
     _split_k_reduce_kernel[(m, triton.cdiv(n, block_n))](
-        part, part if a_scale is None else a_scale, part if w_scale is None else w_scale, out,
-        m, n, stride_sn, out.stride(0),
-        S=s, HAS_A_SCALE=a_scale is not None, HAS_W_SCALE=w_scale is not None, BLOCK_N=block_n,
-        num_warps=4,
+        part, part if a_scale is None else a_scale, part if w_scale is None else w_scale, res, out,
+        m, n, stride_sn, res.stride(0), out.stride(0),
+        S=s, HAS_A_SCALE=a_scale is not None, HAS_W_SCALE=w_scale is not None, RESIDUAL=residual is not None,
+        BLOCK_N=block_n, num_warps=4,
     )
 
 

@@ -3,10 +3,10 @@
 One row per program, the whole row in registers, one read of the input and one write of
 the int8 row and its scale. Everything is float32 whatever the input dtype:
 
-    h = x                                  (rmsnorm_quant)
+    h = x                                  (rmsnorm_quant, act_quant)
     h = relu(gate)**2 * up                 (relu2_mul_rmsnorm_quant: BitNet FFN + ffn_sub_norm)
     h = silu(gate) * up                    (silu_mul_quant: Qwen3 / Bonsai FFN, no sub-norm)
-    h = w * (h * rsqrt(mean(h**2) + eps))  (the RMSNorm, when the op has one)
+    h = w * (h * rsqrt(mean(h**2) + eps))  (the RMSNorm, when the op has one: not act_quant)
     q = 127 / max(max|h|, 1e-5);  x_int8 = clamp(round_half_even(h * q), -128, 127);  a_scale = 1 / q
 
 The quantisation is ``bitmtp_edge.quant.quantize_activations`` step for step: ``q`` and
@@ -110,6 +110,13 @@ def rmsnorm_quant(
     return _launch(x, None, weight, eps, ACT_NONE, "rmsnorm_quant")
 
 
+def act_quant(
+    x: torch.Tensor,  # [M, K] float16 / bfloat16 / float32
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([M, K] int8, [M] float32)
+    """Per-token absmax int8 quantisation alone (an input without a norm in front)."""
+    return _launch(x, None, None, 0.0, ACT_NONE, "act_quant")
+
+
 def relu2_mul_rmsnorm_quant(
     gate: torch.Tensor,  # [M, F] float (may be a column slice of the fused gate/up output)
     up: torch.Tensor,  # [M, F] float
@@ -134,6 +141,10 @@ def rms_norm_reference(h: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     """w * (h * rsqrt(mean(h**2) + eps)) in float32."""
     h = h.float()
     return weight.float() * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def act_quant_reference(x):
+    return quantize_activations(x.float())
 
 
 def rmsnorm_quant_reference(x, weight, eps):

@@ -22,6 +22,9 @@ Two kernels, picked per (N, K, M) by the tuned table (``tuning.py``):
   lane into int8 codes that multiply (``tl.dot``, int8 tensor cores, int32 accumulators)
   the activations of inputs ``128c + 32i + 0..31``. The weights are the dot's first
   operand ("swap AB"): N fills the tensor-core M side and the width only pads to 16.
+  (Expanding a chunk's four lanes side by side into one K = 128 dot was measured slower
+  on the H200, 11.7 vs 9.5 µs per call over the 2B layer mix at M = 9: the reshape costs a
+  layout conversion through shared memory.)
 
 Group-128 scales are applied per chunk after its exact int32 sum. ``split_k > 1`` gives
 each program a slice of the chunks; slices write int32 (per-row scales: still exact) or
@@ -40,8 +43,8 @@ import triton.language as tl
 
 from bitmtp_edge.quant import int_matmul
 
-from .common import (check_dtype, check_launchable, check_packed_weight, dp4a, is_interpreted, next_pow2,
-                     scale_strides, split_k_chunks, split_k_reduce)
+from .common import (check_dtype, check_launchable, check_packed_weight, check_residual, dp4a, is_interpreted,
+                     next_pow2, scale_strides, split_k_chunks, split_k_reduce)
 from .packing import BYTES_PER_CHUNK, CHUNK_K, unpack_ternary
 from .tuning import GEMV, LinearConfig, default_linear, linear_key, lookup
 
@@ -55,10 +58,11 @@ def _w2a8_gemv_kernel(
     w_ptr,  # [N, K/16] int32: sixteen 2-bit codes per word, 8 words per 128-chunk
     w_scale_ptr,  # [N] or [N, K/128] float32
     out_ptr,  # [M, N] (SPLIT: [S, M, N] int32 or float32 partial sums)
+    res_ptr,  # [M, N] float32 residual added in the epilogue (read only when RESIDUAL)
     M, N, chunks_per_split,
-    stride_am, stride_wn, stride_sn, stride_sg, stride_om,
+    stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     K: tl.constexpr,
-    GROUPED: tl.constexpr, SPLIT: tl.constexpr,
+    GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,  # rows per program, 128-chunks per K step
     USE_ASM: tl.constexpr,
 ):
@@ -109,6 +113,8 @@ def _w2a8_gemv_kernel(
             y = y * a_s
         else:
             y = y.to(tl.float32) * a_s * tl.load(w_scale_ptr + rn * stride_sn, mask=mask_n, other=0.0)
+        if RESIDUAL:
+            y = tl.load(res_ptr + m * stride_rm + rn, mask=mask_n, other=0.0) + y
         tl.store(out_ptr + m * stride_om + rn, y.to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
@@ -119,10 +125,11 @@ def _w2a8_dot_kernel(
     w_ptr,  # [N, K/4] uint8 packed codes
     w_scale_ptr,  # [N] or [N, K/128] float32
     out_ptr,  # [M, N] (SPLIT: [S, M, N] int32 or float32 partial sums)
+    res_ptr,  # [M, N] float32 residual (RESIDUAL)
     M, N, chunks_per_split,
-    stride_am, stride_wn, stride_sn, stride_sg, stride_om,
+    stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     K: tl.constexpr,
-    GROUPED: tl.constexpr, SPLIT: tl.constexpr,
+    GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
 ):
     N_CHUNKS: tl.constexpr = K // 128
@@ -170,6 +177,9 @@ def _w2a8_dot_kernel(
         else:
             ws = tl.load(w_scale_ptr + rn * stride_sn, mask=mask_n, other=0.0)
             y = y.to(tl.float32) * a_s[None, :] * ws[:, None]
+        if RESIDUAL:
+            y = tl.load(res_ptr + rm[None, :] * stride_rm + rn[:, None], mask=mask_n[:, None] & mask_m[None, :],
+                        other=0.0) + y
         tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y.to(out_ptr.dtype.element_ty),
                  mask=mask_n[:, None] & mask_m[None, :])
 
@@ -181,10 +191,13 @@ def w2a8_linear(
     w_scale: torch.Tensor,  # [N] float32 per row, or [N, K/128] float32 per 128-group
     *,
     out_dtype: torch.dtype = torch.float16,
+    residual: torch.Tensor | None = None,  # [M, N] float32, added in the epilogue
     config: LinearConfig | None = None,
 ) -> torch.Tensor:  # [M, N] out_dtype
-    """``(a_int8 @ W^T) * a_scale[:, None] * w_scale``, exact int32 accumulation.
+    """``(a_int8 @ W^T) * a_scale[:, None] * w_scale`` (``+ residual``), exact int32 accumulation.
 
+    ``residual`` (float32 output only) fuses the transformer's ``x + f(x)``: the product is
+    rounded to float32 first and then added, so the result equals the unfused sum bit for bit.
     ``config`` overrides the tuned table (the benchmark's tuner uses it); leave it None.
     """
     if a_int8.dtype != torch.int8 or a_int8.dim() != 2 or a_int8.stride(1) != 1:
@@ -197,6 +210,7 @@ def w2a8_linear(
         raise ValueError(f"w2a8_linear: a_scale must be [M]={m}, got {tuple(a_scale.shape)}")
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"w2a8_linear: out_dtype {out_dtype} not supported, expected one of {OUT_DTYPES}")
+    check_residual(residual, m, n, out_dtype, "w2a8_linear")
     if config is None:
         config = (lookup("w2a8_linear", linear_key(n, k, m, grouped), packed.device)
                   or default_linear(m, grouped, n=n, k=k))
@@ -211,8 +225,9 @@ def w2a8_linear(
     # split-K slices write int32 (per-row: still exact) or float32 (group scales applied) partials
     target = torch.empty((n_split, m, n), dtype=torch.float32 if grouped else torch.int32,
                          device=out.device) if split else out
-    common = dict(K=k, GROUPED=grouped, SPLIT=split, BLOCK_N=config.block_n, CHUNKS=chunks,
-                  num_warps=config.num_warps, num_stages=config.num_stages)
+    res = residual if residual is not None else out
+    common = dict(K=k, GROUPED=grouped, SPLIT=split, RESIDUAL=residual is not None and not split,
+                  BLOCK_N=config.block_n, CHUNKS=chunks, num_warps=config.num_warps, num_stages=config.num_stages)
     if config.kernel == GEMV:
         check_launchable(_w2a8_gemv_kernel, a_int8, a_scale, packed, w_scale)
         if a_int8.stride(0) % 4 or a_int8.data_ptr() % 4 or packed.stride(0) % 4 or packed.data_ptr() % 4:
@@ -222,8 +237,8 @@ def w2a8_linear(
         w_words = packed.view(torch.int32)  # [N, K/16]
         grid = (m, triton.cdiv(n, config.block_n), n_split)
         _w2a8_gemv_kernel[grid](
-            a_words, a_scale, w_words, w_scale, target, m, n, per_split,
-            a_words.stride(0), w_words.stride(0), stride_sn, stride_sg, out.stride(0),
+            a_words, a_scale, w_words, w_scale, target, res, m, n, per_split,
+            a_words.stride(0), w_words.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),
             USE_ASM=not is_interpreted(_w2a8_gemv_kernel), **common,
         )
     else:
@@ -231,12 +246,12 @@ def w2a8_linear(
         block_m = max(16, min(next_pow2(m), 64))  # tl.dot needs 16 rows at least
         grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, block_m), n_split)
         _w2a8_dot_kernel[grid](
-            a_int8, a_scale, packed, w_scale, target, m, n, per_split,
-            a_int8.stride(0), packed.stride(0), stride_sn, stride_sg, out.stride(0),
+            a_int8, a_scale, packed, w_scale, target, res, m, n, per_split,
+            a_int8.stride(0), packed.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),
             BLOCK_M=block_m, **common,
         )
     if split:
-        split_k_reduce(target, out, a_scale, None if grouped else w_scale, stride_sn)
+        split_k_reduce(target, out, a_scale, None if grouped else w_scale, stride_sn, residual)
     return out
 
 
@@ -247,8 +262,10 @@ def w2a8_linear_reference(
     w_scale: torch.Tensor,  # [N] / [1] / [N, K/128] float32
     *,
     out_dtype: torch.dtype = torch.float16,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [M, N]
     """The pure-PyTorch twin: exact integer products (float64), float32 epilogue."""
+    check_residual(residual, a_int8.shape[0], packed.shape[0], out_dtype, "w2a8_linear_reference")
     codes = unpack_ternary(packed)  # [N, K] int8
     m, k = a_int8.shape
     n = codes.shape[0]
@@ -260,4 +277,4 @@ def w2a8_linear_reference(
     else:
         acc = int_matmul(a_int8, codes).float()  # [M, N]
         y = acc * a_scale[:, None] * w_scale.expand(n)[None, :]
-    return y.to(out_dtype)
+    return y.to(out_dtype) if residual is None else residual + y

@@ -73,8 +73,9 @@ def manifest_for(model: TernaryLM, block_size: int, plan):
 
 
 def fast_backend(model: TernaryLM, block_size: int = 4, max_context: int = 512, smallest: int | None = None,
-                 options=None):
-    """The graph backend's static-buffer path on the CPU (torch twins, eager, float32)."""
+                 options=None, kernels: bool = False, head_dtype=torch.float32):
+    """The graph backend's static-buffer path on the CPU (eager, float32): the torch twins,
+    or with ``kernels`` the Triton kernels themselves (interpreted without a GPU)."""
     from bitmtp_edge.backends.fast_model import FastModel
     from bitmtp_edge.backends.graph import GraphBackend, RuntimeOptions
     from bitmtp_edge.backends.ops import Ops
@@ -82,8 +83,8 @@ def fast_backend(model: TernaryLM, block_size: int = 4, max_context: int = 512, 
     plan = reference_backend(model, max_context=max_context, block_size=block_size, smallest=smallest).plan
     manifest = manifest_for(model, block_size, plan)
     options = options or RuntimeOptions(graphs=False, kv_dtype=torch.float32)
-    fast = FastModel(manifest, artifact_tensors(model), Ops(twin=True, specialize_widths=options.specialize), "cpu",
-                     head_dtype=torch.float32)
+    fast = FastModel(manifest, artifact_tensors(model), Ops(twin=not kernels, specialize_widths=options.specialize),
+                     "cpu", head_dtype=head_dtype)
     return GraphBackend(fast, plan, model.cfg.vocab_size - 1, block_size, options)
 
 

@@ -60,6 +60,23 @@ def test_segment_growth_keeps_history_in_place_across_three_segments():
     assert len({s.segment for s in fast.log.states}) >= 3
 
 
+def test_triton_kernels_choose_the_twins_tokens():
+    """The fast model on the Triton kernels themselves (interpreted on the CPU) against the
+    same model on their twins: every fused launch (norm+quant, W2A8 + residual, RoPE + KV
+    store, attention, both heads) in place, same tokens for AR and speculative decoding."""
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available():
+        import os
+
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    model = random_model(9, layers=1)
+    for policy in ("ar", "speculative"):
+        bs = None if policy == "ar" else 4
+        outs = [run(fast_backend(model, max_context=64, smallest=16, kernels=k, head_dtype=torch.float16),
+                    PROMPT, policy, n=12, block_size=bs)[0] for k in (False, True)]
+        assert outs[0] == outs[1], policy
+
+
 def test_fast_logits_match_reference():
     model = random_model(5)
     ids = torch.tensor(PROMPT * 3)

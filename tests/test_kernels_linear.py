@@ -159,6 +159,29 @@ def test_w2a16_matches_twin(m, dtype, grouped):
     torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol * ref.abs().max().item())
 
 
+@pytest.mark.parametrize("m,n,k", [(1, 72, 640), (5, 40, 384)])
+@pytest.mark.parametrize("grouped", [False, True], ids=["row", "group128"])
+def test_w2a8_fused_residual_equals_the_unfused_sum(m, n, k, grouped):
+    """x + linear(a) in one launch: the product rounds to float32, then adds (every kernel, split-K too)."""
+    gen = torch.Generator().manual_seed(7 * m + n + grouped)
+    _, packed = random_weight(n, k, gen)
+    a, a_s = random_activations(m, k, gen)
+    w_s = (0.5 + torch.rand((n, k // 128) if grouped else (n,), generator=gen)).to(DEVICE)
+    residual = (torch.randn(m, n, generator=gen) * 3).to(DEVICE)
+    ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32, residual=residual)
+    for cfg in configs(grouped, m):
+        unfused = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
+        fused = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg, residual=residual)
+        assert_exact(fused, residual + unfused, f"{cfg}")
+        torch.testing.assert_close(fused, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    if not grouped:
+        assert_exact(ref, residual + w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32), "twin")
+    with pytest.raises(TypeError, match="float32"):
+        w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float16, residual=residual)
+    with pytest.raises(ValueError, match="residual must be"):
+        w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=residual[:, :-1])
+
+
 # --- GPU only: the real layer shapes ---------------------------------------------------------
 
 @pytest.mark.gpu

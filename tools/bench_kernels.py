@@ -72,6 +72,11 @@ LINEAR_SHAPES = (
     LinearShape("bonsai-1.7b", "k / v", 1024, 2048, True),
     LinearShape("bonsai-1.7b", "gate+up", 12288, 2048, True),
     LinearShape("bonsai-1.7b", "down", 2048, 6144, True),
+    # the embedded trained model (hidden 512, 8/2 heads of 64, FFN 1408): its e2e runs use these
+    LinearShape("bitmtp-27m", "wqkv", 768, 512, False),
+    LinearShape("bitmtp-27m", "wo", 512, 512, False),
+    LinearShape("bitmtp-27m", "w13 (gate+up)", 2816, 512, False),
+    LinearShape("bitmtp-27m", "w2 (down)", 512, 1408, False),
 )
 QUICK_SHAPES = (LINEAR_SHAPES[2], LINEAR_SHAPES[7])
 HEAD_V, HEAD_H = 128256, 2560  # BitNet-2B tied LM head

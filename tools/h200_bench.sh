@@ -7,11 +7,13 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1 BITMTP_COMMIT=${BITMTP_COMMIT:-unknown}
 OUT=${OUT:-runs/h200_bench}
 mkdir -p "$OUT/k" "$OUT/e" "$OUT/b" "$OUT/x"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-timeout ${T_KERNELS:-120} python tools/bench_kernels.py --out "$OUT/k" 2>&1 | tail -45
+if [ "${T_KERNELS:-120}" != 0 ]; then  # T_KERNELS=0: the kernel report is already in (a --tune run)
+  timeout ${T_KERNELS:-120} python tools/bench_kernels.py --out "$OUT/k" 2>&1 | tail -45
+fi
 timeout ${T_E2E:-230} python tools/bench_e2e.py --parts 2b,trained --artifact bitmtp_edge/embedded/model \
   --tokens 128 --repeats 2 --prompts 4 --out "$OUT/e" 2>&1 | tail -60
-timeout ${T_BENCH:-70} python -m bitmtp_edge.cli bench --backend ampere --device cuda --monitor nvml -n 256 \
+timeout ${T_BENCH:-80} python -m bitmtp_edge.cli bench --backend ampere --device cuda --monitor nvml -n 256 \
   --num-prompts 4 --repeats 2 -q --out "$OUT/b" 2>&1 | tail -25
-timeout ${T_BASE:-100} python tools/bench_e2e.py --parts baselines --baseline-tokens 32 --out "$OUT/x" 2>&1 | tail -12
+timeout ${T_BASE:-150} python tools/bench_e2e.py --parts baselines --baseline-tokens 32 --out "$OUT/x" 2>&1 | tail -12
 tar czf "$OUT/bench_h200.tgz" -C "$OUT" b x
 find "$OUT" -maxdepth 2 -type f | sort

@@ -4,8 +4,11 @@ Built straight from the artifact's tensors (the codes stay packed). Per layer th
 path fuses what shares an input: Q/K/V become one ``[Hq·hd + 2·Hkv·hd, K]`` projection and
 gate/up one ``[2·I, K]`` projection, each keeping its own per-row scales (a per-tensor
 scale is broadcast over its rows, so the fused matrix still multiplies every segment by
-its own scale). The residual stream stays float32: at batch 1 activations are a few KB,
-and float32 keeps this path's greedy choices on the reference backend's.
+its own scale). QK-norm, RoPE and the K/V stores are one launch (``rope_qkv_to_cache``),
+the residual adds ride in the projections' epilogues, and gate/up are read as column views
+by the fused activation kernels: about ten launches a layer. The residual stream stays
+float32: at batch 1 activations are a few KB, and float32 keeps this path's greedy choices
+on the reference backend's.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..artifact import Manifest
-from ..model import apply_rope, rope_cos_sin
+from ..model import rope_cos_sin
 from ..quant import quantize_activations
 from .ops import Ops
 
@@ -107,57 +110,51 @@ class FastModel:
         cfg, ops = self.cfg, self.ops
         attention = attention or ops.small_width_attention
         m = tokens.shape[0]
-        hq, hkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        hq, hd = cfg.num_heads, cfg.head_dim
         x = self.embed.index_select(0, tokens)  # [M, H] float32
-        cos, sin = rope_cos_sin(positions.unsqueeze(0), hd, cfg.rope_theta, torch.float32)
+        cos, sin = rope_cos_sin(positions, hd, cfg.rope_theta, torch.float32)  # [M, hd] each
         for i, layer in enumerate(self.layers):
-            qkv = self._project_normed(x, layer.input_norm, layer.qkv)  # [M, (Hq + 2 Hkv) hd]
-            q, k, v = qkv.split([hq * hd, hkv * hd, hkv * hd], dim=-1)
-            q, k, v = q.view(1, m, hq, hd), k.view(1, m, hkv, hd), v.view(m, hkv, hd)
-            if cfg.has_qk_norm:
-                q, k = rms_norm(q, layer.q_norm, cfg.rms_norm_eps), rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
-            q = apply_rope(q.transpose(1, 2), cos, sin)[0].transpose(0, 1)  # [M, Hq, hd]
-            k = apply_rope(k.transpose(1, 2), cos, sin)[0]  # [Hkv, M, hd]
-            k_cache[i].index_copy_(1, write_slots, k.to(k_cache.dtype))
-            v_cache[i].index_copy_(1, write_slots, v.transpose(0, 1).to(v_cache.dtype))
-            attn = attention(q.to(k_cache.dtype).contiguous(), k_cache[i], v_cache[i], mask,
-                             history_len, capacity=capacity).float()  # [M, Hq, hd]
-            attn = attn.reshape(m, hq * hd)
-            x = x + self._project_normed(attn, layer.attn_sub_norm, layer.o)
+            qkv = self._project_normed(x, layer.input_norm, layer.qkv)  # [M, (Hq + 2 Hkv) hd] float32
+            # QK-norm + RoPE; K and V land at their slots; Q comes back in the KV dtype
+            q = ops.rope_qkv_to_cache(qkv, cos, sin, k_cache[i], v_cache[i], write_slots, num_heads=hq,
+                                      q_norm=layer.q_norm, k_norm=layer.k_norm, eps=cfg.rms_norm_eps)
+            attn = attention(q, k_cache[i], v_cache[i], mask, history_len, capacity=capacity)  # [M, Hq, hd]
+            x = self._project_normed(attn.view(m, hq * hd), layer.attn_sub_norm, layer.o, residual=x)
             gu = self._project_normed(x, layer.post_norm, layer.gate_up)  # [M, 2 I]
-            gate, up = gu.chunk(2, dim=-1)
-            x = x + self._ffn_down(gate, up, layer)
+            gate, up = gu.chunk(2, dim=-1)  # column views: the fused kernels take row strides
+            x = self._ffn_down(gate, up, layer, residual=x)
         return x
 
-    def _project_normed(self, x, norm_weight, proj: Projection):
-        """(optional RMSNorm) -> activation quantisation -> packed projection, float32 out."""
+    def _project_normed(self, x, norm_weight, proj: Projection, residual=None):
+        """(optional RMSNorm) -> activation quantisation -> packed projection (+ residual), float32."""
         eps = self.cfg.rms_norm_eps
         if not self.quant.quantize_activations:
             h = rms_norm(x, norm_weight, eps) if norm_weight is not None else x.float()
-            return self.ops.linear_w2a16(h.contiguous(), proj.packed, proj.scale)
+            y = self.ops.linear_w2a16(h.contiguous(), proj.packed, proj.scale)
+            return y if residual is None else residual + y
         if norm_weight is not None:
-            a, s = self.ops.rmsnorm_quant(x.contiguous(), norm_weight, eps)
+            a, s = self.ops.rmsnorm_quant(x, norm_weight, eps)
         else:
-            a, s = quantize_activations(x)
-        return self.ops.linear_w2a8(a, s, proj.packed, proj.scale)
+            a, s = self.ops.act_quant(x)
+        return self.ops.linear_w2a8(a, s, proj.packed, proj.scale, residual=residual)
 
     def _glu_normed(self, gate, up, layer: Layer):
         """The FFN middle in float (activation × up, then the sub-norm if the family has one)."""
         h = (torch.relu(gate).square() * up) if self.cfg.activation == "relu2" else F.silu(gate) * up
         return rms_norm(h, layer.ffn_sub_norm, self.cfg.rms_norm_eps) if layer.ffn_sub_norm is not None else h
 
-    def _ffn_down(self, gate, up, layer: Layer):
+    def _ffn_down(self, gate, up, layer: Layer, residual):
         if not self.quant.quantize_activations:
-            return self.ops.linear_w2a16(self._glu_normed(gate, up, layer).contiguous(), layer.down.packed,
-                                         layer.down.scale)
+            y = self.ops.linear_w2a16(self._glu_normed(gate, up, layer).contiguous(), layer.down.packed,
+                                      layer.down.scale)
+            return residual + y
         if self.cfg.activation == "relu2" and layer.ffn_sub_norm is not None:
-            a, s = self.ops.relu2_mul_rmsnorm_quant(gate.contiguous(), up.contiguous(), layer.ffn_sub_norm,
-                                                    self.cfg.rms_norm_eps)
+            a, s = self.ops.relu2_mul_rmsnorm_quant(gate, up, layer.ffn_sub_norm, self.cfg.rms_norm_eps)
         elif self.cfg.activation == "silu" and layer.ffn_sub_norm is None:
-            a, s = self.ops.silu_mul_quant(gate.contiguous(), up.contiguous())
+            a, s = self.ops.silu_mul_quant(gate, up)
         else:  # a family/scheme pair without a fused kernel
             a, s = quantize_activations(self._glu_normed(gate, up, layer))
-        return self.ops.linear_w2a8(a, s, layer.down.packed, layer.down.scale)
+        return self.ops.linear_w2a8(a, s, layer.down.packed, layer.down.scale, residual=residual)
 
     # -- heads ----------------------------------------------------------------------------
     def normed(self, x):

@@ -206,7 +206,9 @@ class GraphBackend:
 
     def _capture(self, state: ReplayState) -> None:
         """Capture one state. Warm-up runs mutate L and the chained inputs, so those are
-        restored afterwards; their KV writes land past the history boundary (invisible)."""
+        restored afterwards. Their KV writes land at or past slot L - 1; mid-stream (lazy
+        capture) the step's inputs are already staged, so slot L - 1 gets the very row the
+        real step writes, and everything past L is invisible."""
         saved = self._snapshot()
         body = self._body(state)
         before = torch.cuda.memory_allocated(self.device)
@@ -214,6 +216,8 @@ class GraphBackend:
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):  # compiles Triton kernels and settles the allocator outside capture
+                if self.L_host == 0:  # at load: a verify recomputes slot L - 1, so L must be >= 1
+                    self.L.fill_(1)
                 body()
                 for t, s in zip(self._state_tensors(), saved):
                     t.copy_(s)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-KERNELS = ("w2a8_linear", "w2a16_linear", "rmsnorm_quant", "relu2_mul_rmsnorm_quant", "silu_mul_quant",
-           "small_width_attention", "int8_head_argmax", "f16_head_argmax")
+KERNELS = ("w2a8_linear", "w2a16_linear", "rmsnorm_quant", "act_quant", "relu2_mul_rmsnorm_quant",
+           "silu_mul_quant", "rope_qkv_to_cache", "small_width_attention", "int8_head_argmax", "f16_head_argmax")
 
 
 def _resolve(name: str, twin: bool):
@@ -30,10 +30,10 @@ class Ops:
         for name in KERNELS:
             setattr(self, name, _resolve(name, twin))
 
-    def linear_w2a8(self, a_int8, a_scale, packed, w_scale, out_dtype=torch.float32):
+    def linear_w2a8(self, a_int8, a_scale, packed, w_scale, out_dtype=torch.float32, residual=None):
         if self.twin:
-            return self.w2a8_linear(a_int8, a_scale, packed, w_scale, out_dtype=out_dtype)
-        return self.w2a8_linear(a_int8, a_scale, packed, w_scale, out_dtype=out_dtype,
+            return self.w2a8_linear(a_int8, a_scale, packed, w_scale, out_dtype=out_dtype, residual=residual)
+        return self.w2a8_linear(a_int8, a_scale, packed, w_scale, out_dtype=out_dtype, residual=residual,
                                 config=None if self.specialize_widths else _generic_linear(w_scale.dim() == 2))
 
     def linear_w2a16(self, x, packed, w_scale, out_dtype=torch.float32):
