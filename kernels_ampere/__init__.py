@@ -11,6 +11,7 @@ w2a8_linear                        w2a8                    packed ternary x int8
 w2a16_linear                       w2a16                   packed ternary x 16/32-bit (weight-only)
 rmsnorm_quant                      fused_quant             RMSNorm + per-token int8 quantisation
 act_quant                          fused_quant             per-token int8 quantisation alone
+rmsnorm_cast                       fused_quant             RMSNorm + cast (the 16-bit head's input)
 relu2_mul_rmsnorm_quant            fused_quant             relu(g)^2 * u + sub-norm + quantisation
 silu_mul_quant                     fused_quant             silu(g) * u + quantisation
 rope_qkv_to_cache                  rope_cache              QK-norm + RoPE, K/V stored at their slots
@@ -40,6 +41,8 @@ _LAZY = {
     "w2a16_linear_reference": "w2a16",
     "rmsnorm_quant": "fused_quant",
     "rmsnorm_quant_reference": "fused_quant",
+    "rmsnorm_cast": "fused_quant",
+    "rmsnorm_cast_reference": "fused_quant",
     "act_quant": "fused_quant",
     "act_quant_reference": "fused_quant",
     "relu2_mul_rmsnorm_quant": "fused_quant",

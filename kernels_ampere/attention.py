@@ -11,8 +11,9 @@ bidirectional draft block, the masked-out repeated anchor...). A history slot co
 when ``s < history_len`` *and* the mask allows it; ``history_len`` is read on the device
 (``[1]`` int32), so a CUDA graph captured once replays any length without re-capture.
 
-GQA: the ``G = Hq / Hkv`` query heads of one KV head, times the M rows, form one query tile,
-so each K/V tile is read once per KV head.
+GQA: the ``G = Hq / Hkv`` query heads of one KV head, times the M rows, form the query rows
+of that KV head, cut into tiles of 16 (the same tile at every width, so a row computes the
+same bits in an AR step and in a verify: see ``QUERY_TILE``).
 
 Flash-decoding split over the history: program ``(tile, p)`` owns history slots
 ``[p*split_slots, (p+1)*split_slots)`` and the last split also the workspace. Splits past
@@ -34,6 +35,7 @@ from .common import bf16_dot_upcast, check_dtype, check_launchable, next_pow2
 from .tuning import AttentionConfig, default_attention, lookup, sm_count
 
 LOG2E = 1.4426950408889634
+QUERY_TILE = 16  # query rows (m, g) per program, whatever the width
 QKV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -194,7 +196,7 @@ def small_width_attention(
     g = hq // hkv
     if config is None:
         config = lookup("small_width_attention", {"hd": hd, "G": g, "M": m, "capacity": capacity},
-                        q.device) or default_attention(hd, m * g, capacity, hkv, sm_count(q.device))
+                        q.device) or default_attention(hd, QUERY_TILE, capacity, hkv, sm_count(q.device))
     if config.split_slots % config.block_s:
         raise ValueError(f"small_width_attention: split_slots={config.split_slots} must be a multiple "
                          f"of block_s={config.block_s}")
@@ -204,7 +206,10 @@ def small_width_attention(
     if m == 0:
         return out
     n_splits = max(1, triton.cdiv(capacity, config.split_slots))
-    block_q = max(16, min(next_pow2(m * g), 128))
+    # 16-row query tiles at every width: a row's result must not depend on how many rows
+    # share its tile (an AR row and the same row inside a verify must agree bit for bit),
+    # and on Hopper a 64-row tile switches tl.dot to wgmma, which rounds differently.
+    block_q = QUERY_TILE
     block_d = max(16, next_pow2(hd))
     direct = n_splits == 1
     if direct:  # the partial pointers are never touched

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from bitmtp_edge.quant import ACT_QMAX, SCALE_EPS, quantize_activations
 
-from .common import check_dtype, check_launchable, next_pow2, round_half_even
+from .common import bf16_rne, check_dtype, check_launchable, next_pow2, round_half_even
 
 ACT_NONE, ACT_RELU2, ACT_SILU = 0, 1, 2
 IN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -43,6 +43,7 @@ def _fused_quant_kernel(
     ACT: tl.constexpr, NORM: tl.constexpr,
     QMAX: tl.constexpr, EPS_AMAX: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    QUANT: tl.constexpr = True, OUT_BF16: tl.constexpr = False,  # QUANT=False: store h in q_ptr's dtype
 ):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_K)
@@ -60,11 +61,16 @@ def _fused_quant_kernel(
         inv = tl.div_rn(1.0, tl.sqrt_rn(ms + eps))
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         h = w * (h * inv)
-    amax = tl.maximum(tl.max(tl.abs(h), axis=0), EPS_AMAX)
-    q = tl.div_rn(QMAX, amax)
-    xq = tl.minimum(tl.maximum(round_half_even(h * q), -128.0), 127.0)
-    tl.store(q_ptr + row * stride_qm + cols, xq.to(tl.int8), mask=mask)
-    tl.store(scale_ptr + row, tl.div_rn(1.0, q))
+    if QUANT:
+        amax = tl.maximum(tl.max(tl.abs(h), axis=0), EPS_AMAX)
+        q = tl.div_rn(QMAX, amax)
+        xq = tl.minimum(tl.maximum(round_half_even(h * q), -128.0), 127.0)
+        tl.store(q_ptr + row * stride_qm + cols, xq.to(tl.int8), mask=mask)
+        tl.store(scale_ptr + row, tl.div_rn(1.0, q))
+    else:
+        if OUT_BF16:
+            h = bf16_rne(h)
+        tl.store(q_ptr + row * stride_qm + cols, h.to(q_ptr.dtype.element_ty), mask=mask)
 
 
 def _launch(x: torch.Tensor, up: torch.Tensor | None, weight: torch.Tensor | None, eps: float,
@@ -110,6 +116,35 @@ def rmsnorm_quant(
     return _launch(x, None, weight, eps, ACT_NONE, "rmsnorm_quant")
 
 
+def rmsnorm_cast(
+    x: torch.Tensor,  # [M, K] float16 / bfloat16 / float32
+    weight: torch.Tensor,  # [K] RMSNorm weight
+    eps: float,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:  # [M, K] out_dtype
+    """RMSNorm in float32, then a cast: the 16-bit head's input. One program per row, so a
+    row's bits do not depend on how many rows the call has (torch's reductions pick their
+    strategy from the shape: an AR row and the same row in a verify could differ)."""
+    check_dtype(x, IN_DTYPES, "rmsnorm_cast: input")
+    check_dtype(torch.empty(0, dtype=out_dtype), IN_DTYPES, "rmsnorm_cast: out_dtype")
+    if x.dim() != 2 or x.stride(1) != 1 or weight.shape != (x.shape[1],):
+        raise ValueError(f"rmsnorm_cast: input must be [M, K] with contiguous rows and weight [K]; got "
+                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
+    m, k = x.shape
+    out = torch.empty((m, k), dtype=out_dtype, device=x.device)
+    if m == 0:
+        return out
+    check_launchable(_fused_quant_kernel, x, weight)
+    block_k = next_pow2(k)
+    _fused_quant_kernel[(m,)](
+        x, x, weight.contiguous(), out, out, x.stride(0), 0, out.stride(0), k, float(eps),
+        ACT=ACT_NONE, NORM=True, QMAX=ACT_QMAX, EPS_AMAX=SCALE_EPS, BLOCK_K=block_k,
+        QUANT=False, OUT_BF16=out_dtype == torch.bfloat16,
+        num_warps=min(max(block_k // 512, 1), 16), enable_fp_fusion=False,
+    )
+    return out
+
+
 def act_quant(
     x: torch.Tensor,  # [M, K] float16 / bfloat16 / float32
 ) -> tuple[torch.Tensor, torch.Tensor]:  # ([M, K] int8, [M] float32)
@@ -141,6 +176,10 @@ def rms_norm_reference(h: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     """w * (h * rsqrt(mean(h**2) + eps)) in float32."""
     h = h.float()
     return weight.float() * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rmsnorm_cast_reference(x, weight, eps, out_dtype):
+    return rms_norm_reference(x, weight, eps).to(out_dtype)
 
 
 def act_quant_reference(x):

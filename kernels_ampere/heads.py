@@ -117,7 +117,11 @@ def _head_argmax(h, h_scale, w, w_scale, config, op):
     int8 = h_scale is not None
     check_launchable(_head_partial_kernel, *(t for t in (h, h_scale, w, w_scale) if t is not None))
     if config is None:
-        config = lookup(op, {"V": v, "H": hdim, "M": m}, h.device) or default_head(m)
+        # The 16-bit verify head must give a row the same logits at every width (an AR step
+        # and a verify row pick the same token), so it takes the M = 1 launch everywhere; the
+        # int8 head's logits are exact integers whatever the tiling, so it may specialise.
+        key_m = m if int8 else 1
+        config = lookup(op, {"V": v, "H": hdim, "M": key_m}, h.device) or default_head(key_m)
     top1 = torch.empty((m,), dtype=torch.int64, device=h.device)
     conf = torch.empty((m,), dtype=torch.float32, device=h.device)
     if m == 0:

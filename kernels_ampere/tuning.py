@@ -33,6 +33,7 @@ TUNED_DIR = Path(__file__).parent / "tuned"
 
 GEMV = "gemv"  # packed words decoded in registers, dp4a (int8) or FMA (16-bit), no tensor cores
 DOT = "dot"  # tiles unpacked to int8/16-bit and fed to tl.dot (tensor cores), M padded to 16
+ROWS = "rows"  # gemv over up to 16 activation rows per program (w2a8 only): weights decoded once
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,8 @@ class LinearConfig:
     split_k: int = 1  # K slices run by separate programs, summed in order by a second launch
 
     def __post_init__(self):
-        if self.kernel not in (GEMV, DOT):
-            raise ValueError(f"LinearConfig.kernel must be {GEMV!r} or {DOT!r}, got {self.kernel!r}")
+        if self.kernel not in (GEMV, DOT, ROWS):
+            raise ValueError(f"LinearConfig.kernel must be {GEMV!r}, {ROWS!r} or {DOT!r}, got {self.kernel!r}")
         if self.block_kb % 32 or self.block_kb & (self.block_kb - 1):
             raise ValueError(f"LinearConfig.block_kb={self.block_kb}: need a power of two >= 32")
 
@@ -160,10 +161,18 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     return LinearConfig(DOT, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split)
 
 
-def linear_candidates(m: int, n: int, k: int, grouped: bool) -> list[LinearConfig]:
-    """What --tune times for one (N, K, M): gemv (dp4a / FMA) at M = 1, 2; tensor cores always."""
+def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool = False) -> list[LinearConfig]:
+    """What --tune times for one (N, K, M): gemv (dp4a / FMA) at M = 1, 2; multi-row gemv
+    (w2a8) from M = 3; tensor cores always."""
     chunks = k // 128
     out = []
+    if m > 2 and not weight_only:
+        for bn in (4, 8, 16):
+            for kb in (128, 256):
+                for sk in (1, 2):
+                    if sk > 1 and chunks / sk < kb // 32:
+                        continue
+                    out.append(LinearConfig(ROWS, bn, kb, num_warps=4, num_stages=1, split_k=sk))
     if m <= 2:
         for bn in (4, 8, 16):
             for kb in (256, 512, 1024):

@@ -24,7 +24,7 @@ import triton.language as tl
 from .common import (bf16_dot_upcast, check_dtype, check_launchable, check_packed_weight, next_pow2,
                      scale_strides, split_k_chunks, split_k_reduce)
 from .packing import BYTES_PER_CHUNK, CHUNK_K, unpack_ternary
-from .tuning import GEMV, LinearConfig, default_linear, linear_key, lookup
+from .tuning import GEMV, ROWS, LinearConfig, default_linear, linear_key, lookup
 
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -170,6 +170,8 @@ def w2a16_linear(
                   num_warps=config.num_warps, num_stages=config.num_stages)
     args = (x, packed, w_scale, target, m, n, per_split,
             x.stride(0), packed.stride(0), stride_sn, stride_sg, out.stride(0))
+    if config.kernel == ROWS:
+        raise ValueError("w2a16_linear: the multi-row gemv kernel ('rows') is W2A8 only; use 'gemv' or 'dot'")
     if config.kernel == GEMV:
         check_launchable(_w2a16_gemv_kernel, x, packed, w_scale)
         _w2a16_gemv_kernel[(m, triton.cdiv(n, config.block_n), n_split)](*args, **common)

@@ -10,7 +10,7 @@ byte ``32*g + j`` of a row holds, in bits ``2i..2i+1``, the code ``c = W + 1`` o
 ``sum_k a*(c - 1) = sum_k a*c - sum_k a`` (the offset trick of llama.cpp's TQ2_0), so
 decoding is a shift and a mask, nothing more.
 
-Two kernels, picked per (N, K, M) by the tuned table (``tuning.py``):
+Three kernels, picked per (N, K, M) by the tuned table (``tuning.py``):
 
 * ``gemv`` (M = 1, 2): one activation row per program, a ``[BLOCK_N, CHUNKS, 8]`` tile of
   int32 words per K step. Word ``j`` of chunk ``c`` holds, in lane ``i``, the codes of the
@@ -18,6 +18,9 @@ Two kernels, picked per (N, K, M) by the tuned table (``tuning.py``):
   ``32c + 8i + j`` -- so ``(word >> 2i) & 0x03030303`` and one ``dp4a`` do four
   multiply-adds: about three integer instructions per four weights, all in registers, and
   the activation words of a lane are contiguous (vector loads).
+* ``rows`` (M = 3 .. 2D+1): the gemv kernel with up to 16 activation rows per program, so
+  each weight word is loaded and decoded once for every row; dp4a work grows with M, the
+  weight bytes do not.
 * ``dot`` (M >= 3): per 128-chunk, the ``[BLOCK_N, 32]`` byte tile is shifted/masked per
   lane into int8 codes that multiply (``tl.dot``, int8 tensor cores, int32 accumulators)
   the activations of inputs ``128c + 32i + 0..31``. The weights are the dot's first
@@ -46,9 +49,10 @@ from bitmtp_edge.quant import int_matmul
 from .common import (check_dtype, check_launchable, check_packed_weight, check_residual, dp4a, is_interpreted,
                      next_pow2, scale_strides, split_k_chunks, split_k_reduce)
 from .packing import BYTES_PER_CHUNK, CHUNK_K, unpack_ternary
-from .tuning import GEMV, LinearConfig, default_linear, linear_key, lookup
+from .tuning import GEMV, ROWS, LinearConfig, default_linear, linear_key, lookup
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+ROWS_MAX_BLOCK_M = 16  # activation rows one ``rows`` program multiplies (registers: BLOCK_N·BLOCK_M·words)
 
 
 @triton.jit
@@ -116,6 +120,78 @@ def _w2a8_gemv_kernel(
         if RESIDUAL:
             y = tl.load(res_ptr + m * stride_rm + rn, mask=mask_n, other=0.0) + y
         tl.store(out_ptr + m * stride_om + rn, y.to(out_ptr.dtype.element_ty), mask=mask_n)
+
+
+@triton.jit
+def _w2a8_rows_kernel(
+    a_ptr,  # [M, K/4] int32: four int8 activations per word
+    a_scale_ptr,  # [M] float32
+    w_ptr,  # [N, K/16] int32 packed words (as the gemv kernel reads them)
+    w_scale_ptr,  # [N] or [N, K/128] float32
+    out_ptr,  # [M, N] (SPLIT: [S, M, N] int32 or float32 partial sums)
+    res_ptr,  # [M, N] float32 residual (RESIDUAL)
+    M, N, chunks_per_split,
+    stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
+    K: tl.constexpr,
+    GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
+    USE_ASM: tl.constexpr,
+):
+    """The gemv kernel with BLOCK_M activation rows per program: each weight word is loaded
+    and decoded once and multiplies every row (dp4a), instead of once per row."""
+    N_CHUNKS: tl.constexpr = K // 128
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    c_lo = tl.program_id(2) * chunks_per_split
+    c_hi = tl.minimum(c_lo + chunks_per_split, N_CHUNKS)
+    rc = tl.arange(0, CHUNKS)
+    rj = tl.arange(0, 8)
+    mask_n = rn < N
+    mask_m = rm < M
+    ones = tl.full((BLOCK_M, CHUNKS, 8), 0x01010101, tl.int32)
+
+    acc = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
+    asum = tl.zeros((BLOCK_M, CHUNKS, 8), tl.int32)
+    facc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    for c0 in range(c_lo, c_hi, CHUNKS):
+        c = c0 + rc
+        mask_c = c < c_hi
+        wt = tl.load(w_ptr + rn[:, None, None] * stride_wn + c[None, :, None] * 8 + rj[None, None, :],
+                     mask=mask_n[:, None, None] & mask_c[None, :, None], other=0)  # [BLOCK_N, CHUNKS, 8]
+        if GROUPED:
+            acc = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
+            asum = tl.zeros((BLOCK_M, CHUNKS, 8), tl.int32)
+        for i in tl.static_range(4):
+            a = tl.load(a_ptr + rm[:, None, None] * stride_am + c[None, :, None] * 32 + 8 * i + rj[None, None, :],
+                        mask=mask_m[:, None, None] & mask_c[None, :, None], other=0)  # [BLOCK_M, CHUNKS, 8]
+            codes = (wt >> (2 * i)) & 0x03030303
+            acc = dp4a(codes[:, None, :, :], a[None, :, :, :], acc, USE_ASM)
+            asum = dp4a(a, ones, asum, USE_ASM)
+        if GROUPED:
+            s = tl.load(w_scale_ptr + rn[:, None] * stride_sn + c[None, :] * stride_sg,
+                        mask=mask_n[:, None] & mask_c[None, :], other=0.0)  # [BLOCK_N, CHUNKS]
+            chunk = tl.sum(acc, axis=3) - tl.sum(asum, axis=2)[None, :, :]  # [BLOCK_N, BLOCK_M, CHUNKS]
+            facc += tl.sum(chunk.to(tl.float32) * s[:, None, :], axis=2)
+
+    if GROUPED:
+        y = facc
+    else:
+        y = tl.sum(tl.sum(acc, axis=3), axis=2) - tl.sum(tl.sum(asum, axis=2), axis=1)[None, :]  # int32
+    if SPLIT:
+        tl.store(out_ptr + (tl.program_id(2) * M + rm[None, :]) * N + rn[:, None], y,
+                 mask=mask_n[:, None] & mask_m[None, :])
+    else:
+        a_s = tl.load(a_scale_ptr + rm, mask=mask_m, other=0.0)
+        if GROUPED:
+            y = y * a_s[None, :]
+        else:
+            ws = tl.load(w_scale_ptr + rn * stride_sn, mask=mask_n, other=0.0)
+            y = y.to(tl.float32) * a_s[None, :] * ws[:, None]
+        if RESIDUAL:
+            y = tl.load(res_ptr + rm[None, :] * stride_rm + rn[:, None], mask=mask_n[:, None] & mask_m[None, :],
+                        other=0.0) + y
+        tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y.to(out_ptr.dtype.element_ty),
+                 mask=mask_n[:, None] & mask_m[None, :])
 
 
 @triton.jit
@@ -228,18 +304,21 @@ def w2a8_linear(
     res = residual if residual is not None else out
     common = dict(K=k, GROUPED=grouped, SPLIT=split, RESIDUAL=residual is not None and not split,
                   BLOCK_N=config.block_n, CHUNKS=chunks, num_warps=config.num_warps, num_stages=config.num_stages)
-    if config.kernel == GEMV:
-        check_launchable(_w2a8_gemv_kernel, a_int8, a_scale, packed, w_scale)
+    if config.kernel in (GEMV, ROWS):
+        kernel = _w2a8_gemv_kernel if config.kernel == GEMV else _w2a8_rows_kernel
+        check_launchable(kernel, a_int8, a_scale, packed, w_scale)
         if a_int8.stride(0) % 4 or a_int8.data_ptr() % 4 or packed.stride(0) % 4 or packed.data_ptr() % 4:
-            raise ValueError("w2a8_linear: the gemv kernel reads 4-byte words; a_int8 and packed rows "
+            raise ValueError("w2a8_linear: the gemv kernels read 4-byte words; a_int8 and packed rows "
                              "must start 4-byte aligned")
         a_words = a_int8.view(torch.int32)  # [M, K/4]
         w_words = packed.view(torch.int32)  # [N, K/16]
-        grid = (m, triton.cdiv(n, config.block_n), n_split)
-        _w2a8_gemv_kernel[grid](
+        rows = {} if config.kernel == GEMV else {"BLOCK_M": min(next_pow2(m), ROWS_MAX_BLOCK_M)}
+        grid = (m, triton.cdiv(n, config.block_n), n_split) if config.kernel == GEMV else \
+            (triton.cdiv(n, config.block_n), triton.cdiv(m, rows["BLOCK_M"]), n_split)
+        kernel[grid](
             a_words, a_scale, w_words, w_scale, target, res, m, n, per_split,
             a_words.stride(0), w_words.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),
-            USE_ASM=not is_interpreted(_w2a8_gemv_kernel), **common,
+            USE_ASM=not is_interpreted(kernel), **rows, **common,
         )
     else:
         check_launchable(_w2a8_dot_kernel, a_int8, a_scale, packed, w_scale)

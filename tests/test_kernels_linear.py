@@ -21,7 +21,7 @@ pytest.importorskip("triton")
 
 from bitmtp_edge.quant import int_matmul, quantize_activations  # noqa: E402
 from kernels_ampere import pack_ternary  # noqa: E402
-from kernels_ampere.tuning import DOT, GEMV, LinearConfig  # noqa: E402
+from kernels_ampere.tuning import DOT, GEMV, ROWS, LinearConfig  # noqa: E402
 from kernels_ampere.w2a8 import w2a8_linear, w2a8_linear_reference  # noqa: E402
 from kernels_ampere.w2a16 import w2a16_linear, w2a16_linear_reference  # noqa: E402
 
@@ -41,6 +41,12 @@ def configs(grouped: bool, m: int = 1) -> list[LinearConfig]:
            LinearConfig(DOT, 16, 32, num_warps=4, num_stages=2, split_k=3)]
     gemv = [LinearConfig(GEMV, 16, 64, num_warps=2), LinearConfig(GEMV, 8, 64, num_warps=2, split_k=2)]
     return gemv + dot if m <= GEMV_MAX_M else dot
+
+
+def w2a8_configs(grouped: bool, m: int = 1) -> list[LinearConfig]:
+    """Every W2A8 kernel: the shared two plus the multi-row gemv, without and with split-K."""
+    rows = [LinearConfig(ROWS, 8, 64, num_warps=4), LinearConfig(ROWS, 4, 32, num_warps=2, split_k=3)]
+    return configs(grouped, m) + rows
 
 
 def random_weight(n: int, k: int, gen: torch.Generator):
@@ -70,7 +76,7 @@ def test_w2a8_matches_twin(m, n, k, grouped):
     a, a_s = random_activations(m, k, gen)
     w_s = (0.5 + torch.rand((n, k // 128) if grouped else (n,), generator=gen)).to(DEVICE)
     ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32)
-    for cfg in configs(grouped, m):
+    for cfg in w2a8_configs(grouped, m):
         out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
         if grouped:
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item(),
@@ -169,7 +175,7 @@ def test_w2a8_fused_residual_equals_the_unfused_sum(m, n, k, grouped):
     w_s = (0.5 + torch.rand((n, k // 128) if grouped else (n,), generator=gen)).to(DEVICE)
     residual = (torch.randn(m, n, generator=gen) * 3).to(DEVICE)
     ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32, residual=residual)
-    for cfg in configs(grouped, m):
+    for cfg in w2a8_configs(grouped, m):
         unfused = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
         fused = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg, residual=residual)
         assert_exact(fused, residual + unfused, f"{cfg}")
@@ -193,7 +199,7 @@ def test_w2a8_real_shapes_exact_on_gpu(n, k, m):
     _, packed = random_weight(n, k, gen)
     a, a_s = random_activations(m, k, gen)
     w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
-    for cfg in [None, *configs(False, m)]:
+    for cfg in [None, *w2a8_configs(False, m)]:
         out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
         assert_exact(out, w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32),
                      f"{cfg} N={n} K={k} M={m}")

@@ -106,3 +106,21 @@ def test_fused_quant_real_widths_on_gpu(k):
                        relu2_mul_rmsnorm_quant_reference(gu[:, :k], gu[:, k:], w, 1e-5), f"relu2 K={k}")
     assert_quant_close(silu_mul_quant(gu[:, :k], gu[:, k:]), silu_mul_quant_reference(gu[:, :k], gu[:, k:]),
                        f"silu K={k}")
+
+
+@pytest.mark.parametrize("out_dtype", DTYPES)
+def test_rmsnorm_cast_matches_twin_and_ignores_the_width(out_dtype):
+    """The verify head's input: close to the twin, and each row bit-identical whether it is
+    normalised alone (an AR step) or among 9 rows (a verify)."""
+    from kernels_ampere.fused_quant import rmsnorm_cast, rmsnorm_cast_reference
+
+    gen = torch.Generator().manual_seed(41)
+    x = (torch.randn(9, 640, generator=gen) * 3).to(DEVICE)
+    w = (1 + 0.2 * torch.randn(640, generator=gen)).to(DEVICE)
+    out = rmsnorm_cast(x, w, 1e-5, out_dtype)
+    ref = rmsnorm_cast_reference(x, w, 1e-5, out_dtype)
+    assert out.dtype == out_dtype
+    tol = {torch.float16: 2**-10, torch.bfloat16: 2**-7, torch.float32: 1e-6}[out_dtype]
+    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
+    for i in (0, 4, 8):
+        assert torch.equal(rmsnorm_cast(x[i:i + 1], w, 1e-5, out_dtype)[0], out[i])

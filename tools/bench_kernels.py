@@ -236,7 +236,8 @@ def check_linear(case: LinearCase, variant: str, config=None):
 def tune_linear(case: LinearCase, variant: str, timer: Timer) -> tuple[object, float, list[dict]]:
     tried = []
     best, best_us = None, float("inf")
-    for cfg in tuning.linear_candidates(case.m, case.shape.n, case.shape.k, case.shape.grouped):
+    for cfg in tuning.linear_candidates(case.m, case.shape.n, case.shape.k, case.shape.grouped,
+                                        weight_only=variant.startswith("w2a16")):
         try:
             check_linear(case, variant, cfg)
             us = timer([linear_call(case, variant, i, cfg) for i in range(len(case.packed))])
@@ -575,6 +576,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results", help="folder for kernels.json/.md")
     ap.add_argument("--tuned-dir", type=Path, default=tuning.TUNED_DIR, help="where --tune writes <gpu>.json")
     ap.add_argument("--only", default="quant,attention,heads,linear", help="comma list of sections to run")
+    ap.add_argument("--models", default=None, help="comma list of models whose linear shapes run (default: all)")
+    ap.add_argument("--widths", default=None, help="comma list of widths M (default 1,5,9,17)")
     ap.add_argument("--rotate-mb", type=float, default=320.0, help="weight copies per call site total (MB)")
     ap.add_argument("--min-copies", type=int, default=8, help="at least this many weight copies")
     ap.add_argument("--reps", type=int, default=None, help="calls per captured graph (default 200, quick 50)")
@@ -591,6 +594,11 @@ def main(argv=None) -> int:
     args.replays = args.replays or (3 if args.quick else 10)
     sections = set(args.only.split(","))
     widths = QUICK_WIDTHS if args.quick else WIDTHS
+    if args.widths:
+        widths = tuple(int(w) for w in args.widths.split(","))
+    shapes = QUICK_SHAPES if args.quick else LINEAR_SHAPES
+    if args.models:
+        shapes = tuple(sh for sh in shapes if sh.model in args.models.split(","))
     import triton
 
     device_name = torch.cuda.get_device_name()
@@ -626,7 +634,7 @@ def main(argv=None) -> int:
             run.heads((1,) if args.quick else widths)
             save()
         if "linear" in sections:
-            run.linears(QUICK_SHAPES if args.quick else LINEAR_SHAPES, widths)
+            run.linears(shapes, widths)
     finally:
         summary = save()
         if args.tune and run.tuned:

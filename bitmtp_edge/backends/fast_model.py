@@ -162,7 +162,7 @@ class FastModel:
 
     def verify_top1(self, x):
         """[M, H] residual -> (top1 [M] int64, confidence [M] float32) with the 16-bit head."""
-        h = self.normed(x).to(self.head_dtype).contiguous()
+        h = self.ops.rmsnorm_cast(x, self.final_norm, self.cfg.rms_norm_eps, self.head_dtype)
         return self.ops.f16_head_argmax(h, self.verify_head)
 
     def draft_top1(self, x):

@@ -211,7 +211,6 @@ class GraphBackend:
         real step writes, and everything past L is invisible."""
         saved = self._snapshot()
         body = self._body(state)
-        before = torch.cuda.memory_allocated(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -222,13 +221,17 @@ class GraphBackend:
                 for t, s in zip(self._state_tensors(), saved):
                     t.copy_(s)
         torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        # A graph's intermediates are freed back into its private pool when capture ends:
+        # allocated memory does not move, the pool's reserved segments do.
+        before = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             body()
         for t, s in zip(self._state_tensors(), saved):
             t.copy_(s)
         torch.cuda.synchronize(self.device)
-        self.graph_pool_bytes += max(torch.cuda.memory_allocated(self.device) - before, 0)
+        self.graph_pool_bytes += max(torch.cuda.memory_reserved(self.device) - before, 0)
         self.graphs[state] = graph
 
     def capture_all(self) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-KERNELS = ("w2a8_linear", "w2a16_linear", "rmsnorm_quant", "act_quant", "relu2_mul_rmsnorm_quant",
+KERNELS = ("w2a8_linear", "w2a16_linear", "rmsnorm_quant", "rmsnorm_cast", "act_quant", "relu2_mul_rmsnorm_quant",
            "silu_mul_quant", "rope_qkv_to_cache", "small_width_attention", "int8_head_argmax", "f16_head_argmax")
 
 
