@@ -496,7 +496,11 @@ def _timeline(samples, runs: Sequence[RunRecord], t0: float) -> dict:
 
 
 def git_commit(where: Path | None = None) -> dict | None:
-    """The commit of the source tree this package runs from (None when not a git checkout)."""
+    """The commit of the source tree this package runs from (None when not a git checkout).
+
+    ``BITMTP_COMMIT`` overrides it: a tree copied to another machine may carry a stale .git."""
+    if os.environ.get("BITMTP_COMMIT"):
+        return {"commit": os.environ["BITMTP_COMMIT"], "dirty": None}
     where = where or Path(__file__).resolve().parents[1]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=5, check=False)

@@ -235,3 +235,12 @@ def test_w2a8_replays_inside_a_cuda_graph():
     a_s.copy_(s2)
     graph.replay()
     assert_exact(out, w2a8_linear_reference(a2, s2, packed, w_s), "graph replay")
+
+
+def test_w2a16_refuses_the_multi_row_w2a8_kernel():
+    gen = torch.Generator().manual_seed(3)
+    _, packed = random_weight(40, 384, gen)
+    x = torch.randn(3, 384, generator=gen).to(DEVICE)
+    w_s = (0.5 + torch.rand(40, generator=gen)).to(DEVICE)
+    with pytest.raises(ValueError, match="W2A8 only"):
+        w2a16_linear(x, packed, w_s, config=LinearConfig(ROWS, 8, 64))

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from kernels_ampere import tuning
-from kernels_ampere.tuning import DOT, GEMV, HeadConfig, LinearConfig
+from kernels_ampere.tuning import DOT, GEMV, ROWS, HeadConfig, LinearConfig
 
 
 def test_importing_the_package_does_not_import_triton():
@@ -63,7 +63,10 @@ def test_fallbacks_and_candidates_are_valid_configs():
                 assert 1 <= cfg.split_k <= k // 128
                 cands = tuning.linear_candidates(m, n, k, grouped)
                 assert cands and len(set(cands)) == len(cands)
-                assert all(c.kernel == DOT for c in cands) or m <= 2
+                kinds = {c.kernel for c in cands}
+                assert kinds == ({GEMV, DOT} if m <= 2 else {ROWS, DOT})
+                # the weight-only linear has no multi-row kernel: never offered to it
+                assert ROWS not in {c.kernel for c in tuning.linear_candidates(m, n, k, grouped, weight_only=True)}
     with pytest.raises(ValueError, match="block_kb"):
         LinearConfig(GEMV, 8, 48)
     with pytest.raises(ValueError, match="kernel"):

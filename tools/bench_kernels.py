@@ -503,9 +503,12 @@ class Run:
 
 
 def summarize(rows: list[dict], copy_gbps: float) -> dict:
+    """The issue's targets on the BitNet-2B shapes (other models reuse the layer names)."""
+
     def us(name, m, variant):
         for r in rows:
-            if r.get("name") == name and r.get("M") == m and r["variant"] == variant and r.get("us") is not None:
+            if (r.get("model") == "bitnet-2b" and r.get("name") == name and r.get("M") == m
+                    and r["variant"] == variant and r.get("us") is not None):
                 return r["us"]
         return None
 
@@ -519,7 +522,8 @@ def summarize(rows: list[dict], copy_gbps: float) -> dict:
         out["bitnet_w2a8_total_us_M17"] = round(sum(m17), 2)
         out["M17_over_M1"] = round(sum(m17) / sum(m1), 3)
         out["target_M17_within_1.3x"] = sum(m17) <= 1.3 * sum(m1)
-    big = [r for r in rows if r.get("name") == "w13 (gate+up)" and r.get("M") == 1 and r["variant"] == "w2a8"
+    big = [r for r in rows if r.get("model") == "bitnet-2b" and r.get("name") == "w13 (gate+up)" and r.get("M") == 1
+           and r["variant"] == "w2a8"
            and r.get("gbps")]
     if big and copy_gbps:
         out["w13_M1_fraction_of_copy_bw"] = round(big[0]["gbps"] / copy_gbps, 3)
