@@ -60,11 +60,42 @@ def _load_engine(artifact, backend, device, runtime: str = "full"):
     from .artifact import ArtifactError
     from .engine import Engine
 
+    bar = CaptureProgress()
     try:
-        return Engine.load(artifact, backend=backend, device=device, runtime=runtime)
+        eng = Engine.load(artifact, backend=backend, device=device, runtime=runtime, progress=bar)
     except (ArtifactError, ValueError) as e:
         hint = "" if artifact is not None else " (this is the embedded model; pass --artifact OUT/ for another)"
         raise click.ClickException(f"{e}{hint}") from None
+    finally:
+        bar.close()
+    captured = getattr(eng.backend, "graphs", None)
+    if captured:
+        click.echo(f"captured {len(captured)} CUDA graphs in {eng.backend.capture_s:.1f} s", err=True)
+    return eng
+
+
+class CaptureProgress:
+    """A progress bar on stderr for graph capture at load (shown only once capture starts)."""
+
+    def __init__(self, console=None):
+        self.console = console
+        self._bar = self._task = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self._bar is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(TextColumn("capturing CUDA graphs"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=self.console or Console(stderr=True), transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("capture", total=total)
+        self._bar.update(self._task, completed=done)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
 
 
 artifact_option = click.option("--artifact", "-a", type=click.Path(file_okay=False), default=None,

@@ -53,13 +53,16 @@ class Engine:
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None, backend: str = "auto", device: str = "auto",
-             dtype: torch.dtype | None = None, runtime: str | RuntimeOptions = "full") -> "Engine":
+             dtype: torch.dtype | None = None, runtime: str | RuntimeOptions = "full",
+             progress=None) -> "Engine":
         """Load an artifact folder (default: the embedded model), verifying every checksum.
 
         ``backend``: ``reference`` (PyTorch oracle, any device), ``ampere`` (Triton kernels,
         no FP8, CUDA graphs; sm_80+), ``server`` (ampere + FP8 draft head; sm_89+), or
         ``auto`` (the fastest the device supports). ``runtime``: the ablation configuration
         of the fast backends (``generic``, ``m1``, ``m1+m2``, ``full``) or ``RuntimeOptions``.
+        ``progress``: ``progress(done, total)`` while CUDA graphs are captured at load (the
+        CLI passes a progress bar); the capture time is ``engine.backend.capture_s``.
         """
         folder = Path(path) if path is not None else embedded_artifact_path()
         if backend not in BACKENDS:
@@ -81,7 +84,7 @@ class Engine:
             fast = FastModel(manifest, tensors, Ops(twin=False, specialize_widths=opts.specialize), dev,
                              draft_head="fp8" if chosen == "server" else "int8")
             runtime_backend = GraphBackend(fast, manifest.kv, mask_id, manifest.mtp.block_size if manifest.mtp else None,
-                                           opts, name=chosen)
+                                           opts, name=chosen, progress=progress)
         return cls(folder, manifest, runtime_backend, tokenizer, dev)
 
     # -- properties ------------------------------------------------------------------------

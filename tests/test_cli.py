@@ -238,3 +238,20 @@ def test_export_delegates_to_bitmtp_export(tmp_path):
     res = invoke("export", tmp_path / "no-checkpoint", tmp_path / "out", "--quiet")
     assert res.exit_code == 2 and "error: " in res.output and "no-checkpoint" in res.output
     assert not (tmp_path / "out").exists()
+
+
+def test_capture_progress_bar_counts_the_graphs():
+    import io
+
+    from rich.console import Console
+
+    from bitmtp_edge.cli import CaptureProgress
+
+    out = io.StringIO()
+    bar = CaptureProgress(Console(file=out, force_terminal=True, width=80))
+    for i in range(1, 41):
+        bar(i, 40)
+    assert bar._bar.tasks[0].completed == 40 and bar._bar.tasks[0].total == 40
+    bar.close()
+    assert "capturing CUDA graphs" in out.getvalue()
+    CaptureProgress().close()  # nothing captured (CPU, reference): nothing shown, no error

@@ -64,7 +64,8 @@ class RuntimeOptions:
 
 class GraphBackend:
     def __init__(self, fast: FastModel, plan: KVPlan, mask_token_id: int | None, block_size: int | None,
-                 options: RuntimeOptions = RuntimeOptions(), name: str = "ampere"):
+                 options: RuntimeOptions = RuntimeOptions(), name: str = "ampere", progress=None):
+        """``progress(done, total)``, when given, is called as graphs are captured at load."""
         if options.graphs and fast.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device; use RuntimeOptions(graphs=False) on the CPU")
         self.name, self.fast, self.plan, self.opts = name, fast, plan, options
@@ -107,7 +108,7 @@ class GraphBackend:
         self.graph_pool_bytes = 0
         self._chain: tuple = ()
         if options.graphs and options.capture == "load":
-            self.capture_all()
+            self.capture_all(progress)
 
     # -- geometry --------------------------------------------------------------------------
     @property
@@ -234,10 +235,13 @@ class GraphBackend:
         self.graph_pool_bytes += max(torch.cuda.memory_reserved(self.device) - before, 0)
         self.graphs[state] = graph
 
-    def capture_all(self) -> None:
+    def capture_all(self, progress=None) -> None:
         t0 = time.perf_counter()
-        for state in self.states():
+        states = self.states()
+        for i, state in enumerate(states):
             self._capture(state)
+            if progress is not None:
+                progress(i + 1, len(states))
         self.capture_s = time.perf_counter() - t0
 
     def _run(self, state: ReplayState) -> None:
