@@ -177,7 +177,7 @@ def split_k_reduce(part: torch.Tensor, out: torch.Tensor, a_scale: torch.Tensor 
         part, part if a_scale is None else a_scale, part if w_scale is None else w_scale, res, out,
         m, n, stride_sn, res.stride(0), out.stride(0),
         S=s, HAS_A_SCALE=a_scale is not None, HAS_W_SCALE=w_scale is not None, RESIDUAL=residual is not None,
-        BLOCK_N=block_n, num_warps=4,
+        BLOCK_N=block_n, num_warps=4, enable_fp_fusion=False,  # round the scaled sum before the residual add
     )
 
 

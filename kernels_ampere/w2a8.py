@@ -302,8 +302,11 @@ def w2a8_linear(
     target = torch.empty((n_split, m, n), dtype=torch.float32 if grouped else torch.int32,
                          device=out.device) if split else out
     res = residual if residual is not None else out
+    # No FMA contraction: the epilogue's ``residual + (acc·a_s)·w_s`` must round the product
+    # first, as the twin (and the unfused sum) does; the main loops are integer anyway.
     common = dict(K=k, GROUPED=grouped, SPLIT=split, RESIDUAL=residual is not None and not split,
-                  BLOCK_N=config.block_n, CHUNKS=chunks, num_warps=config.num_warps, num_stages=config.num_stages)
+                  BLOCK_N=config.block_n, CHUNKS=chunks, num_warps=config.num_warps, num_stages=config.num_stages,
+                  enable_fp_fusion=False)
     if config.kernel in (GEMV, ROWS):
         kernel = _w2a8_gemv_kernel if config.kernel == GEMV else _w2a8_rows_kernel
         check_launchable(kernel, a_int8, a_scale, packed, w_scale)
