@@ -108,6 +108,18 @@ tau_help = "Confidence threshold τ [default: the model's]."
 m_help = "Hybrid: commit without verifying when h ≥ m [default: the model's]."
 
 
+def decoding_options(command):
+    """--policy, --max-new-tokens, --tau, --min-prefix: one decode's settings (generate, chat)."""
+    for option in reversed((
+        click.option("--policy", type=click.Choice(POLICY_NAMES), default="hybrid", show_default=True),
+        click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True),
+        click.option("--tau", type=click.FloatRange(0, 1, min_open=True), default=None, help=tau_help),
+        click.option("--min-prefix", "-m", type=click.IntRange(min=1), default=None, help=m_help),
+    )):
+        command = option(command)
+    return command
+
+
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="bitmtp-edge")
 def main() -> None:
@@ -123,10 +135,7 @@ def main() -> None:
 @artifact_option
 @backend_option
 @device_option
-@click.option("--policy", type=click.Choice(POLICY_NAMES), default="hybrid", show_default=True)
-@click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--tau", type=click.FloatRange(0, 1, min_open=True), default=None, help=tau_help)
-@click.option("--min-prefix", "-m", type=click.IntRange(min=1), default=None, help=m_help)
+@decoding_options
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, stats).")
 def generate(prompt, artifact, backend, device, policy, max_new_tokens, tau, min_prefix, stop, as_json):
@@ -177,10 +186,7 @@ def demo(artifact, backend, device, max_new_tokens, policy, as_json):
 @artifact_option
 @backend_option
 @device_option
-@click.option("--policy", type=click.Choice(POLICY_NAMES), default="hybrid", show_default=True)
-@click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--tau", type=click.FloatRange(0, 1, min_open=True), default=None, help=tau_help)
-@click.option("--min-prefix", "-m", type=click.IntRange(min=1), default=None, help=m_help)
+@decoding_options
 @click.option("--no-history", is_flag=True, help="Answer each turn alone (no running transcript).")
 @click.pass_context
 def chat(ctx, artifact, backend, device, policy, max_new_tokens, tau, min_prefix, no_history):

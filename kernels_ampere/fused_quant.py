@@ -74,7 +74,8 @@ def _fused_quant_kernel(
 
 
 def _launch(x: torch.Tensor, up: torch.Tensor | None, weight: torch.Tensor | None, eps: float,
-            act: int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+            act: int, name: str, out_dtype: torch.dtype | None = None):
+    """-> (x_int8, a_scale); with ``out_dtype``, no quantisation: h itself in that dtype."""
     check_dtype(x, IN_DTYPES, f"{name}: input")
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"{name}: input must be 2-D [M, K] with contiguous rows, got {tuple(x.shape)} "
@@ -88,23 +89,25 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, weight: torch.Tensor | Non
         if weight.shape != (k,):
             raise ValueError(f"{name}: norm weight must be [K]={k}, got {tuple(weight.shape)}")
         weight = weight.contiguous()
-    x_int8 = torch.empty((m, k), dtype=torch.int8, device=x.device)
-    a_scale = torch.empty((m,), dtype=torch.float32, device=x.device)
-    if m == 0:
-        return x_int8, a_scale
-    check_launchable(_fused_quant_kernel, *(t for t in (x, up, weight) if t is not None))
-    block_k = next_pow2(k)
-    _fused_quant_kernel[(m,)](
-        x, x if up is None else up, x if weight is None else weight, x_int8, a_scale,
-        x.stride(0), 0 if up is None else up.stride(0), x_int8.stride(0),
-        k, float(eps),
-        ACT=act, NORM=weight is not None, QMAX=ACT_QMAX, EPS_AMAX=SCALE_EPS,
-        BLOCK_K=block_k, num_warps=min(max(block_k // 512, 1), 16),
-        # no FMA contraction: h * q must round to float32 before the round-half-even add,
-        # exactly as in the twin (a fused multiply-add would round once, differently)
-        enable_fp_fusion=False,
-    )
-    return x_int8, a_scale
+    if out_dtype is not None and out_dtype not in IN_DTYPES:
+        raise TypeError(f"{name}: out_dtype {out_dtype} not supported, expected one of {IN_DTYPES}")
+    out = torch.empty((m, k), dtype=out_dtype or torch.int8, device=x.device)
+    a_scale = torch.empty((m,), dtype=torch.float32, device=x.device) if out_dtype is None else None
+    if m:
+        check_launchable(_fused_quant_kernel, *(t for t in (x, up, weight) if t is not None))
+        block_k = next_pow2(k)
+        _fused_quant_kernel[(m,)](
+            x, x if up is None else up, x if weight is None else weight, out, out if a_scale is None else a_scale,
+            x.stride(0), 0 if up is None else up.stride(0), out.stride(0),
+            k, float(eps),
+            ACT=act, NORM=weight is not None, QMAX=ACT_QMAX, EPS_AMAX=SCALE_EPS,
+            BLOCK_K=block_k, QUANT=out_dtype is None, OUT_BF16=out_dtype == torch.bfloat16,
+            num_warps=min(max(block_k // 512, 1), 16),
+            # no FMA contraction: h * q must round to float32 before the round-half-even add,
+            # exactly as in the twin (a fused multiply-add would round once, differently)
+            enable_fp_fusion=False,
+        )
+    return out if out_dtype is not None else (out, a_scale)
 
 
 def rmsnorm_quant(
@@ -125,24 +128,7 @@ def rmsnorm_cast(
     """RMSNorm in float32, then a cast: the 16-bit head's input. One program per row, so a
     row's bits do not depend on how many rows the call has (torch's reductions pick their
     strategy from the shape: an AR row and the same row in a verify could differ)."""
-    check_dtype(x, IN_DTYPES, "rmsnorm_cast: input")
-    check_dtype(torch.empty(0, dtype=out_dtype), IN_DTYPES, "rmsnorm_cast: out_dtype")
-    if x.dim() != 2 or x.stride(1) != 1 or weight.shape != (x.shape[1],):
-        raise ValueError(f"rmsnorm_cast: input must be [M, K] with contiguous rows and weight [K]; got "
-                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
-    m, k = x.shape
-    out = torch.empty((m, k), dtype=out_dtype, device=x.device)
-    if m == 0:
-        return out
-    check_launchable(_fused_quant_kernel, x, weight)
-    block_k = next_pow2(k)
-    _fused_quant_kernel[(m,)](
-        x, x, weight.contiguous(), out, out, x.stride(0), 0, out.stride(0), k, float(eps),
-        ACT=ACT_NONE, NORM=True, QMAX=ACT_QMAX, EPS_AMAX=SCALE_EPS, BLOCK_K=block_k,
-        QUANT=False, OUT_BF16=out_dtype == torch.bfloat16,
-        num_warps=min(max(block_k // 512, 1), 16), enable_fp_fusion=False,
-    )
-    return out
+    return _launch(x, None, weight, eps, ACT_NONE, "rmsnorm_cast", out_dtype=out_dtype)
 
 
 def act_quant(

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from .common import bf16_rne, check_dtype, check_launchable, next_pow2
+from .fused_quant import rms_norm_reference
 
 KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -143,7 +144,7 @@ def rope_qkv_to_cache_reference(qkv, cos, sin, k_buf, v_buf, write_slots, *, num
     q, k, v = qkv.split([num_heads * hd, hkv * hd, hkv * hd], dim=-1)
     q, k = q.view(1, m, num_heads, hd), k.view(1, m, hkv, hd)
     if q_norm is not None:
-        q, k = _head_rms_norm(q, q_norm, eps), _head_rms_norm(k, k_norm, eps)
+        q, k = rms_norm_reference(q, q_norm, eps), rms_norm_reference(k, k_norm, eps)
     c, s = cos.unsqueeze(0), sin.unsqueeze(0)
     q = apply_rope(q.transpose(1, 2), c, s)[0].transpose(0, 1)  # [M, Hq, hd]
     k = apply_rope(k.transpose(1, 2), c, s)[0]  # [Hkv, M, hd]
@@ -151,7 +152,3 @@ def rope_qkv_to_cache_reference(qkv, cos, sin, k_buf, v_buf, write_slots, *, num
     v_buf.index_copy_(1, write_slots, v.reshape(m, hkv, hd).transpose(0, 1).to(v_buf.dtype))
     return q.to(k_buf.dtype).contiguous()
 
-
-def _head_rms_norm(x, weight, eps):
-    x32 = x.float()
-    return weight.float() * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))

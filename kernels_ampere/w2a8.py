@@ -123,6 +123,26 @@ def _w2a8_gemv_kernel(
 
 
 @triton.jit
+def _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
+                GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr):
+    """Epilogue of a ``[BLOCK_N, BLOCK_M]`` tile (the rows and dot kernels): a split-K partial
+    as is, or ``(acc · a_scale) · w_scale`` (group scales: already applied) ``+ residual``."""
+    mask = (rn < N)[:, None] & (rm < M)[None, :]
+    if SPLIT:
+        tl.store(out_ptr + (tl.program_id(2) * M + rm[None, :]) * N + rn[:, None], y, mask=mask)
+    else:
+        a_s = tl.load(a_scale_ptr + rm, mask=rm < M, other=0.0)
+        if GROUPED:
+            y = y * a_s[None, :]
+        else:
+            ws = tl.load(w_scale_ptr + rn * stride_sn, mask=rn < N, other=0.0)
+            y = y.to(tl.float32) * a_s[None, :] * ws[:, None]
+        if RESIDUAL:
+            y = tl.load(res_ptr + rm[None, :] * stride_rm + rn[:, None], mask=mask, other=0.0) + y
+        tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _w2a8_rows_kernel(
     a_ptr,  # [M, K/4] int32: four int8 activations per word
     a_scale_ptr,  # [M] float32
@@ -177,21 +197,8 @@ def _w2a8_rows_kernel(
         y = facc
     else:
         y = tl.sum(tl.sum(acc, axis=3), axis=2) - tl.sum(tl.sum(asum, axis=2), axis=1)[None, :]  # int32
-    if SPLIT:
-        tl.store(out_ptr + (tl.program_id(2) * M + rm[None, :]) * N + rn[:, None], y,
-                 mask=mask_n[:, None] & mask_m[None, :])
-    else:
-        a_s = tl.load(a_scale_ptr + rm, mask=mask_m, other=0.0)
-        if GROUPED:
-            y = y * a_s[None, :]
-        else:
-            ws = tl.load(w_scale_ptr + rn * stride_sn, mask=mask_n, other=0.0)
-            y = y.to(tl.float32) * a_s[None, :] * ws[:, None]
-        if RESIDUAL:
-            y = tl.load(res_ptr + rm[None, :] * stride_rm + rn[:, None], mask=mask_n[:, None] & mask_m[None, :],
-                        other=0.0) + y
-        tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y.to(out_ptr.dtype.element_ty),
-                 mask=mask_n[:, None] & mask_m[None, :])
+    _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
+                GROUPED, SPLIT, RESIDUAL)
 
 
 @triton.jit
@@ -243,21 +250,8 @@ def _w2a8_dot_kernel(
         y = facc
     else:
         y = acc - asum[None, :]  # int32
-    if SPLIT:
-        tl.store(out_ptr + (tl.program_id(2) * M + rm[None, :]) * N + rn[:, None], y,
-                 mask=mask_n[:, None] & mask_m[None, :])
-    else:
-        a_s = tl.load(a_scale_ptr + rm, mask=mask_m, other=0.0)
-        if GROUPED:
-            y = y * a_s[None, :]
-        else:
-            ws = tl.load(w_scale_ptr + rn * stride_sn, mask=mask_n, other=0.0)
-            y = y.to(tl.float32) * a_s[None, :] * ws[:, None]
-        if RESIDUAL:
-            y = tl.load(res_ptr + rm[None, :] * stride_rm + rn[:, None], mask=mask_n[:, None] & mask_m[None, :],
-                        other=0.0) + y
-        tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y.to(out_ptr.dtype.element_ty),
-                 mask=mask_n[:, None] & mask_m[None, :])
+    _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
+                GROUPED, SPLIT, RESIDUAL)
 
 
 def w2a8_linear(

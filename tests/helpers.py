@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bitmtp_edge.backends.reference import ReferenceBackend
 from bitmtp_edge.config import ModelConfig, QuantConfig
 from bitmtp_edge.model import TernaryLM
 from bitmtp_edge.segments import plan_segments
+
+# Kernel tests run compiled on a GPU and under the Triton interpreter without one
+# (tests/__init__.py switches it on before triton is first imported).
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 
 
 def random_model(seed: int = 0, family: str = "bitnet", vocab: int = 96, hidden: int = 128, layers: int = 2,

@@ -5,22 +5,15 @@ Tolerances (max abs error; q, k, v ~ N(0, 1)): float32 1e-5; float16 2e-3 and bf
 product, as flash attention does, where the twin keeps them in float32.
 """
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # CI has no GPU: run the kernels in Triton's interpreter
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is first imported
+pytest.importorskip("triton")  # the interpreter is set up by tests/__init__.py without CUDA
 
-pytest.importorskip("triton")
-
+from tests.helpers import DEVICE, needs_gpu  # noqa: E402
 from kernels_ampere.attention import small_width_attention, small_width_attention_reference  # noqa: E402
 from kernels_ampere.tuning import AttentionConfig  # noqa: E402
 
-ON_GPU = torch.cuda.is_available()
-DEVICE = "cuda" if ON_GPU else "cpu"
-needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
 

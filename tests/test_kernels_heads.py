@@ -7,16 +7,12 @@ from the twin only at a near-tie: then the kernel's pick must be within 1e-5 (re
 of the twin's maximum logit.
 """
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # CI has no GPU: run the kernels in Triton's interpreter
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is first imported
+pytest.importorskip("triton")  # the interpreter is set up by tests/__init__.py without CUDA
 
-pytest.importorskip("triton")
-
+from tests.helpers import DEVICE, needs_gpu  # noqa: E402
 from bitmtp_edge.quant import quantize_activations, quantize_rows_int8  # noqa: E402
 from kernels_ampere.heads import (  # noqa: E402
     f16_head_argmax,
@@ -27,9 +23,6 @@ from kernels_ampere.heads import (  # noqa: E402
 )
 from kernels_ampere.tuning import HeadConfig  # noqa: E402
 
-ON_GPU = torch.cuda.is_available()
-DEVICE = "cuda" if ON_GPU else "cpu"
-needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 SMALL = HeadConfig(block_v=32, block_h=64, num_warps=4, num_stages=2)
 WIDTH_VH = [(1, 1000, 256), (2, 777, 384), (3, 300, 128), (5, 513, 200), (9, 777, 128), (17, 300, 384)]
 

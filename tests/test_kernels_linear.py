@@ -9,25 +9,18 @@ twin's matmul (rtol 1e-5 of the output's scale).
 Without CUDA the kernels run in Triton's interpreter, on small shapes.
 """
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # CI has no GPU: run the kernels in Triton's interpreter
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is first imported
+pytest.importorskip("triton")  # the interpreter is set up by tests/__init__.py without CUDA
 
-pytest.importorskip("triton")
-
+from tests.helpers import DEVICE, ON_GPU, needs_gpu  # noqa: E402
 from bitmtp_edge.quant import int_matmul, quantize_activations  # noqa: E402
 from kernels_ampere import pack_ternary  # noqa: E402
 from kernels_ampere.tuning import DOT, GEMV, ROWS, LinearConfig  # noqa: E402
 from kernels_ampere.w2a8 import w2a8_linear, w2a8_linear_reference  # noqa: E402
 from kernels_ampere.w2a16 import w2a16_linear, w2a16_linear_reference  # noqa: E402
 
-ON_GPU = torch.cuda.is_available()
-DEVICE = "cuda" if ON_GPU else "cpu"
-needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 
 WIDTHS = (1, 2, 3, 5, 9, 17)
 # every width once, N never a power of two, K a multiple of 128 but not of 256

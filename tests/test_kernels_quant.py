@@ -7,16 +7,12 @@ Tolerances: int8 values differ by at most 1, in at most 0.1% of the elements (in
 none); scales within 4 float32 ulps (rtol 5e-7).
 """
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # CI has no GPU: run the kernels in Triton's interpreter
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is first imported
+pytest.importorskip("triton")  # the interpreter is set up by tests/__init__.py without CUDA
 
-pytest.importorskip("triton")
-
+from tests.helpers import DEVICE, needs_gpu  # noqa: E402
 from bitmtp_edge.quant import SCALE_EPS  # noqa: E402
 from kernels_ampere.fused_quant import (  # noqa: E402
     relu2_mul_rmsnorm_quant,
@@ -27,9 +23,6 @@ from kernels_ampere.fused_quant import (  # noqa: E402
     silu_mul_quant_reference,
 )
 
-ON_GPU = torch.cuda.is_available()
-DEVICE = "cuda" if ON_GPU else "cpu"
-needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 WIDTH_K = [(1, 384), (2, 640), (3, 100), (5, 640), (9, 384), (17, 200)]  # K=100, 200: masked tails
 

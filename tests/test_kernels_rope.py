@@ -6,20 +6,14 @@ squares is summed in a different order: within a few float32 ulps before the cas
 Slots the step does not write must keep their old contents.
 """
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")  # the interpreter is set up by tests/__init__.py without CUDA
 
-pytest.importorskip("triton")
-
+from tests.helpers import DEVICE  # noqa: E402
 from bitmtp_edge.model import rope_cos_sin  # noqa: E402
 from kernels_ampere.rope_cache import rope_qkv_to_cache, rope_qkv_to_cache_reference  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def inputs(m, hq, hkv, hd, slots, kv_dtype, seed):

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 from bitmtp_edge import Engine  # noqa: E402
+from bitmtp_edge.backends.base import DraftResult  # noqa: E402
 
 
 def kernel_table(prof, steps: int) -> list[dict]:
@@ -71,7 +72,7 @@ def main() -> None:
 
         def verify():
             b.verify_tokens.copy_(torch.tensor(prompt[-1:] * (d + 1)))
-            b.verify_step(prompt[-1], None if b.opts.hoist_verify else _FakeDraft(d))
+            b.verify_step(prompt[-1], DraftResult([prompt[-1]] * d, [0.0] * d))
             b.L.fill_(len(prompt))
             b.L_host = len(prompt)
 
@@ -97,13 +98,6 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1))
-
-
-class _FakeDraft:
-    """Drafts the Generic verify uploads itself (its inputs are not hoisted)."""
-
-    def __init__(self, d: int):
-        self.tokens, self._tokens = [0] * d, [0] * d
 
 
 if __name__ == "__main__":
