@@ -59,9 +59,26 @@ def dequantize_ternary(codes: torch.Tensor, scale: torch.Tensor, dtype=torch.flo
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., K] float -> (x_int8 [..., K] int8, dequant scale [...] float32), per token absmax."""
     x32 = x.float()
-    q = ACT_QMAX / x32.abs().amax(dim=-1, keepdim=True).clamp(min=SCALE_EPS)
+    amax = x32.abs().amax(dim=-1, keepdim=True).clamp(min=SCALE_EPS)
+    q = div_f32(ACT_QMAX, amax)
     x_int = torch.round(x32 * q).clamp(-128, 127)
-    return x_int.to(torch.int8), (1.0 / q).squeeze(-1)
+    return x_int.to(torch.int8), div_f32(1.0, q).squeeze(-1)
+
+
+def div_f32(a, b) -> torch.Tensor:
+    """float32 ``a / b`` correctly rounded, as a GPU's ``div.rn.f32`` (the kernels' div_rn).
+
+    torch's CPU float32 ops are not: a division by or of a Python scalar becomes a reciprocal
+    and a multiply, and the vectorised float32 sqrt and division may be an ulp off. Computing
+    in float64 and rounding once more is exact for + - * / and sqrt (53 >= 2 * 24 + 2 bits)."""
+    a64 = a.double() if torch.is_tensor(a) else torch.full_like(b, a, dtype=torch.float64)
+    b64 = b.double() if torch.is_tensor(b) else torch.full_like(a64, b)
+    return (a64 / b64).float()
+
+
+def sqrt_f32(x: torch.Tensor) -> torch.Tensor:
+    """float32 sqrt correctly rounded (the kernels' sqrt_rn); see ``div_f32``."""
+    return torch.sqrt(x.double()).float()
 
 
 def quantize_rows_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
