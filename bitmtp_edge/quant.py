@@ -22,6 +22,8 @@ import torch
 
 GROUP_SIZE = 128
 ACT_QMAX = 127.0
+# what a fused quantisation op applies before its RMSNorm (kernels_ampere.fused_quant / prologue)
+ACT_NONE, ACT_RELU2, ACT_SILU = 0, 1, 2
 SCALE_EPS = 1e-5
 
 

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bitmtp_edge.quant import ACT_QMAX, SCALE_EPS, div_f32, sqrt_f32
+from bitmtp_edge.quant import ACT_NONE, ACT_QMAX, ACT_RELU2, ACT_SILU, SCALE_EPS, div_f32, sqrt_f32  # noqa: F401
 
 from .common import round_half_even
 
@@ -33,7 +33,6 @@ LANES = 256
 QMAX = tl.constexpr(ACT_QMAX)  # q = QMAX / max(absmax, EPS_AMAX), as quantize_activations
 EPS_AMAX = tl.constexpr(SCALE_EPS)
 
-ACT_NONE, ACT_RELU2, ACT_SILU = 0, 1, 2
 
 
 @triton.jit
