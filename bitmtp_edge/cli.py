@@ -24,7 +24,7 @@ from .bench import MONITOR_CHOICES
 # the options does not import torch; tests/test_cli.py checks that they agree.
 POLICY_NAMES = ("ar", "confidence", "speculative", "hybrid")
 BACKEND_NAMES = ("auto", "reference", "ampere", "server")
-RUNTIME_NAMES = ("generic", "m1", "m1+m2", "full", "full-unfused")
+RUNTIME_NAMES = ("generic", "m1", "m1+m2", "full")
 ARGV_KEY = "bitmtp.argv"
 
 

@@ -81,7 +81,7 @@ class Engine:
             runtime_backend = ReferenceBackend(model, manifest.kv, mask_id, dtype, dev)
         else:
             opts = runtime if isinstance(runtime, RuntimeOptions) else RuntimeOptions.preset(runtime)
-            fast = FastModel(manifest, tensors, Ops(twin=False, specialize_widths=opts.specialize, fuse_quant=opts.fuse_quant), dev,
+            fast = FastModel(manifest, tensors, Ops(twin=False, specialize_widths=opts.specialize), dev,
                              draft_head="fp8" if chosen == "server" else "int8")
             runtime_backend = GraphBackend(fast, manifest.kv, mask_id, manifest.mtp.block_size if manifest.mtp else None,
                                            opts, name=chosen, progress=progress)

@@ -22,8 +22,6 @@ import torch
 
 GROUP_SIZE = 128
 ACT_QMAX = 127.0
-# what a fused quantisation op applies before its RMSNorm (kernels_ampere.fused_quant / prologue)
-ACT_NONE, ACT_RELU2, ACT_SILU = 0, 1, 2
 SCALE_EPS = 1e-5
 
 
@@ -71,16 +69,11 @@ def div_f32(a, b) -> torch.Tensor:
     """float32 ``a / b`` correctly rounded, as a GPU's ``div.rn.f32`` (the kernels' div_rn).
 
     torch's CPU float32 ops are not: a division by or of a Python scalar becomes a reciprocal
-    and a multiply, and the vectorised float32 sqrt and division may be an ulp off. Computing
-    in float64 and rounding once more is exact for + - * / and sqrt (53 >= 2 * 24 + 2 bits)."""
+    and a multiply (two roundings, an ulp off at times). Dividing in float64 and rounding
+    once more is exact (53 >= 2 * 24 + 2 bits)."""
     a64 = a.double() if torch.is_tensor(a) else torch.full_like(b, a, dtype=torch.float64)
     b64 = b.double() if torch.is_tensor(b) else torch.full_like(a64, b)
     return (a64 / b64).float()
-
-
-def sqrt_f32(x: torch.Tensor) -> torch.Tensor:
-    """float32 sqrt correctly rounded (the kernels' sqrt_rn); see ``div_f32``."""
-    return torch.sqrt(x.double()).float()
 
 
 def quantize_rows_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

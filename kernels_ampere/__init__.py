@@ -8,7 +8,6 @@ name                               module                  what
 =================================  ======================  ==========================================
 pack_ternary / unpack_ternary      packing                 the INT2 layout ``ternary-2bit-k128x4-v1``
 w2a8_linear                        w2a8                    packed ternary x int8, exact int32 accum
-fused_w2a8_linear                  w2a8                    the same, quantising its own input first
 w2a16_linear                       w2a16                   packed ternary x 16/32-bit (weight-only)
 rmsnorm_quant                      fused_quant             RMSNorm + per-token int8 quantisation
 act_quant                          fused_quant             per-token int8 quantisation alone
@@ -38,8 +37,6 @@ from .packing import PACKING_LAYOUT, pack_ternary, unpack_ternary
 _LAZY = {
     "w2a8_linear": "w2a8",
     "w2a8_linear_reference": "w2a8",
-    "fused_w2a8_linear": "w2a8",
-    "fused_w2a8_linear_reference": "w2a8",
     "w2a16_linear": "w2a16",
     "w2a16_linear_reference": "w2a16",
     "rmsnorm_quant": "fused_quant",

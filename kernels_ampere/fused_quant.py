@@ -1,7 +1,7 @@
 """Fused prologues that end in per-token int8 quantisation: the producer of every W2A8 input.
 
-One row per program, read in 256-lane steps (``prologue.py``: the statistics pass or two,
-then the int8 row and its scale). Everything is float32 whatever the input dtype:
+One row per program, the whole row in registers, one read of the input and one write of
+the int8 row and its scale. Everything is float32 whatever the input dtype:
 
     h = x                                  (rmsnorm_quant, act_quant)
     h = relu(gate)**2 * up                 (relu2_mul_rmsnorm_quant: BitNet FFN + ffn_sub_norm)
@@ -11,11 +11,9 @@ then the int8 row and its scale). Everything is float32 whatever the input dtype
 
 The quantisation is ``bitmtp_edge.quant.quantize_activations`` step for step: ``q`` and
 ``1/q`` are correctly rounded divisions (``div_rn``), ``rsqrt`` is ``1 / sqrt_rn`` as
-torch's CPU rsqrt computes it, and ``mean(h**2)`` is summed in ``prologue.py``'s fixed order
-by kernel and twin alike, so the results are bit-identical to the twins -- except SiLU,
-whose ``exp`` is the GPU's: it can move an element across a rounding boundary (an int8
-value by one), rarely. The same helpers quantise inside ``w2a8.fused_w2a8_linear``, so a
-separate quantisation launch and a fused one give the same bits.
+torch's CPU rsqrt computes it. The only differences from the twins are the float32
+summation order of ``mean(h**2)`` and, for SiLU, the GPU's ``exp``; each can move an
+element across a rounding boundary, i.e. change an int8 value by one, rarely.
 """
 
 from __future__ import annotations
@@ -27,9 +25,9 @@ import triton.language as tl
 
 from bitmtp_edge.quant import ACT_QMAX, SCALE_EPS, quantize_activations
 
-from .common import bf16_rne, check_dtype, check_launchable
-from .prologue import (ACT_NONE, ACT_RELU2, ACT_SILU, STAT_LANES, activation, normed, quantized, rms_norm_fixed_order_reference,
-                       row_inv_rms, row_quant_stats, stat_steps)
+from .common import bf16_rne, check_dtype, check_launchable, next_pow2, round_half_even
+
+ACT_NONE, ACT_RELU2, ACT_SILU = 0, 1, 2
 IN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -44,32 +42,35 @@ def _fused_quant_kernel(
     K, eps,
     ACT: tl.constexpr, NORM: tl.constexpr,
     QMAX: tl.constexpr, EPS_AMAX: tl.constexpr,
-    STEPS: tl.constexpr,  # cdiv(K, 256)
+    BLOCK_K: tl.constexpr,
     QUANT: tl.constexpr = True, OUT_BF16: tl.constexpr = False,  # QUANT=False: store h in q_ptr's dtype
 ):
-    rows = tl.program_id(0) + tl.arange(0, 1)  # one row per program
-    valid = rows >= 0
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_K)
+    mask = cols < K
+    h = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+    if ACT == 1:
+        up = tl.load(up_ptr + row * stride_um + cols, mask=mask, other=0.0).to(tl.float32)
+        r = tl.maximum(h, 0.0)
+        h = r * r * up
+    elif ACT == 2:
+        up = tl.load(up_ptr + row * stride_um + cols, mask=mask, other=0.0).to(tl.float32)
+        h = h / (1.0 + tl.exp(-h)) * up
+    if NORM:
+        ms = tl.div_rn(tl.sum(h * h, axis=0), K * 1.0)
+        inv = tl.div_rn(1.0, tl.sqrt_rn(ms + eps))
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        h = w * (h * inv)
     if QUANT:
-        inv, q = row_quant_stats(x_ptr, up_ptr, w_ptr, rows, valid, stride_xm, stride_um, K, eps,
-                                 1, STEPS, ACT, NORM, QMAX, EPS_AMAX)
-        tl.store(scale_ptr + rows, tl.div_rn(1.0, q))
-    elif NORM:
-        inv = row_inv_rms(x_ptr, up_ptr, rows, valid, stride_xm, stride_um, K, eps, 1, STEPS, ACT)
+        amax = tl.maximum(tl.max(tl.abs(h), axis=0), EPS_AMAX)
+        q = tl.div_rn(QMAX, amax)
+        xq = tl.minimum(tl.maximum(round_half_even(h * q), -128.0), 127.0)
+        tl.store(q_ptr + row * stride_qm + cols, xq.to(tl.int8), mask=mask)
+        tl.store(scale_ptr + row, tl.div_rn(1.0, q))
     else:
-        inv = tl.full((1,), 1.0, tl.float32)
-    lanes = tl.arange(0, STAT_LANES)
-    for j in tl.static_range(STEPS):
-        cols = j * STAT_LANES + lanes
-        mask = (cols < K)[None, :]
-        h = activation(x_ptr, up_ptr, rows[:, None] * stride_xm + cols[None, :],
-                       rows[:, None] * stride_um + cols[None, :], mask, ACT)
-        h = normed(h, w_ptr, cols[None, :], mask, inv[:, None], NORM)
-        if QUANT:
-            tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], quantized(h, q[:, None]).to(tl.int8), mask=mask)
-        else:
-            if OUT_BF16:
-                h = bf16_rne(h)
-            tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], h.to(q_ptr.dtype.element_ty), mask=mask)
+        if OUT_BF16:
+            h = bf16_rne(h)
+        tl.store(q_ptr + row * stride_qm + cols, h.to(q_ptr.dtype.element_ty), mask=mask)
 
 
 def _launch(x: torch.Tensor, up: torch.Tensor | None, weight: torch.Tensor | None, eps: float,
@@ -94,15 +95,16 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, weight: torch.Tensor | Non
     a_scale = torch.empty((m,), dtype=torch.float32, device=x.device) if out_dtype is None else None
     if m:
         check_launchable(_fused_quant_kernel, *(t for t in (x, up, weight) if t is not None))
+        block_k = next_pow2(k)
         _fused_quant_kernel[(m,)](
             x, x if up is None else up, x if weight is None else weight, out, out if a_scale is None else a_scale,
             x.stride(0), 0 if up is None else up.stride(0), out.stride(0),
             k, float(eps),
             ACT=act, NORM=weight is not None, QMAX=ACT_QMAX, EPS_AMAX=SCALE_EPS,
-            STEPS=stat_steps(k), QUANT=out_dtype is None, OUT_BF16=out_dtype == torch.bfloat16,
-            num_warps=2,  # a [1, 256] tile per step: two warps hold it with four lanes a thread
-            # no FMA contraction: h * q and h * h must round to float32 before the adds, as in
-            # the twin (a fused multiply-add would round once, differently)
+            BLOCK_K=block_k, QUANT=out_dtype is None, OUT_BF16=out_dtype == torch.bfloat16,
+            num_warps=min(max(block_k // 512, 1), 16),
+            # no FMA contraction: h * q must round to float32 before the round-half-even add,
+            # exactly as in the twin (a fused multiply-add would round once, differently)
             enable_fp_fusion=False,
         )
     return out if out_dtype is not None else (out, a_scale)
@@ -157,38 +159,27 @@ def silu_mul_quant(
 # --- pure-PyTorch twins --------------------------------------------------------------------
 
 def rms_norm_reference(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """w * (h * rsqrt(mean(h**2) + eps)) in float32 (torch's order: the RoPE twin's QK-norm)."""
+    """w * (h * rsqrt(mean(h**2) + eps)) in float32."""
     h = h.float()
     return weight.float() * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
 
 
 def rmsnorm_cast_reference(x, weight, eps, out_dtype):
-    return rms_norm_fixed_order_reference(x, weight, eps).to(out_dtype)
-
-
-def fused_quant_reference(x, up, norm_weight, eps, act):
-    """The twin of every op here (and of a ``fused_w2a8_linear`` prologue), by (act, norm)."""
-    if act == ACT_RELU2:
-        r = F.relu(x.float())
-        h = r * r * up.float()
-    elif act == ACT_SILU:
-        h = F.silu(x.float()) * up.float()
-    else:
-        h = x.float()
-    return quantize_activations(h if norm_weight is None else rms_norm_fixed_order_reference(h, norm_weight, eps))
+    return rms_norm_reference(x, weight, eps).to(out_dtype)
 
 
 def act_quant_reference(x):
-    return fused_quant_reference(x, None, None, 0.0, ACT_NONE)
+    return quantize_activations(x.float())
 
 
 def rmsnorm_quant_reference(x, weight, eps):
-    return fused_quant_reference(x, None, weight, eps, ACT_NONE)
+    return quantize_activations(rms_norm_reference(x, weight, eps))
 
 
 def relu2_mul_rmsnorm_quant_reference(gate, up, subnorm_weight, eps):
-    return fused_quant_reference(gate, up, subnorm_weight, eps, ACT_RELU2)
+    h = F.relu(gate.float()) ** 2 * up.float()
+    return quantize_activations(rms_norm_reference(h, subnorm_weight, eps))
 
 
 def silu_mul_quant_reference(gate, up):
-    return fused_quant_reference(gate, up, None, 0.0, ACT_SILU)
+    return quantize_activations(F.silu(gate.float()) * up.float())

@@ -49,11 +49,9 @@ from bitmtp_edge.quant import int_matmul
 from .common import (check_dtype, check_launchable, check_packed_weight, check_residual, dp4a, is_interpreted,
                      next_pow2, scale_strides, split_k_chunks, split_k_reduce)
 from .packing import BYTES_PER_CHUNK, CHUNK_K, unpack_ternary
-from .prologue import ACT_NONE, EPS_AMAX, QMAX, STAT_LANES, activation, normed, quantized, row_quant_stats
 from .tuning import GEMV, ROWS, LinearConfig, default_linear, linear_key, lookup
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-IN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # fused_w2a8_linear's x
 ROWS_MAX_BLOCK_M = 16  # activation rows one ``rows`` program multiplies (registers: BLOCK_N·BLOCK_M·words)
 
 
@@ -65,25 +63,15 @@ def _w2a8_gemv_kernel(
     w_scale_ptr,  # [N] or [N, K/128] float32
     out_ptr,  # [M, N] (SPLIT: [S, M, N] int32 or float32 partial sums)
     res_ptr,  # [M, N] float32 residual added in the epilogue (read only when RESIDUAL)
-    x_ptr, up_ptr, nw_ptr,  # PRO: float input (or gate), up, norm weight; a_scale_ptr is then written
     M, N, chunks_per_split,
-    stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm, stride_xm, stride_um, eps,
+    stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     K: tl.constexpr,
     GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,  # rows per program, 128-chunks per K step
     USE_ASM: tl.constexpr,
-    PRO: tl.constexpr = False, ACT: tl.constexpr = 0, NORM: tl.constexpr = False,
 ):
     N_CHUNKS: tl.constexpr = K // 128
-    STEPS: tl.constexpr = (K + STAT_LANES - 1) // STAT_LANES
     m = tl.program_id(0)  # one activation row per program; rows of one N tile run side by side
-    if PRO:  # quantise the row here (prologue.py): the same bits a separate quantisation launch gives
-        inv, q = row_quant_stats(x_ptr, up_ptr, nw_ptr, m + tl.arange(0, 1), tl.full((1,), 1, tl.int1),
-                                 stride_xm, stride_um, K, eps, 1, STEPS, ACT, NORM, QMAX, EPS_AMAX)
-        inv = tl.sum(inv, axis=0)  # [1] -> scalar
-        q = tl.sum(q, axis=0)
-        if (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
-            tl.store(a_scale_ptr + m, tl.div_rn(1.0, q))
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     c_lo = tl.program_id(2) * chunks_per_split
     c_hi = tl.minimum(c_lo + chunks_per_split, N_CHUNKS)
@@ -106,16 +94,8 @@ def _w2a8_gemv_kernel(
             asum = tl.zeros((CHUNKS, 8), tl.int32)
         for i in tl.static_range(4):
             # lane i of word j = inputs 128c + 32i + 4j .. +3 = activation word 32c + 8i + j
-            if PRO:
-                a = tl.zeros((CHUNKS, 8), tl.int32)
-                for b in tl.static_range(4):
-                    cols = c[:, None] * 128 + 32 * i + 4 * rj[None, :] + b
-                    h = activation(x_ptr, up_ptr, m * stride_xm + cols, m * stride_um + cols, mask_c[:, None], ACT)
-                    v = quantized(normed(h, nw_ptr, cols, mask_c[:, None], inv, NORM), q).to(tl.int32)
-                    a = a | ((v & 0xFF) << (8 * b))
-            else:
-                a = tl.load(a_ptr + m * stride_am + c[:, None] * 32 + 8 * i + rj[None, :],
-                            mask=mask_c[:, None], other=0)  # [CHUNKS, 8]
+            a = tl.load(a_ptr + m * stride_am + c[:, None] * 32 + 8 * i + rj[None, :],
+                        mask=mask_c[:, None], other=0)  # [CHUNKS, 8]
             codes = (wt >> (2 * i)) & 0x03030303
             acc = dp4a(codes, a[None, :, :], acc, USE_ASM)
             asum = dp4a(a, ones, asum, USE_ASM)
@@ -132,10 +112,7 @@ def _w2a8_gemv_kernel(
     if SPLIT:
         tl.store(out_ptr + (tl.program_id(2) * M + m) * N + rn, y, mask=mask_n)
     else:
-        if PRO:
-            a_s = tl.div_rn(1.0, q)
-        else:
-            a_s = tl.load(a_scale_ptr + m)
+        a_s = tl.load(a_scale_ptr + m)
         if GROUPED:
             y = y * a_s
         else:
@@ -146,14 +123,15 @@ def _w2a8_gemv_kernel(
 
 
 @triton.jit
-def _store_tile(y, rn, rm, M, N, a_s, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
+def _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
                 GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr):
     """Epilogue of a ``[BLOCK_N, BLOCK_M]`` tile (the rows and dot kernels): a split-K partial
-    as is, or ``(acc · a_s) · w_scale`` (group scales: already applied) ``+ residual``."""
+    as is, or ``(acc · a_scale) · w_scale`` (group scales: already applied) ``+ residual``."""
     mask = (rn < N)[:, None] & (rm < M)[None, :]
     if SPLIT:
         tl.store(out_ptr + (tl.program_id(2) * M + rm[None, :]) * N + rn[:, None], y, mask=mask)
     else:
+        a_s = tl.load(a_scale_ptr + rm, mask=rm < M, other=0.0)
         if GROUPED:
             y = y * a_s[None, :]
         else:
@@ -219,8 +197,7 @@ def _w2a8_rows_kernel(
         y = facc
     else:
         y = tl.sum(tl.sum(acc, axis=3), axis=2) - tl.sum(tl.sum(asum, axis=2), axis=1)[None, :]  # int32
-    a_s = tl.load(a_scale_ptr + rm, mask=mask_m, other=0.0)
-    _store_tile(y, rn, rm, M, N, a_s, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
+    _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
                 GROUPED, SPLIT, RESIDUAL)
 
 
@@ -232,16 +209,13 @@ def _w2a8_dot_kernel(
     w_scale_ptr,  # [N] or [N, K/128] float32
     out_ptr,  # [M, N] (SPLIT: [S, M, N] int32 or float32 partial sums)
     res_ptr,  # [M, N] float32 residual (RESIDUAL)
-    x_ptr, up_ptr, nw_ptr,  # PRO: float input (or gate), up, norm weight; a_scale_ptr is then written
     M, N, chunks_per_split,
-    stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm, stride_xm, stride_um, eps,
+    stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     K: tl.constexpr,
     GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
-    PRO: tl.constexpr = False, ACT: tl.constexpr = 0, NORM: tl.constexpr = False,
 ):
     N_CHUNKS: tl.constexpr = K // 128
-    STEPS: tl.constexpr = (K + STAT_LANES - 1) // STAT_LANES
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     c_lo = tl.program_id(2) * chunks_per_split
@@ -249,14 +223,6 @@ def _w2a8_dot_kernel(
     rb = tl.arange(0, 32)  # byte j of a chunk holds input 32i + j of lane i
     mask_m = rm < M
     mask_n = rn < N
-    if PRO:  # quantise the rows here (prologue.py): per row, the bits a separate launch gives
-        inv, q = row_quant_stats(x_ptr, up_ptr, nw_ptr, rm, mask_m, stride_xm, stride_um, K, eps,
-                                 BLOCK_M, STEPS, ACT, NORM, QMAX, EPS_AMAX)
-        a_s = tl.div_rn(1.0, q)
-        if (tl.program_id(0) == 0) & (tl.program_id(2) == 0):
-            tl.store(a_scale_ptr + rm, a_s, mask=mask_m)
-    else:
-        a_s = tl.load(a_scale_ptr + rm, mask=mask_m, other=0.0)
 
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
     asum = tl.zeros((BLOCK_M,), tl.int32)
@@ -271,15 +237,8 @@ def _w2a8_dot_kernel(
                 acc = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
                 asum = tl.zeros((BLOCK_M,), tl.int32)
             for i in tl.static_range(4):
-                if PRO:
-                    cols = c * 128 + 32 * i + rb[:, None]  # [32, 1]
-                    mk = mask_m[None, :] & ok[:, None]
-                    h = activation(x_ptr, up_ptr, rm[None, :] * stride_xm + cols, rm[None, :] * stride_um + cols, mk,
-                                   ACT)
-                    a = quantized(normed(h, nw_ptr, cols, mk, inv[None, :], NORM), q[None, :]).to(tl.int8)
-                else:
-                    a = tl.load(a_ptr + rm[None, :] * stride_am + c * 128 + 32 * i + rb[:, None],
-                                mask=mask_m[None, :] & ok[:, None], other=0)  # [32, BLOCK_M] int8
+                a = tl.load(a_ptr + rm[None, :] * stride_am + c * 128 + 32 * i + rb[:, None],
+                            mask=mask_m[None, :] & ok[:, None], other=0)  # [32, BLOCK_M] int8
                 codes = ((wb >> (2 * i)) & 3).to(tl.int8)
                 acc = tl.dot(codes, a, acc, out_dtype=tl.int32)  # [BLOCK_N, BLOCK_M]
                 asum += tl.sum(a.to(tl.int32), axis=0)
@@ -291,7 +250,7 @@ def _w2a8_dot_kernel(
         y = facc
     else:
         y = acc - asum[None, :]  # int32
-    _store_tile(y, rn, rm, M, N, a_s, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
+    _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
                 GROUPED, SPLIT, RESIDUAL)
 
 
@@ -314,64 +273,19 @@ def w2a8_linear(
     if a_int8.dtype != torch.int8 or a_int8.dim() != 2 or a_int8.stride(1) != 1:
         raise TypeError(f"w2a8_linear: a_int8 must be a 2-D int8 [M, K] tensor with contiguous rows, "
                         f"got {a_int8.dtype} {tuple(a_int8.shape)}")
+    m, k = a_int8.shape
+    n, grouped = check_packed_weight(packed, w_scale, k, "w2a8_linear")
     check_dtype(a_scale, (torch.float32,), "w2a8_linear: a_scale")
-    if a_scale.shape != (a_int8.shape[0],):
-        raise ValueError(f"w2a8_linear: a_scale must be [M]={a_int8.shape[0]}, got {tuple(a_scale.shape)}")
-    return _launch(a_int8, a_scale, packed, w_scale, out_dtype, residual, config, None, "w2a8_linear")
-
-
-def fused_w2a8_linear(
-    x: torch.Tensor,  # [M, K] float16 / bfloat16 / float32: the input, or the gate with ``act``
-    packed: torch.Tensor,  # [N, K/4] uint8
-    w_scale: torch.Tensor,  # [N] or [N, K/128] float32
-    *,
-    norm_weight: torch.Tensor | None = None,  # [K]: RMSNorm before the quantisation
-    eps: float = 0.0,
-    up: torch.Tensor | None = None,  # [M, K]: with act = ACT_RELU2 / ACT_SILU
-    act: int = ACT_NONE,
-    out_dtype: torch.dtype = torch.float16,
-    residual: torch.Tensor | None = None,
-    config: LinearConfig | None = None,
-) -> torch.Tensor:  # [M, N] out_dtype
-    """``w2a8_linear(*quant(x), ...)`` in one launch, where ``quant`` is the matching
-    ``fused_quant`` op (rmsnorm_quant, act_quant, relu2_mul_rmsnorm_quant, silu_mul_quant):
-    each program quantises the rows it multiplies (``prologue.py``), bit-identical to the
-    separate launch, so an AR step saves one launch per projection. The ``rows`` kernel has
-    no prologue: configs that pick it quantise in a separate launch first."""
-    name = "fused_w2a8_linear"
-    check_dtype(x, IN_DTYPES, f"{name}: x")
-    if x.dim() != 2 or x.stride(1) != 1:
-        raise ValueError(f"{name}: x must be 2-D [M, K] with contiguous rows, got {tuple(x.shape)} strides {x.stride()}")
-    if (up is None) != (act == ACT_NONE):
-        raise ValueError(f"{name}: pass up exactly when act is ACT_RELU2 or ACT_SILU (act={act})")
-    if up is not None:
-        check_dtype(up, IN_DTYPES, f"{name}: up")
-        if up.shape != x.shape or up.stride(1) != 1:
-            raise ValueError(f"{name}: gate {tuple(x.shape)} and up {tuple(up.shape)} must match, rows contiguous")
-    if norm_weight is not None:
-        if norm_weight.shape != (x.shape[1],):
-            raise ValueError(f"{name}: norm weight must be [K]={x.shape[1]}, got {tuple(norm_weight.shape)}")
-        norm_weight = norm_weight.contiguous()
-    pro = dict(x=x, up=up, norm_weight=norm_weight, eps=float(eps), act=act)
-    return _launch(None, None, packed, w_scale, out_dtype, residual, config, pro, name)
-
-
-def _launch(a_int8, a_scale, packed, w_scale, out_dtype, residual, config, pro, name):
-    """Both entry points: ``a_int8``/``a_scale`` given, or ``pro`` (the float input to quantise)."""
-    src = a_int8 if pro is None else pro["x"]
-    m, k = src.shape
-    n, grouped = check_packed_weight(packed, w_scale, k, name)
+    if a_scale.shape != (m,):
+        raise ValueError(f"w2a8_linear: a_scale must be [M]={m}, got {tuple(a_scale.shape)}")
     if out_dtype not in OUT_DTYPES:
-        raise TypeError(f"{name}: out_dtype {out_dtype} not supported, expected one of {OUT_DTYPES}")
-    check_residual(residual, m, n, out_dtype, name)
+        raise TypeError(f"w2a8_linear: out_dtype {out_dtype} not supported, expected one of {OUT_DTYPES}")
+    check_residual(residual, m, n, out_dtype, "w2a8_linear")
     if config is None:
         config = (lookup("w2a8_linear", linear_key(n, k, m, grouped), packed.device)
                   or default_linear(m, grouped, n=n, k=k))
-    if pro is not None and config.kernel == ROWS:  # no prologue in the rows kernel
-        a_int8, a_scale = quantize_input(**pro)
-        pro = None
 
-    out = torch.empty((m, n), dtype=out_dtype, device=src.device)
+    out = torch.empty((m, n), dtype=out_dtype, device=a_int8.device)
     if m == 0 or n == 0:
         return out
     stride_sn, stride_sg = scale_strides(w_scale, grouped)
@@ -382,62 +296,39 @@ def _launch(a_int8, a_scale, packed, w_scale, out_dtype, residual, config, pro, 
     target = torch.empty((n_split, m, n), dtype=torch.float32 if grouped else torch.int32,
                          device=out.device) if split else out
     res = residual if residual is not None else out
-    if pro is None:
-        fused = dict(x_ptr=a_scale, up_ptr=a_scale, nw_ptr=a_scale, stride_xm=0, stride_um=0, eps=0.0)
-    else:  # the prologue writes each row's scale here for the split-K reduce
-        a_scale = torch.empty((m,), dtype=torch.float32, device=src.device)
-        x, up, nw = pro["x"], pro["up"], pro["norm_weight"]
-        fused = dict(x_ptr=x, up_ptr=x if up is None else up, nw_ptr=x if nw is None else nw, stride_xm=x.stride(0),
-                     stride_um=0 if up is None else up.stride(0), eps=pro["eps"],
-                     PRO=True, ACT=pro["act"], NORM=nw is not None)
     # No FMA contraction: the epilogue's ``residual + (acc·a_s)·w_s`` must round the product
-    # first, as the twin (and the unfused sum) does, and so must the prologue's ``acc + h·h``.
+    # first, as the twin (and the unfused sum) does; the main loops are integer anyway.
     common = dict(K=k, GROUPED=grouped, SPLIT=split, RESIDUAL=residual is not None and not split,
                   BLOCK_N=config.block_n, CHUNKS=chunks, num_warps=config.num_warps, num_stages=config.num_stages,
                   enable_fp_fusion=False)
     if config.kernel in (GEMV, ROWS):
         kernel = _w2a8_gemv_kernel if config.kernel == GEMV else _w2a8_rows_kernel
-        if pro is None:
-            check_launchable(kernel, a_int8, a_scale, packed, w_scale)
-            if a_int8.stride(0) % 4 or a_int8.data_ptr() % 4:
-                raise ValueError(f"{name}: the gemv kernels read 4-byte words; a_int8 rows must start 4-byte aligned")
-            a_words = a_int8.view(torch.int32)  # [M, K/4]
-        else:
-            check_launchable(kernel, src, packed, w_scale)
-            a_words = a_scale  # unused: the prologue quantises x
-        if packed.stride(0) % 4 or packed.data_ptr() % 4:
-            raise ValueError(f"{name}: the gemv kernels read 4-byte words; packed rows must start 4-byte aligned")
+        check_launchable(kernel, a_int8, a_scale, packed, w_scale)
+        if a_int8.stride(0) % 4 or a_int8.data_ptr() % 4 or packed.stride(0) % 4 or packed.data_ptr() % 4:
+            raise ValueError("w2a8_linear: the gemv kernels read 4-byte words; a_int8 and packed rows "
+                             "must start 4-byte aligned")
+        a_words = a_int8.view(torch.int32)  # [M, K/4]
         w_words = packed.view(torch.int32)  # [N, K/16]
-        extra = fused if config.kernel == GEMV else {"BLOCK_M": min(next_pow2(m), ROWS_MAX_BLOCK_M)}
+        rows = {} if config.kernel == GEMV else {"BLOCK_M": min(next_pow2(m), ROWS_MAX_BLOCK_M)}
         grid = (m, triton.cdiv(n, config.block_n), n_split) if config.kernel == GEMV else \
-            (triton.cdiv(n, config.block_n), triton.cdiv(m, extra["BLOCK_M"]), n_split)
+            (triton.cdiv(n, config.block_n), triton.cdiv(m, rows["BLOCK_M"]), n_split)
         kernel[grid](
-            a_words, a_scale, w_words, w_scale, target, res, M=m, N=n, chunks_per_split=per_split,
-            stride_am=a_words.stride(0), stride_wn=w_words.stride(0), stride_sn=stride_sn, stride_sg=stride_sg,
-            stride_om=out.stride(0), stride_rm=res.stride(0),
-            USE_ASM=not is_interpreted(kernel), **extra, **common,
+            a_words, a_scale, w_words, w_scale, target, res, m, n, per_split,
+            a_words.stride(0), w_words.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),
+            USE_ASM=not is_interpreted(kernel), **rows, **common,
         )
     else:
-        check_launchable(_w2a8_dot_kernel, src, packed, w_scale)
+        check_launchable(_w2a8_dot_kernel, a_int8, a_scale, packed, w_scale)
         block_m = max(16, min(next_pow2(m), 64))  # tl.dot needs 16 rows at least
         grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, block_m), n_split)
-        a_in = a_int8 if pro is None else a_scale  # unused with the prologue
         _w2a8_dot_kernel[grid](
-            a_in, a_scale, packed, w_scale, target, res, M=m, N=n, chunks_per_split=per_split,
-            stride_am=a_in.stride(0), stride_wn=packed.stride(0), stride_sn=stride_sn, stride_sg=stride_sg,
-            stride_om=out.stride(0), stride_rm=res.stride(0),
-            BLOCK_M=block_m, **fused, **common,
+            a_int8, a_scale, packed, w_scale, target, res, m, n, per_split,
+            a_int8.stride(0), packed.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),
+            BLOCK_M=block_m, **common,
         )
     if split:
         split_k_reduce(target, out, a_scale, None if grouped else w_scale, stride_sn, residual)
     return out
-
-
-def quantize_input(x, up, norm_weight, eps, act):
-    """The separate-launch twin of a prologue: (x_int8, a_scale) from ``fused_quant``."""
-    from .fused_quant import _launch as quant_launch
-
-    return quant_launch(x, up, norm_weight, eps, act, "fused_w2a8_linear")
 
 
 def w2a8_linear_reference(
@@ -463,12 +354,3 @@ def w2a8_linear_reference(
         acc = int_matmul(a_int8, codes).float()  # [M, N]
         y = acc * a_scale[:, None] * w_scale.expand(n)[None, :]
     return y.to(out_dtype) if residual is None else residual + y
-
-
-def fused_w2a8_linear_reference(x, packed, w_scale, *, norm_weight=None, eps=0.0, up=None, act=ACT_NONE,
-                                out_dtype=torch.float16, residual=None):
-    """The twin: the matching ``fused_quant`` twin, then ``w2a8_linear_reference``."""
-    from .fused_quant import fused_quant_reference
-
-    a_int8, a_scale = fused_quant_reference(x, up, norm_weight, eps, act)
-    return w2a8_linear_reference(a_int8, a_scale, packed, w_scale, out_dtype=out_dtype, residual=residual)

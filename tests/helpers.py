@@ -91,8 +91,8 @@ def fast_backend(model: TernaryLM, block_size: int = 4, max_context: int = 512, 
     plan = reference_backend(model, max_context=max_context, block_size=block_size, smallest=smallest).plan
     manifest = manifest_for(model, block_size, plan)
     options = options or RuntimeOptions(graphs=False, kv_dtype=torch.float32)
-    ops = Ops(twin=not kernels, specialize_widths=options.specialize, fuse_quant=options.fuse_quant)
-    fast = FastModel(manifest, artifact_tensors(model), ops, "cpu", head_dtype=head_dtype)
+    fast = FastModel(manifest, artifact_tensors(model), Ops(twin=not kernels, specialize_widths=options.specialize),
+                     "cpu", head_dtype=head_dtype)
     return GraphBackend(fast, plan, model.cfg.vocab_size - 1, block_size, options)
 
 

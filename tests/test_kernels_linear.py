@@ -18,9 +18,7 @@ from tests.helpers import DEVICE, ON_GPU, needs_gpu  # noqa: E402
 from bitmtp_edge.quant import int_matmul, quantize_activations  # noqa: E402
 from kernels_ampere import pack_ternary  # noqa: E402
 from kernels_ampere.tuning import DOT, GEMV, ROWS, LinearConfig  # noqa: E402
-from bitmtp_edge.quant import ACT_NONE, ACT_RELU2, ACT_SILU  # noqa: E402
-from kernels_ampere.fused_quant import _launch as fused_quant_launch  # noqa: E402
-from kernels_ampere.w2a8 import fused_w2a8_linear, fused_w2a8_linear_reference, w2a8_linear, w2a8_linear_reference  # noqa: E402
+from kernels_ampere.w2a8 import w2a8_linear, w2a8_linear_reference  # noqa: E402
 from kernels_ampere.w2a16 import w2a16_linear, w2a16_linear_reference  # noqa: E402
 
 
@@ -183,91 +181,7 @@ def test_w2a8_fused_residual_equals_the_unfused_sum(m, n, k, grouped):
         w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=residual[:, :-1])
 
 
-# --- fused_w2a8_linear: the projection quantises its own input --------------------------------
-
-PROLOGUES = {"rmsnorm": (ACT_NONE, True), "act": (ACT_NONE, False), "relu2_subnorm": (ACT_RELU2, True),
-             "silu": (ACT_SILU, False)}
-
-
-def prologue_inputs(m: int, k: int, name: str, gen: torch.Generator, dtype=torch.float32):
-    """x (or the gate) and up as column views of one [M, 2K] tensor, as the fused gate/up writes them."""
-    act, norm = PROLOGUES[name]
-    xu = (torch.randn(m, 2 * k, generator=gen) * (1 + torch.rand(m, 1, generator=gen) * 4)).to(dtype).to(DEVICE)
-    x, up = (xu[:, :k], xu[:, k:]) if act != ACT_NONE else (xu[:, :k].contiguous(), None)
-    nw = (0.5 + torch.rand(k, generator=gen)).to(DEVICE) if norm else None
-    return dict(norm_weight=nw, eps=1e-5, up=up, act=act), x
-
-
-def check_fused_linear(m, n, k, name, cfgs, gen, dtype=torch.float32):
-    kw, x = prologue_inputs(m, k, name, gen, dtype)
-    _, packed = random_weight(n, k, gen)
-    w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
-    residual = (torch.randn(m, n, generator=gen) * 3).to(DEVICE)
-    a, a_s = fused_quant_launch(x, kw["up"], kw["norm_weight"], kw["eps"], kw["act"], "test")
-    exact_twin = kw["act"] != ACT_SILU  # SiLU's exp is the GPU's
-    for cfg in cfgs:
-        fused = fused_w2a8_linear(x, packed, w_s, out_dtype=torch.float32, residual=residual, config=cfg, **kw)
-        separate = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=residual, config=cfg)
-        assert_exact(fused, separate, f"{name} {cfg} M={m}: fused vs separate quantisation launch")
-        if exact_twin or not ON_GPU:
-            assert_exact(fused, fused_w2a8_linear_reference(x, packed, w_s, out_dtype=torch.float32,
-                                                            residual=residual, **kw), f"{name} {cfg}: twin")
-    return x, kw, packed, w_s, residual
-
-
-@pytest.mark.parametrize("m,n,k,name", [(1, 40, 384, "rmsnorm"), (1, 40, 384, "silu"), (2, 40, 384, "relu2_subnorm"),
-                                        (5, 40, 384, "act"), (9, 40, 384, "relu2_subnorm"), (9, 72, 640, "silu")])
-def test_fused_w2a8_equals_the_separate_quantisation_launch(m, n, k, name):
-    """Every kernel (gemv, dot, rows -- which quantises separately --, split-K too), every
-    prologue, and a masked tail (K = 384, 640 are not multiples of the 256 statistics lanes).
-    The interpreter is slow here (each program recomputes its rows' statistics): few shapes."""
-    gen = torch.Generator().manual_seed(31 * m + n + len(name))
-    check_fused_linear(m, n, k, name, w2a8_configs(False, m), gen)
-
-
-def test_fused_w2a8_row_bits_do_not_depend_on_the_width():
-    """A row gives the same output alone (AR: gemv) and among 9 (a verify: dot)."""
-    gen = torch.Generator().manual_seed(12)
-    kw, x = prologue_inputs(9, 384, "relu2_subnorm", gen)
-    _, packed = random_weight(40, 384, gen)
-    w_s = (0.5 + torch.rand(40, generator=gen)).to(DEVICE)
-    wide = fused_w2a8_linear(x, packed, w_s, out_dtype=torch.float32, config=configs(False, 9)[0], **kw)
-    for i in (0, 8):
-        one = {**kw, "up": kw["up"][i:i + 1]}
-        alone = fused_w2a8_linear(x[i:i + 1], packed, w_s, out_dtype=torch.float32, config=configs(False, 1)[0], **one)
-        assert_exact(alone[0], wide[i], f"row {i}")
-
-
-def test_fused_w2a8_rejects_bad_prologue_inputs():
-    gen = torch.Generator().manual_seed(2)
-    kw, x = prologue_inputs(2, 384, "relu2_subnorm", gen)
-    _, packed = random_weight(40, 384, gen)
-    w_s = torch.ones(40, device=DEVICE)
-    with pytest.raises(ValueError, match="pass up exactly when"):
-        fused_w2a8_linear(x, packed, w_s, act=ACT_RELU2)
-    with pytest.raises(ValueError, match="norm weight must be"):
-        fused_w2a8_linear(x, packed, w_s, **{**kw, "norm_weight": kw["norm_weight"][:-1]})
-    with pytest.raises(TypeError, match="x: dtype"):
-        fused_w2a8_linear(x.to(torch.int32), packed, w_s)
-
-
 # --- GPU only: the real layer shapes ---------------------------------------------------------
-
-@pytest.mark.gpu
-@needs_gpu
-@pytest.mark.parametrize("n,k,name", [(3840, 2560, "rmsnorm"), (13824, 2560, "rmsnorm"), (2560, 2560, "rmsnorm"),
-                                      (2560, 6912, "relu2_subnorm"), (2048, 6144, "silu")])
-@pytest.mark.parametrize("m", (1, 9, 17))
-def test_fused_w2a8_real_shapes_exact_on_gpu(n, k, name, m):
-    """Tuned configs and every kernel, bfloat16 and float32 inputs; and a row's bits the same
-    at M = 1 (AR) as inside the wide call (verify / draft)."""
-    gen = torch.Generator().manual_seed(n + k + m)
-    x, kw, packed, w_s, _ = check_fused_linear(m, n, k, name, [None, *w2a8_configs(False, m)], gen)
-    check_fused_linear(m, n, k, name, [None], gen, dtype=torch.bfloat16)
-    wide = fused_w2a8_linear(x, packed, w_s, out_dtype=torch.float32, **kw)
-    one = {**kw, "up": None if kw["up"] is None else kw["up"][-1:]}
-    assert_exact(fused_w2a8_linear(x[-1:], packed, w_s, out_dtype=torch.float32, **one)[0], wide[-1], "last row alone")
-
 
 @pytest.mark.gpu
 @needs_gpu

@@ -1,10 +1,10 @@
-"""rmsnorm_quant, relu2_mul_rmsnorm_quant, silu_mul_quant and rmsnorm_cast against their twins.
+"""rmsnorm_quant, relu2_mul_rmsnorm_quant and silu_mul_quant against their twins.
 
-Kernel and twin sum ``mean(h**2)`` in the same fixed order (``kernels_ampere/prologue.py``)
-with the same roundings, so the RMSNorm ops are compared exactly. SiLU's ``exp`` is the
-GPU's, so there an int8 value may move by one where ``h * q`` sits within an ulp of .5:
-int8 values differ by at most 1, in at most 0.1% of the elements (in practice none);
-scales within 4 float32 ulps (rtol 5e-7).
+The quantisation step is the twin's step for step (correctly rounded q and 1/q, round half
+to even), but ``mean(h**2)`` is summed in a different float32 order and SiLU's ``exp`` is
+the GPU's, so an int8 value may move by one where ``h * q`` sits within an ulp of .5.
+Tolerances: int8 values differ by at most 1, in at most 0.1% of the elements (in practice
+none); scales within 4 float32 ulps (rtol 5e-7).
 """
 
 import pytest
@@ -37,13 +37,6 @@ def assert_quant_close(got, ref, what):
     torch.testing.assert_close(s, s_ref, rtol=5e-7, atol=0, msg=lambda m: f"{what} scale: {m}")
 
 
-def assert_quant_equal(got, ref, what):
-    (q, s), (q_ref, s_ref) = got, ref
-    assert q.dtype == torch.int8 and s.dtype == torch.float32
-    assert torch.equal(q, q_ref), f"{what}: {(q != q_ref).sum().item()} int8 values differ"
-    assert torch.equal(s, s_ref), f"{what}: scales differ"
-
-
 def rand(shape, gen, dtype, scale=3.0):
     return (torch.randn(shape, generator=gen) * scale).to(dtype).to(DEVICE)
 
@@ -53,7 +46,7 @@ def rand(shape, gen, dtype, scale=3.0):
 def test_rmsnorm_quant_matches_twin(m, k, dtype):
     gen = torch.Generator().manual_seed(m * 1000 + k)
     x, w = rand((m, k), gen, dtype), (0.5 + torch.rand(k, generator=gen)).to(dtype).to(DEVICE)
-    assert_quant_equal(rmsnorm_quant(x, w, 1e-6), rmsnorm_quant_reference(x, w, 1e-6), f"M={m} K={k}")
+    assert_quant_close(rmsnorm_quant(x, w, 1e-6), rmsnorm_quant_reference(x, w, 1e-6), f"M={m} K={k}")
 
 
 @pytest.mark.parametrize("m,k", WIDTH_K)
@@ -63,7 +56,7 @@ def test_relu2_mul_rmsnorm_quant_reads_slices_of_the_fused_gate_up(m, k, dtype):
     gate_up = rand((m, 2 * k), gen, dtype)  # [M, 2F], as the fused gate/up projection writes it
     gate, up = gate_up[:, :k], gate_up[:, k:]  # row stride 2F, no copies
     w = (0.5 + torch.rand(k, generator=gen)).to(DEVICE)
-    assert_quant_equal(relu2_mul_rmsnorm_quant(gate, up, w, 1e-5),
+    assert_quant_close(relu2_mul_rmsnorm_quant(gate, up, w, 1e-5),
                        relu2_mul_rmsnorm_quant_reference(gate, up, w, 1e-5), f"M={m} K={k}")
 
 
@@ -100,9 +93,9 @@ def test_fused_quant_real_widths_on_gpu(k):
     gen = torch.Generator().manual_seed(k)
     x = rand((17, k), gen, torch.bfloat16)
     w = (0.5 + torch.rand(k, generator=gen)).to(torch.bfloat16).to(DEVICE)
-    assert_quant_equal(rmsnorm_quant(x, w, 1e-5), rmsnorm_quant_reference(x, w, 1e-5), f"rmsnorm K={k}")
+    assert_quant_close(rmsnorm_quant(x, w, 1e-5), rmsnorm_quant_reference(x, w, 1e-5), f"rmsnorm K={k}")
     gu = rand((17, 2 * k), gen, torch.bfloat16)
-    assert_quant_equal(relu2_mul_rmsnorm_quant(gu[:, :k], gu[:, k:], w, 1e-5),
+    assert_quant_close(relu2_mul_rmsnorm_quant(gu[:, :k], gu[:, k:], w, 1e-5),
                        relu2_mul_rmsnorm_quant_reference(gu[:, :k], gu[:, k:], w, 1e-5), f"relu2 K={k}")
     assert_quant_close(silu_mul_quant(gu[:, :k], gu[:, k:]), silu_mul_quant_reference(gu[:, :k], gu[:, k:]),
                        f"silu K={k}")
@@ -110,7 +103,7 @@ def test_fused_quant_real_widths_on_gpu(k):
 
 @pytest.mark.parametrize("out_dtype", DTYPES)
 def test_rmsnorm_cast_matches_twin_and_ignores_the_width(out_dtype):
-    """The verify head's input: equal to the twin, and each row bit-identical whether it is
+    """The verify head's input: close to the twin, and each row bit-identical whether it is
     normalised alone (an AR step) or among 9 rows (a verify)."""
     from kernels_ampere.fused_quant import rmsnorm_cast, rmsnorm_cast_reference
 
@@ -120,6 +113,7 @@ def test_rmsnorm_cast_matches_twin_and_ignores_the_width(out_dtype):
     out = rmsnorm_cast(x, w, 1e-5, out_dtype)
     ref = rmsnorm_cast_reference(x, w, 1e-5, out_dtype)
     assert out.dtype == out_dtype
-    assert torch.equal(out, ref)
+    tol = {torch.float16: 2**-10, torch.bfloat16: 2**-7, torch.float32: 1e-6}[out_dtype]
+    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
     for i in (0, 4, 8):
         assert torch.equal(rmsnorm_cast(x[i:i + 1], w, 1e-5, out_dtype)[0], out[i])

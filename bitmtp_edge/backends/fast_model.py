@@ -6,8 +6,7 @@ gate/up one ``[2·I, K]`` projection, each keeping its own per-row scales (a per
 scale is broadcast over its rows, so the fused matrix still multiplies every segment by
 its own scale). QK-norm, RoPE and the K/V stores are one launch (``rope_qkv_to_cache``),
 the residual adds ride in the projections' epilogues, and gate/up are read as column views
-by the fused activation kernels; with ``ops.fuse_quant`` each projection quantises its own
-input (``fused_w2a8_linear``): about six launches a layer. The residual stream stays
+by the fused activation kernels: about ten launches a layer. The residual stream stays
 float32: at batch 1 activations are a few KB, and float32 keeps this path's greedy choices
 on the reference backend's.
 """
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 
 from ..artifact import Manifest
 from ..model import rope_cos_sin
-from ..quant import ACT_RELU2, ACT_SILU, quantize_activations
+from ..quant import quantize_activations
 from .ops import Ops
 
 
@@ -133,9 +132,6 @@ class FastModel:
             h = rms_norm(x, norm_weight, eps) if norm_weight is not None else x.float()
             y = self.ops.linear_w2a16(h.contiguous(), proj.packed, proj.scale)
             return y if residual is None else residual + y
-        if self.ops.fuse_quant:
-            return self.ops.linear_w2a8_fused(x, proj.packed, proj.scale, norm_weight=norm_weight, eps=eps,
-                                              residual=residual)
         if norm_weight is not None:
             a, s = self.ops.rmsnorm_quant(x, norm_weight, eps)
         else:
@@ -152,15 +148,9 @@ class FastModel:
             y = self.ops.linear_w2a16(self._glu_normed(gate, up, layer).contiguous(), layer.down.packed,
                                       layer.down.scale)
             return residual + y
-        relu2_subnorm = self.cfg.activation == "relu2" and layer.ffn_sub_norm is not None
-        silu_plain = self.cfg.activation == "silu" and layer.ffn_sub_norm is None
-        if self.ops.fuse_quant and (relu2_subnorm or silu_plain):
-            return self.ops.linear_w2a8_fused(gate, layer.down.packed, layer.down.scale, norm_weight=layer.ffn_sub_norm,
-                                              eps=self.cfg.rms_norm_eps, up=up, act=ACT_RELU2 if relu2_subnorm else ACT_SILU,
-                                              residual=residual)
-        if relu2_subnorm:
+        if self.cfg.activation == "relu2" and layer.ffn_sub_norm is not None:
             a, s = self.ops.relu2_mul_rmsnorm_quant(gate, up, layer.ffn_sub_norm, self.cfg.rms_norm_eps)
-        elif silu_plain:
+        elif self.cfg.activation == "silu" and layer.ffn_sub_norm is None:
             a, s = self.ops.silu_mul_quant(gate, up)
         else:  # a family/scheme pair without a fused kernel
             a, s = quantize_activations(self._glu_normed(gate, up, layer))

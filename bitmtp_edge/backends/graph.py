@@ -49,21 +49,17 @@ class RuntimeOptions:
     hoist_verify: bool = True  # M3
     capture: str = "load"  # "load" (all states up front) or "lazy" (per state, first use)
     kv_dtype: torch.dtype = torch.float16
-    fuse_quant: bool = True  # projections quantise their own input (one launch, same bits)
 
-    # the paper's Table 5 rows, and Full with a separate quantisation launch per projection
-    # (the before/after of fused_w2a8_linear, measured in one run)
-    PRESETS = ("generic", "m1", "m1+m2", "full", "full-unfused")
+    PRESETS = ("generic", "m1", "m1+m2", "full")
 
     @classmethod
     def preset(cls, name: str, **kw) -> "RuntimeOptions":
-        flags = {"generic": (False, False, False, False), "m1": (True, False, False, True),
-                 "m1+m2": (True, True, False, True), "full": (True, True, True, True),
-                 "full-unfused": (True, True, True, False)}
+        flags = {"generic": (False, False, False), "m1": (True, False, False),
+                 "m1+m2": (True, True, False), "full": (True, True, True)}
         if name not in flags:
             raise ValueError(f"unknown runtime configuration {name!r}; choose one of {', '.join(flags)}")
-        s, g, h, f = flags[name]
-        return cls(specialize=s, graphs=g, hoist_verify=h, fuse_quant=f, **kw)
+        s, g, h = flags[name]
+        return cls(specialize=s, graphs=g, hoist_verify=h, **kw)
 
 
 class GraphBackend:

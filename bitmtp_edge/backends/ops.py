@@ -5,15 +5,13 @@ pure-PyTorch twin — the same signatures and numerics, so a CPU run of the fast
 checks every line of its static-buffer logic against the reference backend.
 ``specialize_widths=False`` is the Generic ablation: one launch configuration for every
 width M instead of the width-specialised table (paper Table 5, "Generic").
-``fuse_quant=True`` lets each W2A8 projection quantise its own input (``fused_w2a8_linear``:
-one launch instead of two, the same bits).
 """
 
 from __future__ import annotations
 
 import torch
 
-KERNELS = ("w2a8_linear", "fused_w2a8_linear", "w2a16_linear", "rmsnorm_quant", "rmsnorm_cast", "act_quant", "relu2_mul_rmsnorm_quant",
+KERNELS = ("w2a8_linear", "w2a16_linear", "rmsnorm_quant", "rmsnorm_cast", "act_quant", "relu2_mul_rmsnorm_quant",
            "silu_mul_quant", "rope_qkv_to_cache", "small_width_attention", "int8_head_argmax", "f16_head_argmax")
 
 
@@ -26,8 +24,8 @@ def _resolve(name: str, twin: bool):
 class Ops:
     """Bound operator functions (``ops.w2a8_linear(...)`` etc.)."""
 
-    def __init__(self, twin: bool, specialize_widths: bool = True, fuse_quant: bool = False):
-        self.twin, self.specialize_widths, self.fuse_quant = twin, specialize_widths, fuse_quant
+    def __init__(self, twin: bool, specialize_widths: bool = True):
+        self.twin, self.specialize_widths = twin, specialize_widths
         self.name = "torch-twins" if twin else "triton"
         for name in KERNELS:
             setattr(self, name, _resolve(name, twin))
@@ -37,12 +35,6 @@ class Ops:
             return self.w2a8_linear(a_int8, a_scale, packed, w_scale, out_dtype=out_dtype, residual=residual)
         return self.w2a8_linear(a_int8, a_scale, packed, w_scale, out_dtype=out_dtype, residual=residual,
                                 config=None if self.specialize_widths else _generic_linear(w_scale.dim() == 2))
-
-    def linear_w2a8_fused(self, x, packed, w_scale, *, norm_weight=None, eps=0.0, up=None, act=0, residual=None):
-        kw = dict(norm_weight=norm_weight, eps=eps, up=up, act=act, out_dtype=torch.float32, residual=residual)
-        if not self.twin and not self.specialize_widths:
-            kw["config"] = _generic_linear(w_scale.dim() == 2)
-        return self.fused_w2a8_linear(x, packed, w_scale, **kw)
 
     def linear_w2a16(self, x, packed, w_scale, out_dtype=torch.float32):
         if self.twin:
