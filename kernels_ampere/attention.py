@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import bf16_dot_upcast, check_dtype, check_launchable, next_pow2
+from .common import bf16_dot_upcast, check_dtype, check_launchable, gdc_prologue, next_pow2, pdl_options
 from .tuning import AttentionConfig, default_attention, lookup, sm_count
 
 LOG2E = 1.4426950408889634
@@ -91,7 +91,9 @@ def _attention_split_kernel(
     SPLIT_SLOTS: tl.constexpr, DIRECT: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
+    gdc_prologue(USE_GDC)
     kvh = tl.program_id(0)
     q_tile = tl.program_id(1)
     split = tl.program_id(2)
@@ -140,7 +142,9 @@ def _attention_combine_kernel(
     out_ptr,  # [M, Hq, hd]
     n_splits, MH, Hq, HD, stride_om, stride_oh,
     BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+    USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
+    gdc_prologue(USE_GDC)
     row = tl.program_id(0)  # = m * Hq + head
     rp = tl.arange(0, BLOCK_P)
     rd = tl.arange(0, BLOCK_D)
@@ -229,12 +233,12 @@ def small_width_attention(
         BLOCK_Q=block_q, BLOCK_S=config.block_s, BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST=bf16_dot_upcast(_attention_split_kernel, q),
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(_attention_split_kernel),
     )
     if not direct:
         _attention_combine_kernel[(m * hq,)](
             pacc, pm, pl, out, n_splits, m * hq, hq, hd, out.stride(0), out.stride(1),
-            BLOCK_P=next_pow2(n_splits), BLOCK_D=block_d, num_warps=4,
+            BLOCK_P=next_pow2(n_splits), BLOCK_D=block_d, num_warps=4, **pdl_options(_attention_combine_kernel),
         )
     return out
 

@@ -9,9 +9,21 @@ what they accept:
 * ``round_half_even``: ``libdevice.rint`` does not run under the interpreter. Adding and
   subtracting 1.5 * 2**23 rounds any float32 with |x| < 2**22 to the nearest integer,
   ties to even, exactly as ``torch.round`` does; our operands are at most 127.5.
+
+Programmatic dependent launch (``pdl_options``, sm_90+): a decode step is ~350 small kernels
+back to back, each paying launch and ramp-up before it can start. Launched with
+``launch_pdl``, the next kernel is scheduled while this one runs and blocks in
+``gdc_prologue`` until this one has finished and its writes are visible: the same data
+dependencies, the launch latency hidden. Every kernel here starts with the prologue (it must
+run in every PDL-launched kernel: completion then implies the predecessor's completion, so
+dependencies stay transitive). Orin (sm_87) has no PDL: there the option is off and the
+kernels are unchanged.
 """
 
 from __future__ import annotations
+
+import functools
+import os
 
 import torch
 import triton
@@ -57,6 +69,47 @@ def bf16_rne(x):
     bits = x.to(tl.int32, bitcast=True)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # -65536 = 0xFFFF0000
     return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def gdc_prologue(USE_GDC: tl.constexpr):
+    """Wait for the previous kernel on the stream (all of its writes), then let the next one
+    be scheduled. A no-op unless the kernel was launched with ``pdl_options``."""
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+_PDL_ENABLED = [os.environ.get("BITMTP_PDL", "1") != "0"]
+
+
+def programmatic_launch(enabled: bool | None = None) -> bool:
+    """Process-wide switch for programmatic dependent launch (default on; ``BITMTP_PDL=0``
+    turns it off). A CUDA graph keeps the setting it was captured with. -> the setting."""
+    if enabled is not None:
+        _PDL_ENABLED[0] = bool(enabled)
+    return _PDL_ENABLED[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _device_supports_pdl(index: int) -> bool:
+    if torch.cuda.get_device_capability(index) < (9, 0):
+        return False
+    try:  # Triton gained launch_pdl and the gdc ops in 3.3
+        from triton.backends.nvidia.compiler import CUDAOptions
+
+        return "launch_pdl" in CUDAOptions.__dataclass_fields__ and hasattr(tl.extra.cuda, "gdc_wait")
+    except (ImportError, AttributeError):
+        return False
+
+
+def pdl_options(kernel) -> dict:
+    """Launch keywords for ``kernel``: programmatic dependent launch where the current CUDA
+    device and Triton support it and the switch is on; the plain launch otherwise."""
+    if (_PDL_ENABLED[0] and not is_interpreted(kernel) and torch.cuda.is_available()
+            and _device_supports_pdl(torch.cuda.current_device())):
+        return {"USE_GDC": True, "launch_pdl": True}
+    return {"USE_GDC": False}
 
 
 def is_interpreted(kernel) -> bool:
@@ -148,7 +201,9 @@ def _split_k_reduce_kernel(
     M, N, stride_sn, stride_rm, stride_om,
     S: tl.constexpr, HAS_A_SCALE: tl.constexpr, HAS_W_SCALE: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
+    gdc_prologue(USE_GDC)
     m = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = rn < N
@@ -178,6 +233,7 @@ def split_k_reduce(part: torch.Tensor, out: torch.Tensor, a_scale: torch.Tensor 
         m, n, stride_sn, res.stride(0), out.stride(0),
         S=s, HAS_A_SCALE=a_scale is not None, HAS_W_SCALE=w_scale is not None, RESIDUAL=residual is not None,
         BLOCK_N=block_n, num_warps=4, enable_fp_fusion=False,  # round the scaled sum before the residual add
+        **pdl_options(_split_k_reduce_kernel),
     )
 
 

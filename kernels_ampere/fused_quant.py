@@ -25,7 +25,7 @@ import triton.language as tl
 
 from bitmtp_edge.quant import ACT_QMAX, SCALE_EPS, quantize_activations
 
-from .common import bf16_rne, check_dtype, check_launchable, next_pow2, round_half_even
+from .common import bf16_rne, check_dtype, check_launchable, gdc_prologue, next_pow2, pdl_options, round_half_even
 
 ACT_NONE, ACT_RELU2, ACT_SILU = 0, 1, 2
 IN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -44,7 +44,9 @@ def _fused_quant_kernel(
     QMAX: tl.constexpr, EPS_AMAX: tl.constexpr,
     BLOCK_K: tl.constexpr,
     QUANT: tl.constexpr = True, OUT_BF16: tl.constexpr = False,  # QUANT=False: store h in q_ptr's dtype
+    USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
+    gdc_prologue(USE_GDC)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_K)
     mask = cols < K
@@ -105,7 +107,7 @@ def _launch(x: torch.Tensor, up: torch.Tensor | None, weight: torch.Tensor | Non
             num_warps=min(max(block_k // 512, 1), 16),
             # no FMA contraction: h * q must round to float32 before the round-half-even add,
             # exactly as in the twin (a fused multiply-add would round once, differently)
-            enable_fp_fusion=False,
+            enable_fp_fusion=False, **pdl_options(_fused_quant_kernel),
         )
     return out if out_dtype is not None else (out, a_scale)
 

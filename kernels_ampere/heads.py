@@ -26,7 +26,7 @@ import triton.language as tl
 
 from bitmtp_edge.quant import int_matmul
 
-from .common import bf16_dot_upcast, check_dtype, check_launchable, next_pow2
+from .common import bf16_dot_upcast, check_dtype, check_launchable, gdc_prologue, next_pow2, pdl_options
 from .tuning import HeadConfig, default_head, lookup
 
 _LOG2E = tl.constexpr(1.4426950408889634)
@@ -45,7 +45,9 @@ def _head_partial_kernel(
     INT8: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
     UPCAST: tl.constexpr,
+    USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
+    gdc_prologue(USE_GDC)
     pid = tl.program_id(0)
     rv = pid * BLOCK_V + tl.arange(0, BLOCK_V)
     rm = tl.arange(0, BLOCK_M)
@@ -86,7 +88,9 @@ def _head_combine_kernel(
     conf_ptr,  # [M] float32
     P, M,
     BLOCK_P: tl.constexpr,
+    USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
+    gdc_prologue(USE_GDC)
     m = tl.program_id(0)
     rp = tl.arange(0, BLOCK_P)
     g_max = float("-inf")
@@ -136,10 +140,11 @@ def _head_argmax(h, h_scale, w, w_scale, config, op):
         pmax, pidx, psum, m, v, hdim, h.stride(0), w.stride(0),
         INT8=int8, BLOCK_M=block_m, BLOCK_V=config.block_v, BLOCK_H=config.block_h,
         UPCAST=bf16_dot_upcast(_head_partial_kernel, h),
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(_head_partial_kernel),
     )
     _head_combine_kernel[(m,)](pmax, pidx, psum, top1, conf, n_parts, m,
-                               BLOCK_P=min(next_pow2(n_parts), config.combine_block), num_warps=4)
+                               BLOCK_P=min(next_pow2(n_parts), config.combine_block), num_warps=4,
+                               **pdl_options(_head_combine_kernel))
     return top1, conf
 
 

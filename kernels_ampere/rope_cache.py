@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import bf16_rne, check_dtype, check_launchable, next_pow2
+from .common import bf16_rne, check_dtype, check_launchable, gdc_prologue, next_pow2, pdl_options
 from .fused_quant import rms_norm_reference
 
 KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -40,7 +40,9 @@ def _rope_cache_kernel(
     Hq, Hkv, HD, eps,
     stride_xm, stride_cm, stride_qm, stride_qh, stride_kh, stride_ks, stride_vh, stride_vs,
     QK_NORM: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK_D: tl.constexpr,
+    USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
+    gdc_prologue(USE_GDC)
     m = tl.program_id(0)
     h = tl.program_id(1)
     rd = tl.arange(0, BLOCK_D)
@@ -130,6 +132,7 @@ def rope_qkv_to_cache(
         k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         QK_NORM=norm, OUT_BF16=k_buf.dtype == torch.bfloat16, BLOCK_D=next_pow2(hd), num_warps=1,
         enable_fp_fusion=False,  # x·cos and xr·sin round separately, as in the twin
+        **pdl_options(_rope_cache_kernel),
     )
     return q_out
 

@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (bf16_dot_upcast, check_dtype, check_launchable, check_packed_weight, next_pow2,
-                     scale_strides, split_k_chunks, split_k_reduce)
+from .common import (bf16_dot_upcast, check_dtype, check_launchable, check_packed_weight, gdc_prologue, next_pow2,
+                     pdl_options, scale_strides, split_k_chunks, split_k_reduce)
 from .packing import BYTES_PER_CHUNK, CHUNK_K, unpack_ternary
 from .tuning import GEMV, ROWS, LinearConfig, default_linear, linear_key, lookup
 
@@ -40,7 +40,9 @@ def _w2a16_gemv_kernel(
     K: tl.constexpr,
     GROUPED: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
+    USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
+    gdc_prologue(USE_GDC)
     N_CHUNKS: tl.constexpr = K // 128
     m = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -91,7 +93,9 @@ def _w2a16_dot_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
     PRECISION: tl.constexpr,  # "ieee" for float32 activations: no TF32 rounding
     UPCAST: tl.constexpr,  # interpreter only: bf16 tl.dot is wrong there (common.py)
+    USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
+    gdc_prologue(USE_GDC)
     N_CHUNKS: tl.constexpr = K // 128
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -174,14 +178,16 @@ def w2a16_linear(
         raise ValueError("w2a16_linear: the multi-row gemv kernel ('rows') is W2A8 only; use 'gemv' or 'dot'")
     if config.kernel == GEMV:
         check_launchable(_w2a16_gemv_kernel, x, packed, w_scale)
-        _w2a16_gemv_kernel[(m, triton.cdiv(n, config.block_n), n_split)](*args, **common)
+        _w2a16_gemv_kernel[(m, triton.cdiv(n, config.block_n), n_split)](*args, **common,
+                                                                          **pdl_options(_w2a16_gemv_kernel))
     else:
         check_launchable(_w2a16_dot_kernel, x, packed, w_scale)
         block_m = max(16, min(next_pow2(m), 64))
         grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, block_m), n_split)
         _w2a16_dot_kernel[grid](*args, BLOCK_M=block_m,
                                 PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-                                UPCAST=bf16_dot_upcast(_w2a16_dot_kernel, x), **common)
+                                UPCAST=bf16_dot_upcast(_w2a16_dot_kernel, x), **common,
+                                **pdl_options(_w2a16_dot_kernel))
     if split:
         split_k_reduce(target, out, None, None if grouped else w_scale, stride_sn)
     return out

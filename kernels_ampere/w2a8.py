@@ -46,8 +46,8 @@ import triton.language as tl
 
 from bitmtp_edge.quant import int_matmul
 
-from .common import (check_dtype, check_launchable, check_packed_weight, check_residual, dp4a, is_interpreted,
-                     next_pow2, scale_strides, split_k_chunks, split_k_reduce)
+from .common import (check_dtype, check_launchable, check_packed_weight, check_residual, dp4a, gdc_prologue,
+                     is_interpreted, next_pow2, pdl_options, scale_strides, split_k_chunks, split_k_reduce)
 from .packing import BYTES_PER_CHUNK, CHUNK_K, unpack_ternary
 from .tuning import GEMV, ROWS, LinearConfig, default_linear, linear_key, lookup
 
@@ -69,7 +69,9 @@ def _w2a8_gemv_kernel(
     GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,  # rows per program, 128-chunks per K step
     USE_ASM: tl.constexpr,
+    USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
+    gdc_prologue(USE_GDC)
     N_CHUNKS: tl.constexpr = K // 128
     m = tl.program_id(0)  # one activation row per program; rows of one N tile run side by side
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -156,9 +158,11 @@ def _w2a8_rows_kernel(
     GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
     USE_ASM: tl.constexpr,
+    USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
     """The gemv kernel with BLOCK_M activation rows per program: each weight word is loaded
     and decoded once and multiplies every row (dp4a), instead of once per row."""
+    gdc_prologue(USE_GDC)
     N_CHUNKS: tl.constexpr = K // 128
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -214,7 +218,9 @@ def _w2a8_dot_kernel(
     K: tl.constexpr,
     GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
+    USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
+    gdc_prologue(USE_GDC)
     N_CHUNKS: tl.constexpr = K // 128
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -315,7 +321,7 @@ def w2a8_linear(
         kernel[grid](
             a_words, a_scale, w_words, w_scale, target, res, m, n, per_split,
             a_words.stride(0), w_words.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),
-            USE_ASM=not is_interpreted(kernel), **rows, **common,
+            USE_ASM=not is_interpreted(kernel), **rows, **common, **pdl_options(kernel),
         )
     else:
         check_launchable(_w2a8_dot_kernel, a_int8, a_scale, packed, w_scale)
@@ -324,7 +330,7 @@ def w2a8_linear(
         _w2a8_dot_kernel[grid](
             a_int8, a_scale, packed, w_scale, target, res, m, n, per_split,
             a_int8.stride(0), packed.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),
-            BLOCK_M=block_m, **common,
+            BLOCK_M=block_m, **common, **pdl_options(_w2a8_dot_kernel),
         )
     if split:
         split_k_reduce(target, out, a_scale, None if grouped else w_scale, stride_sn, residual)

@@ -237,3 +237,59 @@ def test_w2a16_refuses_the_multi_row_w2a8_kernel():
     w_s = (0.5 + torch.rand(40, generator=gen)).to(DEVICE)
     with pytest.raises(ValueError, match="W2A8 only"):
         w2a16_linear(x, packed, w_s, config=LinearConfig(ROWS, 8, 64))
+
+
+def test_programmatic_launch_is_off_where_it_cannot_run():
+    """Interpreted kernels (and CPUs, and GPUs before sm_90) launch plainly; the switch holds."""
+    from kernels_ampere.common import pdl_options, programmatic_launch
+    from kernels_ampere.w2a8 import _w2a8_gemv_kernel
+
+    before = programmatic_launch()
+    try:
+        assert programmatic_launch(False) is False
+        assert pdl_options(_w2a8_gemv_kernel) == {"USE_GDC": False}
+        programmatic_launch(True)
+        options = pdl_options(_w2a8_gemv_kernel)
+        if not ON_GPU or torch.cuda.get_device_capability() < (9, 0):
+            assert options == {"USE_GDC": False}
+        else:  # Hopper: on where Triton has it, and then the kernel and the launch agree
+            assert options in ({"USE_GDC": False}, {"USE_GDC": True, "launch_pdl": True})
+    finally:
+        programmatic_launch(before)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_w2a8_graph_with_and_without_programmatic_launch_agree():
+    """A chain of dependent launches (quantise -> linear -> split-K reduce -> quantise -> linear)
+    captured with and without PDL: the same bits, so every kernel waits for its producer."""
+    from kernels_ampere.common import programmatic_launch
+    from kernels_ampere.fused_quant import rmsnorm_quant
+
+    gen = torch.Generator().manual_seed(9)
+    _, p1 = random_weight(2560, 2560, gen)
+    _, p2 = random_weight(6912, 2560, gen)
+    s1, s2 = (0.5 + torch.rand(2560, generator=gen)).to(DEVICE), (0.5 + torch.rand(6912, generator=gen)).to(DEVICE)
+    w = (0.5 + torch.rand(2560, generator=gen)).to(DEVICE)
+    x = (torch.randn(1, 2560, generator=gen) * 3).to(DEVICE)
+    split = LinearConfig(GEMV, 8, 64, num_warps=2, split_k=4)
+
+    def chain():
+        h = w2a8_linear(*rmsnorm_quant(x, w, 1e-5), p1, s1, out_dtype=torch.float32, residual=x, config=split)
+        return w2a8_linear(*rmsnorm_quant(h, w, 1e-5), p2, s2, out_dtype=torch.float32)
+
+    outs = {}
+    before = programmatic_launch()
+    try:
+        for pdl in (False, True):
+            programmatic_launch(pdl)
+            chain()  # compile outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = chain()
+            for _ in range(3):
+                graph.replay()
+            outs[pdl] = out.clone()
+    finally:
+        programmatic_launch(before)
+    assert_exact(outs[True], outs[False], "PDL vs plain launches")

@@ -199,7 +199,7 @@ def part_2b(work: Path, args, progress) -> dict:
         torch.cuda.reset_peak_memory_stats()
         cached_kernels = triton_cache_entries()
         t0 = time.perf_counter()
-        eng = Engine.load(art, backend=args.backend, device="cuda", runtime=name)
+        eng = load_config(art, name, args.backend)
         torch.cuda.synchronize()
         startup = time.perf_counter() - t0
         b = eng.backend
@@ -381,6 +381,21 @@ def markdown(report: dict) -> str:
                              f"{p.get('speedup', 1.0):.2f} | {p.get('agreement_with_ar', 1.0):.3f} |")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def load_config(art: Path, name: str, backend: str) -> Engine:
+    """A runtime preset, or ``<preset>-nopdl``: the same with programmatic dependent launch off
+    while its graphs are captured (a graph keeps the launch mode it was captured with), the
+    before/after of ``kernels_ampere.common.pdl_options`` in one run."""
+    from kernels_ampere.common import programmatic_launch
+
+    runtime, pdl = (name.removesuffix("-nopdl"), False) if name.endswith("-nopdl") else (name, True)
+    previous = programmatic_launch()
+    programmatic_launch(pdl)
+    try:
+        return Engine.load(art, backend=backend, device="cuda", runtime=runtime)
+    finally:
+        programmatic_launch(previous)
 
 
 def triton_cache_entries() -> int:
