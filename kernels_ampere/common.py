@@ -95,7 +95,7 @@ def programmatic_launch(enabled: bool | None = None) -> bool:
 def _device_supports_pdl(index: int) -> bool:
     if torch.cuda.get_device_capability(index) < (9, 0):
         return False
-    try:  # Triton gained launch_pdl and the gdc ops in 3.3
+    try:  # launch_pdl and the gdc ops are recent (Triton 3.6 on the H200 has both)
         from triton.backends.nvidia.compiler import CUDAOptions
 
         return "launch_pdl" in CUDAOptions.__dataclass_fields__ and hasattr(tl.extra.cuda, "gdc_wait")

@@ -346,8 +346,8 @@ def markdown(report: dict) -> str:
     if "2b" in report:
         r = report["2b"]
         lines += ["## BitNet-2B shape (random weights, D = 8)", "",
-                  "| configuration | startup s | kernel cache | graphs | AR tok/s | forced a=0 | a=2 | a=4 | a=8 tok/s | KV MiB "
-                  "| shared-KV increment MiB | graph pool MiB |",
+                  "| configuration | startup s | kernel cache | graphs | AR tok/s | forced a=0 | a=2 | a=4 "
+                  "| a=8 tok/s | KV MiB | shared-KV increment MiB | graph pool MiB |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for name, c in r["configs"].items():
             f = {x["accepted"]: x["tok_s"] for x in c["forced"]}
