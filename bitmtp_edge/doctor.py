@@ -110,7 +110,13 @@ def check_backend(torch) -> Check:
     why = {"reference": "PyTorch oracle (no CUDA GPU of sm_80+ with working Triton kernels here)",
            "ampere": "Triton W2A8 kernels + CUDA graphs, no FP8",
            "server": "ampere + FP8 draft head (sm_89/sm_90+)"}[chosen]
-    return Check("backend", "ok", f"auto → {chosen} on {device}: {why}", {"auto": chosen, "device": str(device)})
+    details = {"auto": chosen, "device": str(device)}
+    if chosen != "reference":  # kernel launches overlap their predecessors on sm_90+
+        from kernels_ampere.common import pdl_status
+
+        details["programmatic_launch"] = pdl_status()[1]
+        why += f"; programmatic dependent launch {details['programmatic_launch']}"
+    return Check("backend", "ok", f"auto → {chosen} on {device}: {why}", details)
 
 
 def check_board(root: str | os.PathLike = "/") -> Check:

@@ -103,11 +103,25 @@ def _device_supports_pdl(index: int) -> bool:
         return False
 
 
+def pdl_status() -> tuple[bool, str]:
+    """(on, why) for the current CUDA device: what ``bitmtp doctor`` reports."""
+    if not _PDL_ENABLED[0]:
+        return False, "off (BITMTP_PDL=0)"
+    if not torch.cuda.is_available():
+        return False, "off (no CUDA device)"
+    index = torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    if (major, minor) < (9, 0):
+        return False, f"off (sm_{major}{minor} has none; sm_90+)"
+    if not _device_supports_pdl(index):
+        return False, "off (this Triton cannot launch it)"
+    return True, "on"
+
+
 def pdl_options(kernel) -> dict:
     """Launch keywords for ``kernel``: programmatic dependent launch where the current CUDA
     device and Triton support it and the switch is on; the plain launch otherwise."""
-    if (_PDL_ENABLED[0] and not is_interpreted(kernel) and torch.cuda.is_available()
-            and _device_supports_pdl(torch.cuda.current_device())):
+    if not is_interpreted(kernel) and pdl_status()[0]:
         return {"USE_GDC": True, "launch_pdl": True}
     return {"USE_GDC": False}
 

@@ -241,17 +241,19 @@ def test_w2a16_refuses_the_multi_row_w2a8_kernel():
 
 def test_programmatic_launch_is_off_where_it_cannot_run():
     """Interpreted kernels (and CPUs, and GPUs before sm_90) launch plainly; the switch holds."""
-    from kernels_ampere.common import pdl_options, programmatic_launch
+    from kernels_ampere.common import pdl_options, pdl_status, programmatic_launch
     from kernels_ampere.w2a8 import _w2a8_gemv_kernel
 
     before = programmatic_launch()
     try:
         assert programmatic_launch(False) is False
         assert pdl_options(_w2a8_gemv_kernel) == {"USE_GDC": False}
+        assert pdl_status() == (False, "off (BITMTP_PDL=0)")
         programmatic_launch(True)
         options = pdl_options(_w2a8_gemv_kernel)
         if not ON_GPU or torch.cuda.get_device_capability() < (9, 0):
             assert options == {"USE_GDC": False}
+            assert pdl_status()[0] is False and "off (" in pdl_status()[1]
         else:  # Hopper: on where Triton has it, and then the kernel and the launch agree
             assert options in ({"USE_GDC": False}, {"USE_GDC": True, "launch_pdl": True})
     finally:
