@@ -10,7 +10,12 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 if [ "${T_KERNELS:-120}" != 0 ]; then  # T_KERNELS=0: the kernel report is already in (a --tune run)
   timeout ${T_KERNELS:-120} python tools/bench_kernels.py --out "$OUT/k" 2>&1 | tail -45
 fi
-timeout ${T_E2E:-230} python tools/bench_e2e.py --parts 2b,trained --artifact bitmtp_edge/embedded/model \
+# E2E_CONFIGS: the 2B-shape runtime configurations (``full-nopdl``: Full with plain launches,
+# the before/after of programmatic dependent launch); ARTIFACTS: trained artifacts, e.g. add a
+# D = 4 export (tools/h200_d4.sh makes the checkpoint; tools/checkpoints/README.md)
+ART_ARGS=""
+for a in ${ARTIFACTS:-bitmtp_edge/embedded/model}; do ART_ARGS="$ART_ARGS --artifact $a"; done
+timeout ${T_E2E:-230} python tools/bench_e2e.py --parts 2b,trained --configs "${E2E_CONFIGS:-full-nopdl,full}" $ART_ARGS \
   --tokens 128 --repeats 2 --prompts 4 --out "$OUT/e" 2>&1 | tail -60
 timeout ${T_BENCH:-80} python -m bitmtp_edge.cli bench --backend ampere --device cuda --monitor nvml -n 256 \
   --num-prompts 4 --repeats 2 -q --out "$OUT/b" 2>&1 | tail -25
