@@ -121,7 +121,8 @@ def pdl_status() -> tuple[bool, str]:
 def pdl_options(kernel) -> dict:
     """Launch keywords for ``kernel``: programmatic dependent launch where the current CUDA
     device and Triton support it and the switch is on; the plain launch otherwise."""
-    if not is_interpreted(kernel) and pdl_status()[0]:
+    if (_PDL_ENABLED[0] and not is_interpreted(kernel) and torch.cuda.is_available()
+            and _device_supports_pdl(torch.cuda.current_device())):  # cached: called per launch
         return {"USE_GDC": True, "launch_pdl": True}
     return {"USE_GDC": False}
 
