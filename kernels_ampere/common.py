@@ -92,15 +92,19 @@ def programmatic_launch(enabled: bool | None = None) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _device_supports_pdl(index: int) -> bool:
-    if torch.cuda.get_device_capability(index) < (9, 0):
-        return False
+def _pdl_unsupported(index: int) -> str | None:
+    """Why CUDA device ``index`` cannot launch with PDL, or None when it can."""
+    major, minor = torch.cuda.get_device_capability(index)
+    if (major, minor) < (9, 0):
+        return f"sm_{major}{minor} has none; sm_90+"
     try:  # launch_pdl and the gdc ops are recent (Triton 3.6 on the H200 has both)
         from triton.backends.nvidia.compiler import CUDAOptions
 
-        return "launch_pdl" in CUDAOptions.__dataclass_fields__ and hasattr(tl.extra.cuda, "gdc_wait")
+        if "launch_pdl" in CUDAOptions.__dataclass_fields__ and hasattr(tl.extra.cuda, "gdc_wait"):
+            return None
     except (ImportError, AttributeError):
-        return False
+        pass
+    return "this Triton cannot launch it"
 
 
 def pdl_status() -> tuple[bool, str]:
@@ -109,20 +113,14 @@ def pdl_status() -> tuple[bool, str]:
         return False, "off (BITMTP_PDL=0)"
     if not torch.cuda.is_available():
         return False, "off (no CUDA device)"
-    index = torch.cuda.current_device()
-    major, minor = torch.cuda.get_device_capability(index)
-    if (major, minor) < (9, 0):
-        return False, f"off (sm_{major}{minor} has none; sm_90+)"
-    if not _device_supports_pdl(index):
-        return False, "off (this Triton cannot launch it)"
-    return True, "on"
+    why = _pdl_unsupported(torch.cuda.current_device())
+    return (False, f"off ({why})") if why else (True, "on")
 
 
 def pdl_options(kernel) -> dict:
     """Launch keywords for ``kernel``: programmatic dependent launch where the current CUDA
     device and Triton support it and the switch is on; the plain launch otherwise."""
-    if (_PDL_ENABLED[0] and not is_interpreted(kernel) and torch.cuda.is_available()
-            and _device_supports_pdl(torch.cuda.current_device())):  # cached: called per launch
+    if not is_interpreted(kernel) and pdl_status()[0]:  # per launch: the device check is cached
         return {"USE_GDC": True, "launch_pdl": True}
     return {"USE_GDC": False}
 
