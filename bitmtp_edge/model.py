@@ -31,6 +31,7 @@ from .quant import (
     quantize_activations,
     quantize_rows_int8,
     ternary_absmean_ste,
+    ternary_group_absmax_ste,
 )
 
 
@@ -75,12 +76,11 @@ class PackedTernaryLinear(nn.Module):
 
 
 class LatentTernaryLinear(nn.Module):
-    """Training projection: latent weight, straight-through ternary + int8 fake quantisation."""
+    """Training projection: latent weight, straight-through ternary (per-tensor absmean or
+    group-128 absmax) + int8 fake quantisation of the activations when the scheme has it."""
 
     def __init__(self, in_features: int, out_features: int, quant: QuantConfig):
         super().__init__()
-        if quant.weights != "per_tensor":
-            raise ValueError("quantisation-aware training supports per_tensor (absmean) weights only")
         self.in_features, self.out_features, self.quant = in_features, out_features, quant
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         nn.init.normal_(self.weight, std=0.02)
@@ -88,6 +88,8 @@ class LatentTernaryLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quant.quantize_activations:
             x = activations_int8_ste(x)
+        if self.quant.weights == "group128":
+            return F.linear(x, ternary_group_absmax_ste(self.weight))
         return F.linear(x, ternary_absmean_ste(self.weight))
 
 

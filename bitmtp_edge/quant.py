@@ -106,6 +106,12 @@ def ternary_absmean_ste(w: torch.Tensor) -> torch.Tensor:
     return _ste(w, (codes.float() * scale).to(w.dtype))
 
 
+def ternary_group_absmax_ste(w: torch.Tensor) -> torch.Tensor:
+    """Fake-quantised group-128 (absmax) ternary weight with a straight-through gradient."""
+    codes, scale = ternarize_group_absmax(w.detach())
+    return _ste(w, dequantize_ternary(codes, scale, torch.float32).to(w.dtype))
+
+
 def activations_int8_ste(x: torch.Tensor) -> torch.Tensor:
     """Fake-quantised per-token int8 activations with a straight-through gradient."""
     x_int, dq = quantize_activations(x.detach())
