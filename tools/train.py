@@ -63,6 +63,7 @@ PRESETS: dict[str, dict] = {
 }
 MAX_BLOCK = 16  # windows are sampled as if D were this large, so every run sees the same data
 PLAN_POLL_EVERY = 25
+SYNC_EVERY = 5
 
 
 @dataclass(frozen=True)
@@ -591,24 +592,24 @@ class Trainer:
         rate = (self.step - s_from) / max(time.perf_counter() - t_from, 1e-6)
         left = self._remaining() - self.tc.reserve_s
         steps = self.step + int(0.93 * rate * max(left, 0.0))
-        self.max_steps = max(steps, self.step + 1)
-        self.plan_out.write(self.max_steps, version, {"rate_steps_s": rate, "at_step": self.step})
-        self._note(f"fitted {self.max_steps} steps to the budget ({rate:.2f} steps/s, v{version})")
+        self.plan_steps = max(steps, self.step + 1)
+        self.plan_out.write(self.plan_steps, version, {"rate_steps_s": rate, "at_step": self.step})
+        self._note(f"fitted {self.plan_steps} steps to the budget ({rate:.2f} steps/s, v{version})")
 
     def _follow_plan(self, wait: bool) -> None:
         t0 = time.perf_counter()
         while True:
             steps = self.plan_in.read()
             if steps is not None:
-                if steps != self.max_steps:
+                if steps != self.plan_steps:
                     self._note(f"adopted {steps} steps from {self.plan_in.path}")
-                self.max_steps = steps
+                self.plan_steps = steps
                 return
             if not wait or self.plan_in.version >= 0:
                 return
             if time.perf_counter() - t0 > self.tc.plan_wait_s or self._remaining() < self.tc.reserve_s:
                 self._note(f"no plan in {self.plan_in.path} after {self.tc.plan_wait_s:.0f}s; "
-                           f"keeping {self.max_steps or 'a budget-fitted'} steps")
+                           f"keeping {self.plan_steps or 'a budget-fitted'} steps")
                 return
             time.sleep(0.5)
 
@@ -633,6 +634,9 @@ class Trainer:
         stop_reason = "max_steps"
         clean_per_step = tc.batch_size * tc.seq_len
         diverged = False
+        self.plan_steps = self.max_steps
+        # Under torchrun the ranks agree every SYNC_EVERY steps (a host sync); alone, every step.
+        sync_every = 1 if self.dist.world == 1 else SYNC_EVERY
         while True:
             if self.plan_in.path is not None and (self.step % PLAN_POLL_EVERY == 0 or self.max_steps == 0):
                 self._follow_plan(wait=self.step >= tc.warmup_steps and self.plan_in.version < 0)
@@ -643,11 +647,13 @@ class Trainer:
                     if self.dist.main:
                         self._fit_steps(marks[prev], prev, fm.index(self.step))
             # Every rank takes the same decisions: rank 0's step plan and clock, anyone's divergence.
-            want_save = time.perf_counter() - last_save > tc.save_every_s
-            out_of_time = self._remaining() < tc.reserve_s
-            plan, out_of_time, want_save, diverged = self.dist.agree(
-                [self.max_steps if self.dist.main else 0, int(out_of_time), int(want_save), int(diverged)])
-            self.max_steps = plan
+            want_save = out_of_time = False
+            if self.step % sync_every == 0:
+                want_save = time.perf_counter() - last_save > tc.save_every_s
+                out_of_time = self._remaining() < tc.reserve_s
+                plan, out_of_time, want_save, diverged = self.dist.agree(
+                    [self.plan_steps if self.dist.main else 0, int(out_of_time), int(want_save), int(diverged)])
+                self.max_steps = plan
             if bar.total != (self.max_steps or None):
                 bar.total = self.max_steps or None
                 bar.refresh()
