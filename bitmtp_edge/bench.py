@@ -230,6 +230,7 @@ class RunRecord:
             "new_tokens": s.new_tokens, "prompt_tokens": s.prompt_tokens, "iterations": s.iterations,
             "decode_tok_s": s.decode_tokens_per_s, "tokens_per_iteration": s.tokens_per_iteration,
             "verifier_calls": s.verifier_calls, "verifier_call_rate": s.verifier_call_rate,
+            "forward_passes": s.forward_passes, "tokens_per_forward": s.tokens_per_forward,
             "prefill_s": s.prefill_s, "decode_s": s.decode_s, "finish_reason": s.finish_reason,
             "accepted_histogram": {str(k): v for k, v in sorted(s.accepted_histogram.items())},
             "decode_window": [self.decode_start - t0, self.decode_end - t0],
@@ -421,6 +422,7 @@ def summarize_route(route: Route, measured: Sequence[RunRecord], ar: Route | Non
     tokens = sum(r.stats.new_tokens for r in runs)
     iterations = sum(r.stats.iterations for r in runs)
     verifier = sum(r.stats.verifier_calls for r in runs)
+    passes = sum(r.stats.forward_passes for r in runs)
     tok_s = [r.stats.decode_tokens_per_s for r in runs]
     per_prompt = {}
     for i in sorted({r.prompt_index for r in runs}):
@@ -459,6 +461,8 @@ def summarize_route(route: Route, measured: Sequence[RunRecord], ar: Route | Non
         "speedup_vs_ar": speedup,
         "tokens_per_iteration": tokens / iterations if iterations else None,
         "verifier_call_rate": verifier / iterations if iterations else None,
+        "forward_passes": passes,
+        "tokens_per_forward": tokens / passes if passes else None,
         "prefill_s": _med([r.stats.prefill_s for r in runs]),
         "accepted_histogram": {str(k): hist[k] for k in sorted(hist)},
         "avg_power_w": _med([w.avg_power_w for w in windows]),

@@ -59,10 +59,10 @@ def _mem(route: dict) -> str:
     return ", ".join(parts) or "–"
 
 
-TABLE_COLUMNS = ("route", "decode tok/s", "speedup vs AR", "tokens/iter", "verifier-call rate", "avg power W",
+TABLE_COLUMNS = ("route", "decode tok/s", "speedup vs AR", "tokens/iter", "tokens/forward", "verifier-call rate", "avg power W",
                  "J/token", "peak temp °C", "GPU MHz", "CPU MHz", "mem MB")
 # The same columns, short enough for an 80-column terminal.
-TERMINAL_COLUMNS = ("route", "tok/s", "×AR", "tok/it", "verify", "W", "J/tok", "°C", "GPU MHz", "CPU MHz", "mem MB")
+TERMINAL_COLUMNS = ("route", "tok/s", "×AR", "tok/it", "tok/fw", "verify", "W", "J/tok", "°C", "GPU MHz", "CPU MHz", "mem MB")
 
 
 def table_rows(report: dict) -> list[list[str]]:
@@ -70,7 +70,8 @@ def table_rows(report: dict) -> list[list[str]]:
     for r in report["routes"]:
         rows.append([
             r["name"], _fmt(r["decode_tok_s"]), _fmt(r["speedup_vs_ar"], ".2f") if r["speedup_vs_ar"] else "–",
-            _fmt(r["tokens_per_iteration"], ".2f"), _fmt(r["verifier_call_rate"], ".2f"),
+            _fmt(r["tokens_per_iteration"], ".2f"), _fmt(r.get("tokens_per_forward"), ".2f"),
+            _fmt(r["verifier_call_rate"], ".2f"),
             _fmt(r["avg_power_w"]), _fmt(r["j_per_token"], ".3g"), _fmt(r["max_temp_c"], ".0f"),
             _clock(r, "gpu"), _clock(r, "cpu"), _mem(r),
         ])
@@ -134,7 +135,8 @@ def render_markdown(report: dict) -> str:
         "",
         *markdown_table(report),
     ]
-    lines += ["", ("Decode tok/s: median over runs; tokens/iter and verifier-call rate: pooled over runs; "
+    lines += ["", ("Decode tok/s: median over runs; tokens/iter, tokens/forward (committed tokens per decode "
+                   "forward pass: draft, verify and AR steps) and verifier-call rate: pooled over runs; "
                    "speedup: median over prompts of the per-prompt ratio to AR; power and J/token: decode window "
                    "only (after prefill), medians over runs."), ""]
     lines += _energy_table(report)

@@ -61,6 +61,7 @@ class DecodeStats:
     iterations: int = 0
     verifier_calls: int = 0
     draft_calls: int = 0
+    forward_passes: int = 0  # every draft, verify and AR step the backend ran (prefill excluded)
     accepted_histogram: dict[int, int] = field(default_factory=dict)
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -80,12 +81,18 @@ class DecodeStats:
     def verifier_call_rate(self) -> float:
         return self.verifier_calls / self.iterations if self.iterations else 0.0
 
+    @property
+    def tokens_per_forward(self) -> float:
+        """Committed tokens per decode forward pass: what an iteration's extra passes cost."""
+        return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
+
     def to_dict(self) -> dict:
         return {
             "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
             "iterations": self.iterations, "tokens_per_iteration": self.tokens_per_iteration,
             "decode_tokens_per_s": self.decode_tokens_per_s, "verifier_calls": self.verifier_calls,
             "verifier_call_rate": self.verifier_call_rate, "draft_calls": self.draft_calls,
+            "forward_passes": self.forward_passes, "tokens_per_forward": self.tokens_per_forward,
             "accepted_histogram": {str(k): v for k, v in sorted(self.accepted_histogram.items())},
             "prefill_s": self.prefill_s, "decode_s": self.decode_s, "host_syncs": self.host_syncs,
             "segment_growths": self.segment_growths, "finish_reason": self.finish_reason,
@@ -151,9 +158,11 @@ def _iterate(backend: Backend, pending: list[int], opts: DecodeOptions,
     if opts.policy == "ar":
         nxt = backend.ar_step(pending[-1])  # AR always holds exactly one pending token
         stats.verifier_calls += 1
+        stats.forward_passes += 1
         return [nxt], [nxt]
     draft = backend.draft_step(pending, opts.block_size)
     stats.draft_calls += 1
+    stats.forward_passes += 1
     if opts.policy in ("confidence", "hybrid"):  # speculative never reads h: no host sync here
         h = confident_prefix(draft.confidences, opts.tau)
         if opts.policy == "confidence" or h >= opts.min_prefix:
@@ -161,6 +170,7 @@ def _iterate(backend: Backend, pending: list[int], opts: DecodeOptions,
             return draft.tokens[:n], draft.tokens[:n]
     verified = backend.verify_step(pending[-1], draft)
     stats.verifier_calls += 1
+    stats.forward_passes += 1
     a, v = verified.accepted, verified.verifier_token
     return list(draft.tokens[:a]) + [v], [v]
 

@@ -30,6 +30,7 @@ from .quant import (
     int_matmul,
     quantize_activations,
     quantize_rows_int8,
+    ternarize_absmean,
     ternary_absmean_ste,
     ternary_group_absmax_ste,
 )
@@ -86,11 +87,21 @@ class LatentTernaryLinear(nn.Module):
         nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.quant.quantize_activations:
-            x = activations_int8_ste(x)
-        if self.quant.weights == "group128":
-            return F.linear(x, ternary_group_absmax_ste(self.weight))
-        return F.linear(x, ternary_absmean_ste(self.weight))
+        if self.quant.weights == "group128" or not self.quant.quantize_activations:
+            if self.quant.quantize_activations:
+                x = activations_int8_ste(x)
+            w = ternary_group_absmax_ste(self.weight) if self.quant.weights == "group128" else ternary_absmean_ste(self.weight)
+            return F.linear(x, w)
+        # W1.58A8 as the runtime computes it: the product of the integer grids (exact in float64,
+        # and in the float32 accumulators of a bf16 GEMM: |sum| <= 127 * K < 2**24), then the two
+        # scales in the runtime's order. The straight-through terms (t - t.detach()) are exactly
+        # zero in value, so in float64 this forward is bit-identical to PackedTernaryLinear.
+        x_int, a_scale = quantize_activations(x.detach())
+        codes, w_scale = ternarize_absmean(self.weight.detach())
+        xs = x / a_scale.unsqueeze(-1).to(x.dtype)
+        ws = self.weight / w_scale.to(self.weight.dtype)
+        acc = F.linear(x_int.to(x.dtype) + (xs - xs.detach()), codes.to(ws.dtype) + (ws - ws.detach()))
+        return acc * a_scale.unsqueeze(-1) * w_scale
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):

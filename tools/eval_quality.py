@@ -130,7 +130,7 @@ def run_task(task: DecodeTask, prompts: list[Prompt], data: str, device: str, ma
         body, ended = cut_at_function_end(p.model_prompt, text, finished)
         records.append({
             "prompt": i, "tokens": out, "iterations": stats.iterations, "draft_calls": stats.draft_calls,
-            "verifier_calls": stats.verifier_calls, "finish": stats.finish_reason, "wall_s": wall,
+            "verifier_calls": stats.verifier_calls, "forward_passes": stats.forward_passes, "finish": stats.finish_reason, "wall_s": wall,
             "decode_s": stats.decode_s, "valid": is_valid_completion(p.model_prompt, text, finished),
             "function_ended": ended, "completion": body,
         })
@@ -144,7 +144,7 @@ def _run_task_star(args):
 def summarize(records: list[dict], ar_records: list[dict] | None) -> dict:
     new = sum(len(r["tokens"]) for r in records)
     its = sum(r["iterations"] for r in records)
-    passes = sum(r["draft_calls"] + r["verifier_calls"] for r in records)
+    passes = sum(r["forward_passes"] for r in records)
     out = {
         "prompts": len(records), "new_tokens": new, "iterations": its,
         "tokens_per_iteration": new / its if its else 0.0,

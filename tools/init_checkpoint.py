@@ -3,11 +3,13 @@
 Any checkpoint ``bitmtp-export`` reads is accepted — HF BitNet latent or packed, Qwen3-layout
 group-128 (Ternary-Bonsai ``-unpacked``), our own SFT or BitMTP checkpoints — because the
 exporter's own readers turn it into canonical ternary codes + scales. The training model
-gets latent weights whose quantisers give back *exactly* those codes and scales, so step 0
+gets latent weights whose quantisers give back exactly those codes and scales, so step 0
 of the fine-tune is the checkpoint's model:
 
 * per-tensor absmean (BitNet): ``W = codes · s / f`` with ``f`` the fraction of non-zero
-  codes: then mean|W| = s and round(W / s) = codes (|codes / f| >= 1 rounds to ±1);
+  codes: then mean|W| = s and round(W / s) = codes (|codes / f| >= 1 rounds to ±1). The
+  float32 mean rounds, so one weight's magnitude is bisected until absmean returns s bit for
+  bit; where the mean's granularity skips s, it lands an ulp or two of s away (~1e-7 relative);
 * group-128 absmax (Qwen3 / Bonsai): ``W = codes · s_group``, which absmax reads back as is.
 
 The mask token: the corpus' tokenizer (``tools.corpus build --tokenizer CKPT``) has
@@ -50,10 +52,28 @@ def latent_from_codes(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     if scale.dim() == 2:  # group-128 absmax
         n, k = codes.shape
         return (c.view(n, scale.shape[1], -1) * scale.float().unsqueeze(-1)).view(n, k)
-    frac = float((codes != 0).float().mean())
-    if frac == 0.0:
+    from bitmtp_edge.quant import ternarize_absmean
+
+    nnz = int((codes != 0).sum())
+    if nnz == 0:
         return torch.zeros_like(c)
-    return c * (float(scale.reshape(-1)[0]) / frac)
+    target = scale.reshape(1).float()
+    w = c * (target * (codes.numel() / nnz))
+    # float32 summation rounds the mean by an ulp or so. The mean is monotone in any one
+    # element, so bisect the magnitude of the first non-zero weight (within ±0.4 s: its code
+    # stays ±1) until absmean reads back the scale bit for bit.
+    i = int((codes.reshape(-1) != 0).nonzero()[0])
+    flat = w.view(-1)
+    sign, base = float(c.view(-1)[i]), float(flat[i].abs())
+    lo, hi = base - 0.4 * float(target), base + 0.4 * float(target)
+    for _ in range(60):
+        got = ternarize_absmean(w)[1]
+        if torch.equal(got, target):
+            break
+        mid = float(flat[i].abs())
+        lo, hi = (mid, hi) if bool(got < target) else (lo, mid)
+        flat[i] = sign * (lo + hi) / 2
+    return w
 
 
 def check_tokenizer(ckpt_dir: Path, data_tokenizer: Path) -> None:
