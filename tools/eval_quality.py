@@ -322,6 +322,23 @@ def to_markdown(r: dict) -> str:
                   f"{c.get('repeats', 1)} alternating repeats per prompt), {c['threads']} threads on {c['cpu']}; hybrid commits "
                   f"{c.get('hybrid_tokens_per_iteration', float('nan')):.2f} tokens per iteration and agrees with AR "
                   f"{c['hybrid_agreement_with_ar']:.3f}. The host is shared, so absolute tok/s vary between runs.", ""]
+    if r.get("recipes"):
+        rc = r["recipes"]
+        st = rc.get("settings", {})
+        lines += ["## Training recipes (issue 14): drafts the verifier agrees with", "", rc.get("note", ""), "",
+                  f"Decoding replayed by `tools.eval_acceptance` on {st.get('prompts', '?')} held-out prompts, greedy, up "
+                  f"to {st.get('max_new_tokens', '?')} new tokens, hybrid τ = {st.get('tau')}, m = {st.get('min_prefix')} "
+                  "(speculative counts are the real decode's; hybrid's until its first unverified mistake, counted).", "",
+                  "| model | recipe | training budget | val NTP | spec tok/iter | spec tok/forward | hybrid tok/iter | "
+                  "hybrid tok/forward | hybrid verifier rate | hybrid unverified mistakes |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for name, m in rc["models"].items():
+            sp, hy = m["speculative"], m["hybrid"]
+            lines.append(f"| {name} | {m.get('recipe', '')} | {m.get('budget', '')} | {_num(m.get('val_ntp'))} | "
+                         f"{sp['tokens_per_iteration']:.2f} | {sp['tokens_per_forward']:.2f} | "
+                         f"{hy['tokens_per_iteration']:.2f} | {hy['tokens_per_forward']:.2f} | "
+                         f"{hy['verifier_call_rate']:.2f} | {hy['unverified_mistakes']} |")
+        lines.append("")
     for e in r.get("earlier_runs", []):
         lines += [f"## Earlier run: {e['label']}", "", e.get("note", ""), "",
                   "| model | policy | tokens / iteration | agreement with AR | parse rate |", "|---|---|---|---|---|"]
@@ -386,10 +403,12 @@ def main(argv: list[str] | None = None) -> None:
                   help="folder with train_NAME.json logs (else OUT/train_log.json beside each checkpoint)")
     @click.option("--attach-earlier", "earlier", multiple=True,
                   help="LABEL=REPORT.json[::NOTE]: keep an earlier run's decoding summary beside this one")
+    @click.option("--recipes", default=None, type=click.Path(exists=True, dir_okay=False),
+                  help="attach a recipes comparison (tools.eval_acceptance JSON + recipe/budget/val_ntp per model)")
     @click.option("--json", "json_out", default="tools/results/quality.json", show_default=True)
     @click.option("--md", "md_out", default="tools/results/quality.md", show_default=True)
     def cli(data, models, sections, device, jobs, n_prompts, max_new_tokens, tau, min_prefix, window, max_windows,
-            bench_prompts, bench_tokens, artifact, merge, train_logs, earlier, json_out, md_out):
+            bench_prompts, bench_tokens, artifact, merge, train_logs, earlier, recipes, json_out, md_out):
         """Write the SFT vs BitMTP quality report (JSON for machines, Markdown for people)."""
         from tools.hf_checkpoint import read_checkpoint
 
@@ -440,6 +459,8 @@ def main(argv: list[str] | None = None) -> None:
                          "heldout_gap_pct": old.get("heldout", {}).get("gap_pct", {}),
                          "device": old.get("decoding", {}).get("device") or old.get("meta", {}).get("device")})
             report["earlier_runs"] = runs
+        if recipes:
+            report["recipes"] = json.loads(Path(recipes).read_text())
         report["targets"] = check_targets(report)
         Path(json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(json_out).write_text(json.dumps(report, indent=1) + "\n")

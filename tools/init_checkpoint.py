@@ -140,4 +140,4 @@ def _mean_row(weight: torch.Tensor, row: int, source_rows: int) -> None:
     if weight.shape[0] > source_rows:  # rows added for the mask token only: never seen, never predicted
         grown = [r for r in range(source_rows, weight.shape[0]) if r != row]
         if grown:
-            weight[grown] = weight[row]
+            weight[grown] = weight[row].clone()
