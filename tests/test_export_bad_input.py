@@ -305,8 +305,8 @@ def test_kv_budget_too_small(tmp_path):
 
 def test_device_and_kv_budget_together(tmp_path):
     out = tmp_path / "out"
-    assert_refused(run_cli(copy_ckpt("bitnet-online", tmp_path / "ckpt"), out, "--device", "h200",
-                           "--kv-budget-mib", "64"), out, "--kv-budget-mib", "--device")
+    assert_refused(run_cli(copy_ckpt("bitnet-online", tmp_path / "ckpt"), out, "--board", "h200",
+                           "--kv-budget-mib", "64"), out, "--kv-budget-mib", "--board")
 
 
 def test_untied_config_without_lm_head_says_how_to_tie(tmp_path):
