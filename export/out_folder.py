@@ -66,10 +66,10 @@ def check_out(out: Path, overwrite: bool) -> None:
     if not overwrite:
         raise ExportError(out, "already exists", "pass --overwrite to replace it, or choose another OUT/")
     if out.is_symlink():
-        raise ExportError(out, f"is a symbolic link (to {os.readlink(out)}); --overwrite replaces only an "
+        raise ExportError(out, f"is a symbolic link (to {os.readlink(out)}), and --overwrite replaces only an "
                           "artifact folder", "pass the folder itself, or remove the link")
     if not out.is_dir():
-        raise ExportError(out, "is a file, not an artifact folder; --overwrite replaces only an artifact",
+        raise ExportError(out, "is a file, not an artifact folder (--overwrite replaces only an artifact)",
                           "choose another OUT/ (nothing was changed)")
     manifest = out / MANIFEST
     try:
@@ -77,14 +77,14 @@ def check_out(out: Path, overwrite: bool) -> None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         data = None
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME or not isinstance(data.get("files"), dict):
-        raise ExportError(out, "is not a BitMTP artifact (no BitMTP manifest.json); --overwrite replaces only "
-                          "an artifact", "choose another OUT/ (nothing was changed)")
+        raise ExportError(out, "is not a BitMTP artifact (no BitMTP manifest.json), and --overwrite replaces "
+                          "only an artifact", "choose another OUT/ (nothing was changed)")
     known = {MANIFEST, *data["files"], *ONNX_FILES}
     foreign = sorted(p.name for p in out.iterdir() if p.name not in known and not _ONNX_TMP.match(p.name))
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-        raise ExportError(out, f"holds {foreign[0]!r}{more}, which the artifact's manifest does not list; "
-                          "--overwrite never deletes files it did not write",
+        raise ExportError(out, f"holds {foreign[0]!r}{more}, which the artifact's manifest does not list "
+                          "(--overwrite never deletes files it did not write)",
                           "move them out of the folder, or choose another OUT/")
 
 
