@@ -315,3 +315,24 @@ def test_demo_artifact_runs_every_policy(tmp_path):
     prompt = "def add(a, b):"
     runs = {p: eng.generate(prompt, max_new_tokens=12, policy=p).token_ids for p in POLICIES}
     assert runs["speculative"] == runs["ar"]  # lossless: a sanity check that the artifact is coherent
+
+
+@pytest.mark.parametrize("kind", ["bitnet-online", "qwen3-fp16"])
+def test_omitted_or_null_keys_take_transformers_class_defaults(tmp_path, kind):
+    """config.json is read by transformers' own config class, so what a checkpoint leaves out
+    (or sets to null) gets exactly the default from_pretrained would give it."""
+    from transformers import AutoConfig
+
+    family = {"bitnet-online": "bitnet", "qwen3-fp16": "qwen3"}[kind]
+    ckpt = copy_ckpt(kind, tmp_path / "ckpt")
+    cfg = json.loads((ckpt / "config.json").read_text())
+    for key in ("rms_norm_eps", "hidden_act", "rope_parameters", "rope_theta", "rope_scaling"):
+        cfg.pop(key, None)
+    cfg["max_position_embeddings"] = None
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    m, _ = export(ckpt, tmp_path / "out")
+    stock = AutoConfig.for_model(family)
+    theta = stock.rope_parameters["rope_theta"] if getattr(stock, "rope_parameters", None) else stock.rope_theta
+    assert m.model.rms_norm_eps == stock.rms_norm_eps
+    assert m.model.rope_theta == theta
+    assert m.model.max_position_embeddings == stock.max_position_embeddings
