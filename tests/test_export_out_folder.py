@@ -263,3 +263,25 @@ def test_embedded_artifact_names_its_checkpoint_and_still_verifies():
     assert "path" not in manifest.source and manifest.source["name"] == "bitmtp-d8-27m"
     assert not any(isinstance(v, str) and v.startswith("/") for v in manifest.source.values())
     verify_files(folder, manifest)  # every sha256 the manifest lists still matches
+
+
+@pytest.mark.parametrize("kind", ["file", "link"])
+def test_write_artifact_replacing_a_file_or_a_link_leaves_no_old_entry(tmp_path, kind):
+    """The library writer (the tests' helper) once renamed a file/link to .NAME.old-PID and
+    then failed to rmtree it, leaving it behind for good."""
+    from bitmtp_edge.artifact import load_tensors, write_artifact
+    from tests.helpers import random_model, write_test_artifact
+
+    src = write_test_artifact(random_model(), tmp_path / "src")
+    out = tmp_path / "out"
+    if kind == "file":
+        out.write_text("x")
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        out.symlink_to(tmp_path / "elsewhere")
+    write_artifact(out, read_manifest(src), load_tensors(src), {"tokenizer.json": src / "tokenizer.json"},
+                   overwrite=True)
+    assert out.is_dir() and not out.is_symlink() and (out / MANIFEST).is_file()
+    assert siblings(out) == []
+    if kind == "link":
+        assert (tmp_path / "elsewhere").is_dir()  # the link went, not what it pointed to
