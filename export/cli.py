@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from bitmtp_edge.segments import DEVICE_KV_BUDGET_MIB, MIB
+from bitmtp_edge.format.segments import DEVICE_KV_BUDGET_MIB, MIB
 
 from .errors import ExportError
 from .writer import EXPORTER_VERSION, ExportOptions, export_checkpoint

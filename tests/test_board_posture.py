@@ -15,7 +15,7 @@ from typing import Sequence
 
 import pytest
 
-from bitmtp_edge.board import (
+from bitmtp_edge.jetson.board import (
     CommandResult,
     detect_board,
     jetpack_for_l4t,
@@ -23,7 +23,7 @@ from bitmtp_edge.board import (
     parse_compatible,
     parse_nv_tegra_release,
 )
-from bitmtp_edge.posture import (
+from bitmtp_edge.jetson.posture import (
     NvpmodelConf,
     PostureError,
     check_posture,

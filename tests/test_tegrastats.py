@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bitmtp_edge.monitor import TegrastatsParseError, TegrastatsSample, parse_tegrastats
+from bitmtp_edge.jetson.monitor import TegrastatsParseError, TegrastatsSample, parse_tegrastats
 
 # --------------------------------------------------------------------------- recorded lines
 
