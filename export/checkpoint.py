@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from bitmtp_edge.artifact import TOKENIZER_FILES
+from bitmtp_edge.format.manifest import TOKENIZER_FILES
 
 from .errors import ExportError
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from bitmtp_edge.segments import DEVICE_KV_BUDGET_MIB, MIB
+from bitmtp_edge.format.segments import DEVICE_KV_BUDGET_MIB, MIB
 
 from .errors import ExportError
 from .out_folder import Terminated

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from bitmtp_edge.config import ConfigError, ModelConfig, MTPConfig, QuantConfig
+from bitmtp_edge.format.config import ConfigError, ModelConfig, MTPConfig, QuantConfig
 from kernels_ampere.packing import CHUNK_K
 
 from .checkpoint import Checkpoint

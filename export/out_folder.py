@@ -38,7 +38,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from bitmtp_edge.artifact import FORMAT_NAME, MANIFEST
+from bitmtp_edge.format.manifest import FORMAT_NAME, MANIFEST
 
 from .errors import ExportError
 

@@ -4,9 +4,9 @@ The steps, each able to refuse the input with an ``ExportError`` before anything
 written: check OUT/, open and validate the checkpoint (``checkpoint``), read its configs
 (``hf_config``), validate the tensor inventory and convert every tensor (``readers``), pack
 the codes (``kernels_ampere.packing``), quantise the int8 draft head, plan the KV segments,
-and write everything (``bitmtp_edge.artifact.write_artifact_files``) into a temporary sibling
-folder that is renamed into place (``out_folder``), so a failure never leaves a half-written
-OUT/ and ``--overwrite`` replaces only an artifact.
+and write everything (``bitmtp_edge.format.manifest.write_artifact_files``) into a temporary
+sibling folder that is renamed into place (``out_folder``), so a failure never leaves a
+half-written OUT/ and ``--overwrite`` replaces only an artifact.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from typing import Any, Protocol
 
 import torch
 
-from bitmtp_edge.artifact import Manifest, write_artifact_files
-from bitmtp_edge.config import ConfigError, ModelConfig
-from bitmtp_edge.quant import quantize_rows_int8
-from bitmtp_edge.segments import DEVICE_KV_BUDGET_MIB, MIB, KVPlan, plan_segments
+from bitmtp_edge.format.config import ConfigError, ModelConfig
+from bitmtp_edge.format.manifest import Manifest, write_artifact_files
+from bitmtp_edge.format.roles import step_widths
+from bitmtp_edge.format.segments import DEVICE_KV_BUDGET_MIB, MIB, KVPlan, plan_segments
+from kernels_ampere.numerics import quantize_rows_int8
 from kernels_ampere.packing import pack_ternary
 
 from .checkpoint import Checkpoint, open_checkpoint
@@ -70,7 +71,7 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, options: Export
     _check_out(ckpt_dir, out_dir, options.overwrite)
     with open_checkpoint(ckpt_dir) as ckpt:
         spec = read_spec(ckpt)
-        widths = Manifest.widths_for(spec.mtp)
+        widths = step_widths(spec.mtp)
         kv = _kv_plan(spec.model, ckpt, widths, options)
         fmt = detect_format(ckpt, spec)
         names = source_tensors(ckpt, spec, fmt)
@@ -147,7 +148,7 @@ def _convert(ckpt: Checkpoint, spec: SourceSpec, fmt: str, names: list[str],
 
 
 def _source_info(ckpt: Checkpoint, spec: SourceSpec, fmt: str, dtypes: dict[str, str]) -> dict[str, Any]:
-    from bitmtp_edge.artifact import sha256_file
+    from bitmtp_edge.format.manifest import sha256_file
 
     files = {p.name: sha256_file(p) for p in ckpt.source_files()}
     combined = hashlib.sha256("".join(f"{n}\0{h}\n" for n, h in sorted(files.items())).encode()).hexdigest()

@@ -196,6 +196,6 @@ if [[ $SKIP_VERIFY -eq 0 ]]; then
   say "== verify"
   run "$PY" -c 'import torch; assert torch.cuda.is_available(), "CUDA not available to torch"; print("torch", torch.__version__, "on", torch.cuda.get_device_name(0))'
   [[ $SKIP_TRITON -eq 1 ]] || run "$PY" -c 'import triton; print("triton", triton.__version__)'
-  run "$PY" -c 'from bitmtp_edge.posture import check_posture; p = check_posture(); print("posture:", p.power_mode_name, "clocks locked:", p.clocks_locked); [print("  -", w) for w in p.warnings]'
+  run "$PY" -c 'from bitmtp_edge.jetson.posture import check_posture; p = check_posture(); print("posture:", p.power_mode_name, "clocks locked:", p.clocks_locked); [print("  -", w) for w in p.warnings]'
 fi
 say "done. Next: export a model for this board (jetson/README.md, 'Memory on 8 GB boards'), then 'sudo jetson_clocks' before benchmarking."

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import pytest
 
-from bitmtp_edge.board import (
+from bitmtp_edge.jetson.board import (
     CommandResult,
     detect_board,
     jetpack_for_l4t,
@@ -23,7 +23,7 @@ from bitmtp_edge.board import (
     parse_compatible,
     parse_nv_tegra_release,
 )
-from bitmtp_edge.posture import (
+from bitmtp_edge.jetson.posture import (
     NvpmodelConf,
     PostureError,
     check_posture,
@@ -212,7 +212,7 @@ def test_detect_board_falls_back_to_dpkg_when_release_file_is_missing(tmp_path):
 def test_every_orin_nx_and_nano_module_has_an_export_preset(tmp_path, pnumber, module, preset):
     """The 8 GB NX and the 4 GB Nano were detected but had no --board preset: the doctor's
     hint and detect_board().export_board came back empty on exactly the smallest boards."""
-    from bitmtp_edge.segments import DEVICE_KV_BUDGET_MIB
+    from bitmtp_edge.format.segments import DEVICE_KV_BUDGET_MIB
 
     root = tmp_path / "root"
     shutil.copytree(BOARDS / "orin-nx-16gb" / "root", root)
@@ -227,8 +227,8 @@ def test_every_orin_nx_and_nano_module_has_an_export_preset(tmp_path, pnumber, m
 
 
 def test_every_export_preset_of_a_module_is_a_board_the_exporter_knows():
-    from bitmtp_edge.board import EXPORT_PRESETS
-    from bitmtp_edge.segments import DEVICE_KV_BUDGET_MIB
+    from bitmtp_edge.jetson.board import EXPORT_PRESETS
+    from bitmtp_edge.format.segments import DEVICE_KV_BUDGET_MIB
 
     assert set(EXPORT_PRESETS.values()) <= set(DEVICE_KV_BUDGET_MIB)
 

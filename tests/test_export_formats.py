@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bitmtp_edge.artifact import WEIGHTS, read_manifest, sha256_file, verify_files
-from bitmtp_edge.config import MTPConfig, QuantConfig
-from bitmtp_edge.quant import dequantize_ternary, quantize_rows_int8, ternarize_absmean
-from bitmtp_edge.segments import DEVICE_KV_BUDGET_MIB, MIB
+from bitmtp_edge.format.config import MTPConfig, QuantConfig
+from bitmtp_edge.format.manifest import WEIGHTS, read_manifest, sha256_file, verify_files
+from bitmtp_edge.format.segments import DEVICE_KV_BUDGET_MIB, MIB
 from export import ExportOptions, export_checkpoint
+from kernels_ampere.numerics import dequantize_ternary, quantize_rows_int8, ternarize_absmean
 from kernels_ampere.packing import unpack_hf_bitnet, unpack_ternary
 from tests.export_fixtures import checkpoint, copy_ckpt, run_cli
 from tools import fake_checkpoints as fc
@@ -278,8 +278,8 @@ def test_training_checkpoints_of_tools_hf_checkpoint_export(tmp_path):
     """Both forms tools.train saves (latent/online and compact/offline) export to the same
     codes; the compact (release) form stores its scales in bfloat16 (tools/hf_checkpoint.py
     says why), so its scales are the latent ones rounded to bfloat16."""
-    from bitmtp_edge.config import ModelConfig
-    from bitmtp_edge.model import LatentTernaryLinear, TernaryLM
+    from bitmtp_edge.format.config import ModelConfig
+    from bitmtp_edge.runtime.model import LatentTernaryLinear, TernaryLM
     from tools.hf_checkpoint import save_compact, save_latent
 
     ids = fc.write_tokenizer(tmp_path / "tok")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bitmtp_edge.artifact import MANIFEST, read_manifest, verify_files
+from bitmtp_edge.format.manifest import MANIFEST, read_manifest, verify_files
 from export.out_folder import host_tag
 from tests.export_fixtures import checkpoint, copy_ckpt, run_cli
 from tests.test_export_bad_input import assert_refused
@@ -256,7 +256,7 @@ def test_manifest_records_the_checkpoints_name_not_the_machines_path(tmp_path):
 
 
 def test_embedded_artifact_names_its_checkpoint_and_still_verifies():
-    from bitmtp_edge.engine import embedded_artifact_path
+    from bitmtp_edge.runtime.engine import embedded_artifact_path
 
     folder = embedded_artifact_path()
     manifest = read_manifest(folder)
@@ -269,7 +269,7 @@ def test_embedded_artifact_names_its_checkpoint_and_still_verifies():
 def test_write_artifact_replacing_a_file_or_a_link_leaves_no_old_entry(tmp_path, kind):
     """The library writer (the tests' helper) once renamed a file/link to .NAME.old-PID and
     then failed to rmtree it, leaving it behind for good."""
-    from bitmtp_edge.artifact import load_tensors, write_artifact
+    from bitmtp_edge.format.manifest import load_tensors, write_artifact
     from tests.helpers import random_model, write_test_artifact
 
     src = write_test_artifact(random_model(), tmp_path / "src")

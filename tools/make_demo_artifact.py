@@ -32,7 +32,7 @@ MEANINGLESS = "random weights: the generated text is meaningless (interim demo u
 
 
 def default_out() -> Path:
-    from bitmtp_edge.engine import embedded_artifact_path
+    from bitmtp_edge.runtime.engine import embedded_artifact_path
 
     return embedded_artifact_path()
 
