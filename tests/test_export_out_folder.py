@@ -256,9 +256,9 @@ def test_manifest_records_the_checkpoints_name_not_the_machines_path(tmp_path):
 
 
 def test_embedded_artifact_names_its_checkpoint_and_still_verifies():
-    from bitmtp_edge.runtime.engine import embedded_artifact_path
+    import bitmtp_edge
 
-    folder = embedded_artifact_path()
+    folder = Path(bitmtp_edge.__file__).parent / "embedded" / "model"
     manifest = read_manifest(folder)
     assert "path" not in manifest.source and manifest.source["name"] == "bitmtp-d8-27m"
     assert not any(isinstance(v, str) and v.startswith("/") for v in manifest.source.values())
