@@ -95,14 +95,14 @@ def test_triton_kernels_choose_the_twins_tokens():
 D, VOCAB = 4, 50
 
 
-def scripted_logits(block: list[int], accept: int, gen: torch.Generator) -> torch.Tensor:
+def scripted_logits(block: list[int], accept: int, gen: torch.Generator, vocab: int = VOCAB) -> torch.Tensor:
     """[D + 1, V] logits whose greedy tokens accept exactly ``accept`` drafts of ``block``
     ([anchor, d_1..d_D]): rows before the first rejection pick the next draft, row ``accept``
     picks something else, and the rows after it pick their drafts again (a later match
     must not count)."""
-    logits = torch.randn(D + 1, VOCAB, generator=gen)
+    logits = torch.randn(D + 1, vocab, generator=gen)
     for row in range(D):
-        want = block[row + 1] if row != accept else (block[row + 1] + 1) % VOCAB
+        want = block[row + 1] if row != accept else (block[row + 1] + 1) % vocab
         logits[row, want] = logits[row].max() + 1.0 + torch.rand(1, generator=gen).item()
     return logits
 
@@ -150,7 +150,7 @@ def test_verify_step_commits_what_scripted_verifier_logits_force(accept):
     backend.prefill(prompt[:-1])
     draft = backend.draft_step(prompt[-1:], D)
     block = [prompt[-1]] + list(draft.tokens)
-    logits = scripted_logits(block, accept, torch.Generator().manual_seed(accept))
+    logits = scripted_logits(block, accept, torch.Generator().manual_seed(accept), vocab=model.cfg.vocab_size)
     greedy = logits.argmax(-1)
     backend.fast.verify_top1 = lambda x: (greedy.to(x.device), logits.softmax(-1).amax(-1))
     res = backend.verify_step(prompt[-1], draft)
