@@ -14,8 +14,8 @@ from tools.prompts import Prompt
 
 def real_decode(path: Path, prompt: str, policy: str, tau: float, m: int, n: int):
     from bitmtp_edge.backends.reference import ReferenceBackend
-    from bitmtp_edge.decoding import DecodeOptions, DecodeStats, decode
-    from bitmtp_edge.segments import plan_segments
+    from bitmtp_edge.format.segments import plan_segments
+    from bitmtp_edge.runtime.decoding import DecodeOptions, DecodeStats, decode
     from tools.hf_checkpoint import load_runtime_model
     from tools.tokenizer import load_tokenizer
 

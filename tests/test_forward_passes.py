@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bitmtp_edge.decoding import DecodeStats
+from bitmtp_edge.runtime.decoding import DecodeStats
 from tests.helpers import random_model, reference_backend
 from tests.test_decoding import PROMPTS, run
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from bitmtp_edge.model import TernaryLM
+from bitmtp_edge.runtime.model import TernaryLM
 from tests.test_corpus_tokenizer import write_tree
 from tools import fake_checkpoints as fake
 from tools.blocks import IGNORE, BlockLayout
@@ -87,7 +87,7 @@ def runtime_from_export(path: Path) -> TernaryLM:
 
 @pytest.mark.parametrize("n,k", [(8, 128), (64, 256)])
 def test_latent_weights_give_back_the_codes_and_scale(n, k):
-    from bitmtp_edge.quant import ternarize_absmean, ternarize_group_absmax
+    from kernels_ampere.numerics import ternarize_absmean, ternarize_group_absmax
 
     g = torch.Generator().manual_seed(n)
     codes = torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)
@@ -110,7 +110,7 @@ def test_init_model_is_the_checkpoint(sources, data, form):
     torch.testing.assert_close(emb[1], others.mean(0), rtol=0, atol=1e-7)
     ref = runtime_from_export(sources[form])
     # the quantised weights: the exporter's codes exactly, its scales to float32 rounding
-    from bitmtp_edge.quant import ternarize_absmean, ternarize_group_absmax
+    from kernels_ampere.numerics import ternarize_absmean, ternarize_group_absmax
 
     quantise = ternarize_group_absmax if form == "qwen3" else ternarize_absmean
     mine = {}

@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bitmtp_edge.model import LatentTernaryLinear, TernaryLM, apply_rope, rope_cos_sin
-from bitmtp_edge.quant import activations_int8_ste, dequantize_ternary, ternarize_absmean, ternarize_group_absmax
+from bitmtp_edge.runtime.model import LatentTernaryLinear, TernaryLM, activations_int8_ste
+from kernels_ampere.numerics import apply_rope, dequantize_ternary, rope_cos_sin, ternarize_absmean, ternarize_group_absmax
 
 EXTRA_TOKENS = 16  # tools.train.MAX_BLOCK: rows serve any D
 

@@ -20,7 +20,7 @@ committed token with exactly that prefix. So per prompt:
    stays on it), else verifies.
 
 Speculative's numbers are those of the real decode (the test checks it against
-``bitmtp_edge.decoding`` on a small model); hybrid's are exact until its first unverified
+``bitmtp_edge.runtime.decoding`` on a small model); hybrid's are exact until its first unverified
 mistake. Integer products run in float32 where they are exact (|sum| < 2**24).
 """
 
@@ -38,8 +38,8 @@ from tools.blocks import BlockLayout, build_rows
 def _exact_float32_int_matmul():
     """Patch the runtime's exact int matmul: float32 is exact while 127 * 127 * K < 2**24; the
     float copies of the codes are cached per tensor."""
-    import bitmtp_edge.model as model_mod
-    import bitmtp_edge.quant as quant_mod
+    import bitmtp_edge.runtime.model as model_mod
+    import kernels_ampere.numerics as quant_mod
 
     cache: dict = {}
     original = quant_mod.int_matmul

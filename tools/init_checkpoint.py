@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from bitmtp_edge.config import ModelConfig, MTPConfig
-from bitmtp_edge.model import LatentTernaryLinear, TernaryLM
+from bitmtp_edge.format.config import ModelConfig, MTPConfig
+from bitmtp_edge.runtime.model import LatentTernaryLinear, TernaryLM
 from tools.hf_checkpoint import quant_config
 
 
@@ -52,7 +52,7 @@ def latent_from_codes(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     if scale.dim() == 2:  # group-128 absmax
         n, k = codes.shape
         return (c.view(n, scale.shape[1], -1) * scale.float().unsqueeze(-1)).view(n, k)
-    from bitmtp_edge.quant import ternarize_absmean
+    from kernels_ampere.numerics import ternarize_absmean
 
     nnz = int((codes != 0).sum())
     if nnz == 0:
