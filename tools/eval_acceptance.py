@@ -142,21 +142,22 @@ def main(argv: list[str] | None = None) -> None:
     @click.option("--data", required=True, help="corpus folder (prompts.jsonl)")
     @click.option("--model", "models", multiple=True, required=True, help="NAME=CHECKPOINT (BitMTP)")
     @click.option("--prompts", "n_prompts", default=40, show_default=True)
+    @click.option("--skip", default=0, show_default=True, help="start at this prompt (slices run as separate processes)")
     @click.option("--prompt-file", default=None, help="a prompts.jsonl other than the corpus' held-out one")
     @click.option("--max-new-tokens", default=128, show_default=True)
     @click.option("--tau", default=0.9, show_default=True)
     @click.option("--min-prefix", default=3, show_default=True)
     @click.option("--threads", default=1, show_default=True)
     @click.option("--json", "json_out", required=True)
-    def cli(data, models, n_prompts, prompt_file, max_new_tokens, tau, min_prefix, threads, json_out):
+    def cli(data, models, n_prompts, skip, prompt_file, max_new_tokens, tau, min_prefix, threads, json_out):
         """Replay speculative and hybrid decoding of BitMTP checkpoints on held-out prompts."""
         from tools.corpus import CorpusIndex
         from tools.prompts import read_prompts
 
         torch.set_num_threads(threads)
         pf = Path(prompt_file) if prompt_file else Path(data) / CorpusIndex.load(data).prompts
-        prompts = read_prompts(pf)[:n_prompts]
-        report = {"settings": {"prompts": len(prompts), "prompt_file": str(pf), "max_new_tokens": max_new_tokens,
+        prompts = read_prompts(pf)[skip:skip + n_prompts]
+        report = {"settings": {"prompts": len(prompts), "skip": skip, "prompt_file": str(pf), "max_new_tokens": max_new_tokens,
                                "tau": tau, "min_prefix": min_prefix}, "models": {}}
         for spec in models:
             name, _, path = spec.partition("=")

@@ -45,6 +45,11 @@ from tools.tokenizer import load_tokenizer
 TARGET_NTP_GAP_PCT = 3.0
 TARGET_HYBRID_TPI_D8 = 3.5
 TARGET_PARSE_DROP_PTS = 2.0
+# issue 14 (D = 8, greedy, held-out prompts)
+TARGET_SPEC_TPI = 6.0
+TARGET_HYBRID_VERIFY = 0.5
+TARGET_HYBRID_TPF = 3.5
+TARGET_DOC_TPF = 2.5
 
 
 @dataclass(frozen=True)
@@ -265,6 +270,24 @@ def check_targets(report: dict) -> dict:
             drop = 100 * (pols["ar"]["parse_rate"] - pols["hybrid"]["parse_rate"])
             t[f"{name}: hybrid parse rate no more than {TARGET_PARSE_DROP_PTS} points below AR"] = {
                 "value": round(drop, 2), "pass": drop <= TARGET_PARSE_DROP_PTS}
+    rc = report.get("recipes", {})
+    shipped = rc.get("shipped")
+    if shipped and shipped in rc.get("models", {}):
+        m = rc["models"][shipped]
+        sp, hy = m["speculative"], m["hybrid"]
+        for label, value, ok in (
+                (f"{shipped}: speculative >= {TARGET_SPEC_TPI} tokens/iteration (replay)", sp["tokens_per_iteration"],
+                 sp["tokens_per_iteration"] >= TARGET_SPEC_TPI),
+                (f"{shipped}: hybrid verifier rate <= {TARGET_HYBRID_VERIFY} (replay)", hy["verifier_call_rate"],
+                 hy["verifier_call_rate"] <= TARGET_HYBRID_VERIFY),
+                (f"{shipped}: hybrid >= {TARGET_HYBRID_TPF} tokens/forward (replay)", hy["tokens_per_forward"],
+                 hy["tokens_per_forward"] >= TARGET_HYBRID_TPF)):
+            t[label] = {"value": round(value, 3), "pass": ok}
+        doc = rc.get("docstring_prompts", {}).get(shipped)
+        if doc:
+            v = doc["hybrid"]["tokens_per_forward"]
+            t[f"{shipped}: hybrid >= {TARGET_DOC_TPF} tokens/forward on docstring prompts (replay)"] = {
+                "value": round(v, 3), "pass": v >= TARGET_DOC_TPF}
     if "d8" in dec and "hybrid" in dec["d8"]:
         v = dec["d8"]["hybrid"]["tokens_per_iteration"]
         t[f"d8: hybrid tokens/iteration >= {TARGET_HYBRID_TPI_D8}"] = {"value": round(v, 3), "pass": v >= TARGET_HYBRID_TPI_D8}
@@ -339,6 +362,18 @@ def to_markdown(r: dict) -> str:
                          f"{hy['tokens_per_iteration']:.2f} | {hy['tokens_per_forward']:.2f} | "
                          f"{hy['verifier_call_rate']:.2f} | {hy['unverified_mistakes']} |")
         lines.append("")
+        if rc.get("docstring_prompts"):
+            lines += [f"Short docstring-style function prompts unlike the corpus (`{rc.get('docstring_file', '')}`):", "",
+                      "| model | spec tok/iter | spec tok/forward | hybrid tok/iter | hybrid tok/forward | hybrid verifier rate |",
+                      "|---|---|---|---|---|---|"]
+            for name, m in rc["docstring_prompts"].items():
+                sp, hy = m["speculative"], m["hybrid"]
+                lines.append(f"| {name} | {sp['tokens_per_iteration']:.2f} | {sp['tokens_per_forward']:.2f} | "
+                             f"{hy['tokens_per_iteration']:.2f} | {hy['tokens_per_forward']:.2f} | "
+                             f"{hy['verifier_call_rate']:.2f} |")
+            lines.append("")
+        if rc.get("findings"):
+            lines += [rc["findings"], ""]
     for e in r.get("earlier_runs", []):
         lines += [f"## Earlier run: {e['label']}", "", e.get("note", ""), "",
                   "| model | policy | tokens / iteration | agreement with AR | parse rate |", "|---|---|---|---|---|"]
