@@ -16,6 +16,17 @@ import torch
 from ..runtime.replay import ReplayState
 
 
+# The token a step reports for a row whose hidden state is not finite (NaN/Inf: corrupt
+# weights or an overflow). Graph backends compute it on the device, so the host learns of
+# it from the values it reads anyway; ``decoding.decode`` turns it into an error.
+NON_FINITE_TOKEN = -1
+
+
+def flag_non_finite(hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``tokens`` [M] with ``NON_FINITE_TOKEN`` where the row of ``hidden`` [M, H] is not finite."""
+    return torch.where(torch.isfinite(hidden).all(dim=-1), tokens, torch.full_like(tokens, NON_FINITE_TOKEN))
+
+
 class DraftResult:
     """d_1..d_D and their confidences (max softmax of each block row).
 

@@ -36,7 +36,7 @@ import torch
 from ..format.segments import KVPlan
 from ..runtime.masks import draft_in_place_mask, history_step_mask, prefill_mask
 from ..runtime.replay import ReplayState
-from .base import DraftResult, StepLog, VerifyResult
+from .base import DraftResult, StepLog, VerifyResult, flag_non_finite
 from .fast_model import FastModel
 
 PREFILL_CHUNK = 256
@@ -155,9 +155,10 @@ class GraphBackend:
         mask = history_step_mask(cap, self.workspace, self.L, 1, self.device)
         x = self._forward(seg, self.ar_token, self.L, self.L, mask, 1)
         top, _ = self.fast.verify_top1(x)
+        top = flag_non_finite(x, top)  # read with the token: no extra sync
         self.L += 1
         self.ar_out.copy_(top)
-        self.ar_token.copy_(top)
+        self.ar_token.copy_(top.clamp_min(0))  # a flagged row must not index the embedding
 
     def _draft_body(self, seg: int, k: int) -> None:
         d, cap = self.block_size, self._capacity(seg)
@@ -168,12 +169,13 @@ class GraphBackend:
         mask = draft_in_place_mask(cap, self.workspace, self.L, k, d, self.device)
         x = self._forward(seg, tokens, self.L + self._draft_off[k], slots, mask, k)
         top, conf = self.fast.draft_top1(x[k:])
+        top = flag_non_finite(x[k:], top)
         self.L += k
         self.readback[2:2 + d].copy_(top)
         self.readback[2 + d:].copy_(conf)
         if self.opts.hoist_verify:  # M3: the verifier's inputs are ready before the host looks
             self.verify_tokens[:1].copy_(pending[-1:])
-            self.verify_tokens[1:].copy_(top)
+            self.verify_tokens[1:].copy_(top.clamp_min(0))
 
     def _verify_body(self, seg: int) -> None:
         d, cap = self.block_size, self._capacity(seg)
@@ -182,13 +184,14 @@ class GraphBackend:
         positions = first + self._ws_rows[: d + 1]
         x = self._forward(seg, self.verify_tokens, positions, positions, mask, d)
         greedy, _ = self.fast.verify_top1(x)  # [D + 1]
+        greedy = flag_non_finite(x, greedy)
         match = (self.verify_tokens[1:] == greedy[:-1]).long()
         accepted = match.cumprod(0).sum().view(1)
         verifier = greedy.gather(0, accepted)
         self.L += accepted  # d_1..d_a are already at their slots
         self.readback[0:1].copy_(accepted)
         self.readback[1:2].copy_(verifier)
-        self.pending[1].copy_(verifier)
+        self.pending[1].copy_(verifier.clamp_min(0))
 
     def _body(self, state: ReplayState):
         d = self.block_size or 0
@@ -327,7 +330,7 @@ class GraphBackend:
     def verify_step(self, anchor: int, draft: DraftResult) -> VerifyResult:
         d = self.block_size
         if not self.opts.hoist_verify:  # Generic: prepare the verifier's inputs after the branch
-            self._upload(self.verify_tokens, [anchor] + list(draft.tokens))
+            self._upload(self.verify_tokens, [anchor] + [max(t, 0) for t in draft.tokens])
         self._run(ReplayState(d + 1, self.segment, "verify"))
         values = self._read(self.readback)  # a, v, drafts, confidences: one transfer
         accepted, verifier = int(values[0]), int(values[1])

@@ -16,7 +16,7 @@ from ..runtime.kv import SegmentedKV
 from ..runtime.masks import draft_in_place_mask, history_step_mask, prefill_mask
 from ..runtime.model import TernaryLM
 from ..runtime.replay import ReplayState
-from .base import DraftResult, StepLog, VerifyResult
+from .base import NON_FINITE_TOKEN, DraftResult, StepLog, VerifyResult, flag_non_finite
 
 PREFILL_CHUNK = 512
 
@@ -74,7 +74,7 @@ class ReferenceBackend:
         self._record(1, "verify")
         self.kv.advance(1)  # the row sits at its own slot: materialising = moving L
         self.log.host_syncs += 1
-        return int(self.model.verify_logits(hidden).argmax(-1)[0])
+        return int(self._greedy(hidden)[0])
 
     def draft_step(self, pending: list[int], block_size: int) -> DraftResult:
         if self.mask_token_id is None:
@@ -93,6 +93,7 @@ class ReferenceBackend:
         self._record(k + block_size, "draft")
         probs = torch.softmax(self.model.draft_logits(hidden[k:]), dim=-1)
         conf, top = probs.max(dim=-1)
+        top = flag_non_finite(hidden[k:], top)
         self.kv.advance(k)  # materialise the pending rows
         self.log.host_syncs += 1
         return DraftResult(top.tolist(), conf.tolist())
@@ -109,13 +110,21 @@ class ReferenceBackend:
         first = length - 1
         mask = history_step_mask(self.kv.capacity, self.kv.buffer.workspace, first, width, self.device)
         slots = torch.arange(first, first + width, device=self.device)
-        hidden = self._run([anchor] + drafts, list(range(first, first + width)), mask, slots)
+        hidden = self._run([anchor] + [max(t, 0) for t in drafts], list(range(first, first + width)), mask, slots)
         self._record(width, "verify")
         self.log.host_syncs += 1
-        greedy = self.model.verify_logits(hidden).argmax(-1).tolist()
+        greedy = self._greedy(hidden).tolist()
         a = accepted_prefix(drafts, greedy)
         self.kv.advance(a)  # promote d_1..d_a
         return VerifyResult(a, greedy[a])
+
+    def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Greedy tokens of the verify head; ``NON_FINITE_TOKEN`` where a row is NaN/Inf
+        (argmax over NaN logits would pick token 0 and decode garbage silently)."""
+        logits = self.model.verify_logits(hidden)
+        top_value, top = logits.max(-1)  # max propagates NaN: one NaN logit flags its row
+        top = flag_non_finite(hidden, top)
+        return torch.where(torch.isfinite(top_value), top, torch.full_like(top, NON_FINITE_TOKEN))
 
     @torch.no_grad()
     def logits(self, token_ids: torch.Tensor) -> torch.Tensor:
