@@ -22,9 +22,13 @@ from ..runtime.replay import ReplayState
 NON_FINITE_TOKEN = -1
 
 
-def flag_non_finite(hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """``tokens`` [M] with ``NON_FINITE_TOKEN`` where the row of ``hidden`` [M, H] is not finite."""
-    return torch.where(torch.isfinite(hidden).all(dim=-1), tokens, torch.full_like(tokens, NON_FINITE_TOKEN))
+def flag_non_finite(hidden: torch.Tensor, tokens: torch.Tensor, confidences: torch.Tensor | None = None) -> torch.Tensor:
+    """``tokens`` [M] with ``NON_FINITE_TOKEN`` where the row of ``hidden`` [M, H] is not
+    finite, or its ``confidences`` [M] (max-softmax: NaN as soon as one logit is) are not."""
+    ok = torch.isfinite(hidden).all(dim=-1)
+    if confidences is not None:
+        ok = ok & torch.isfinite(confidences)
+    return torch.where(ok, tokens, torch.full_like(tokens, NON_FINITE_TOKEN))
 
 
 class DraftResult:

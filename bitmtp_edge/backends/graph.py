@@ -154,8 +154,8 @@ class GraphBackend:
         cap = self._capacity(seg)
         mask = history_step_mask(cap, self.workspace, self.L, 1, self.device)
         x = self._forward(seg, self.ar_token, self.L, self.L, mask, 1)
-        top, _ = self.fast.verify_top1(x)
-        top = flag_non_finite(x, top)  # read with the token: no extra sync
+        top, conf = self.fast.verify_top1(x)
+        top = flag_non_finite(x, top, conf)  # read with the token: no extra sync
         self.L += 1
         self.ar_out.copy_(top)
         self.ar_token.copy_(top.clamp_min(0))  # a flagged row must not index the embedding
@@ -169,7 +169,7 @@ class GraphBackend:
         mask = draft_in_place_mask(cap, self.workspace, self.L, k, d, self.device)
         x = self._forward(seg, tokens, self.L + self._draft_off[k], slots, mask, k)
         top, conf = self.fast.draft_top1(x[k:])
-        top = flag_non_finite(x[k:], top)
+        top = flag_non_finite(x[k:], top, conf)
         self.L += k
         self.readback[2:2 + d].copy_(top)
         self.readback[2 + d:].copy_(conf)
@@ -183,8 +183,8 @@ class GraphBackend:
         mask = history_step_mask(cap, self.workspace, first, d + 1, self.device)
         positions = first + self._ws_rows[: d + 1]
         x = self._forward(seg, self.verify_tokens, positions, positions, mask, d)
-        greedy, _ = self.fast.verify_top1(x)  # [D + 1]
-        greedy = flag_non_finite(x, greedy)
+        greedy, conf = self.fast.verify_top1(x)  # [D + 1]
+        greedy = flag_non_finite(x, greedy, conf)
         match = (self.verify_tokens[1:] == greedy[:-1]).long()
         accepted = match.cumprod(0).sum().view(1)
         verifier = greedy.gather(0, accepted)

@@ -16,7 +16,7 @@ from ..runtime.kv import SegmentedKV
 from ..runtime.masks import draft_in_place_mask, history_step_mask, prefill_mask
 from ..runtime.model import TernaryLM
 from ..runtime.replay import ReplayState
-from .base import NON_FINITE_TOKEN, DraftResult, StepLog, VerifyResult, flag_non_finite
+from .base import DraftResult, StepLog, VerifyResult, flag_non_finite
 
 PREFILL_CHUNK = 512
 
@@ -93,7 +93,7 @@ class ReferenceBackend:
         self._record(k + block_size, "draft")
         probs = torch.softmax(self.model.draft_logits(hidden[k:]), dim=-1)
         conf, top = probs.max(dim=-1)
-        top = flag_non_finite(hidden[k:], top)
+        top = flag_non_finite(hidden[k:], top, conf)
         self.kv.advance(k)  # materialise the pending rows
         self.log.host_syncs += 1
         return DraftResult(top.tolist(), conf.tolist())
@@ -123,8 +123,7 @@ class ReferenceBackend:
         (argmax over NaN logits would pick token 0 and decode garbage silently)."""
         logits = self.model.verify_logits(hidden)
         top_value, top = logits.max(-1)  # max propagates NaN: one NaN logit flags its row
-        top = flag_non_finite(hidden, top)
-        return torch.where(torch.isfinite(top_value), top, torch.full_like(top, NON_FINITE_TOKEN))
+        return flag_non_finite(hidden, top, top_value)
 
     @torch.no_grad()
     def logits(self, token_ids: torch.Tensor) -> torch.Tensor:

@@ -169,7 +169,10 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
     except RecursionError:
         raise ArtifactError(f"{mf}: nested too deeply to be a manifest; re-export the artifact") from None
     manifest = Manifest.from_dict(data, where=str(mf))
-    check_manifest(manifest)
+    try:
+        check_manifest(manifest)
+    except ArtifactError as e:  # its messages start "manifest.json: ": say which folder's
+        raise ArtifactError(f"{folder}{os.sep}{e}") from None
     return manifest
 
 

@@ -46,8 +46,10 @@ MAX_HEAD_DIM = 1024  # 64-256 in practice
 MAX_CONTEXT = 1 << 20  # 1M tokens: the longest RoPE contexts published
 MAX_WORKSPACE = 1024  # the widest step is 2·D ≤ 32 slots (block size ≤ 16)
 
-# safetensors dtype strings the loader accepts for each kind of tensor.
-FLOAT_DTYPES = ("F16", "BF16", "F32")
+# safetensors dtype strings the loader accepts for float tensors (the exporter writes 16-bit
+# dense tensors and float32 scales; the loader casts, so wider is harmless).
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+SCALE_DTYPES = ("F32", "F64")
 
 
 def plain_file_name(name: Any, where: str = MANIFEST) -> str:
@@ -216,8 +218,10 @@ def check_weights_header(m: Manifest, path: Path) -> None:
     """Every dimension of the manifest against the tensors the file really holds."""
     header = read_header(path)
     c = m.model
+    expected: set[str] = set()
 
     def expect(name: str, shape: tuple[int, ...], dtypes: tuple[str, ...], what: str = "") -> None:
+        expected.add(name)
         if name not in header:
             raise ArtifactError(f"{path}: tensor {name!r} is missing; the artifact is incomplete, re-export it")
         dtype, got = header[name]
@@ -256,10 +260,14 @@ def check_weights_header(m: Manifest, path: Path) -> None:
         for proj, (n, k) in shapes.items():
             expect(p + proj + PACKED_SUFFIX, (n, _packed_width(k)), ("U8",), f"[{n}, {k}] packed 4 codes a byte")
             scale = (n, -(-k // 128)) if group else (1,)
-            expect(p + proj + SCALE_SUFFIX, scale, ("F32",), "group-128 scales" if group else "one per-tensor scale")
+            expect(p + proj + SCALE_SUFFIX, scale, SCALE_DTYPES, "group-128 scales" if group else "one per-tensor scale")
     if m.draft_head == DRAFT_HEAD_INT8:
         expect(DRAFT_HEAD_WEIGHT, (v, h), ("I8",), "model.vocab_size × model.hidden_size")
-        expect(DRAFT_HEAD_SCALE, (v,), ("F32",), "one scale per vocabulary row")
+        expect(DRAFT_HEAD_SCALE, (v,), SCALE_DTYPES, "one scale per vocabulary row")
+    unexpected = sorted(set(header) - expected)
+    if unexpected:  # e.g. an lm_head.weight while the manifest says the head is tied
+        raise ArtifactError(f"{path}: holds tensor(s) {', '.join(map(repr, unexpected[:3]))} that {MANIFEST} "
+                            "does not describe; the manifest and the weights disagree — re-export the artifact")
 
 
 # ----------------------------------------------------------------------------- values and memory
