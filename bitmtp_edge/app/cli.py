@@ -18,10 +18,10 @@ from pathlib import Path
 
 import click
 
-from .bench import MONITOR_CHOICES
-
-# Copies of decoding.POLICIES, engine.BACKENDS and RuntimeOptions.PRESETS, so that building
-# the options does not import torch; tests/test_cli.py checks that they agree.
+# Copies of decoding.POLICIES, engine.BACKENDS, RuntimeOptions.PRESETS and bench.MONITOR_CHOICES,
+# so that building the options imports neither torch nor the bench (``--help`` stays fast);
+# tests/test_cli.py and tests/test_cli_inputs.py check that they agree.
+MONITOR_CHOICES = ("auto", "tegrastats", "jtop", "nvml", "psutil", "none")
 POLICY_NAMES = ("ar", "confidence", "speculative", "hybrid")
 BACKEND_NAMES = ("auto", "reference", "ampere", "server")
 RUNTIME_NAMES = ("generic", "m1", "m1+m2", "full")
@@ -74,6 +74,22 @@ def _load_engine(artifact, backend, device, runtime: str = "full"):
     return eng
 
 
+def policy_for(eng, policy: str | None) -> str:
+    """The policy ``generate``, ``chat`` and ``serve`` run, one rule for all three: left out, it
+    is the best the model supports (hybrid; ar for an AR-only model, said in one line); an MTP
+    policy asked for by name on an AR-only model is refused before anything runs, never
+    silently replaced by another (a user comparing policies must not get ar numbers)."""
+    if eng.manifest.mtp is not None:
+        return policy or "hybrid"
+    if policy is None:
+        click.echo(f"note: {eng.path} is AR-only (no MTP block): decoding with policy ar", err=True)
+        return "ar"
+    if policy != "ar":
+        raise click.ClickException(f"--policy {policy}: {eng.path} is AR-only (no MTP block); "
+                                   "use --policy ar or leave --policy out")
+    return policy
+
+
 class CaptureProgress:
     """A progress bar on stderr for graph capture at load (shown only once capture starts)."""
 
@@ -111,7 +127,8 @@ m_help = "Hybrid: commit without verifying when h ≥ m [default: the model's]."
 def decoding_options(command):
     """--policy, --max-new-tokens, --tau, --min-prefix: one decode's settings (generate, chat)."""
     for option in reversed((
-        click.option("--policy", type=click.Choice(POLICY_NAMES), default="hybrid", show_default=True),
+        click.option("--policy", type=click.Choice(POLICY_NAMES), default=None,
+                     help="Decoding policy [default: hybrid, or ar for an AR-only model]."),
         click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True),
         click.option("--tau", type=click.FloatRange(0, 1, min_open=True), default=None, help=tau_help),
         click.option("--min-prefix", "-m", type=click.IntRange(min=1), default=None, help=m_help),
@@ -143,6 +160,7 @@ def generate(prompt, artifact, backend, device, policy, max_new_tokens, tau, min
     from ..runtime.decoding import DecodingError
 
     eng = _load_engine(artifact, backend, device)
+    policy = policy_for(eng, policy)
     try:
         res = eng.generate(prompt, max_new_tokens=max_new_tokens, policy=policy, tau=tau,
                            min_prefix=min_prefix, stop=list(stop) or None)
@@ -154,7 +172,8 @@ def generate(prompt, artifact, backend, device, policy, max_new_tokens, tau, min
     click.echo(prompt + res.text)
     s = res.stats
     click.echo(f"\n[{policy}] {s.new_tokens} tokens, {s.decode_tokens_per_s:.1f} tok/s, "
-               f"{s.tokens_per_iteration:.2f} tokens/iteration, {s.verifier_calls} verifier calls", err=True)
+               f"{s.tokens_per_iteration:.2f} tokens/iteration, {s.verifier_calls} verifier calls, "
+               f"stopped: {s.finish_reason}", err=True)
 
 
 @main.command()
@@ -196,8 +215,7 @@ def chat(ctx, artifact, backend, device, policy, max_new_tokens, tau, min_prefix
     from ..runtime.decoding import DecodingError
 
     eng = _load_engine(artifact, backend, device)
-    if eng.manifest.mtp is None and ctx.get_parameter_source("policy") == click.core.ParameterSource.DEFAULT:
-        policy = "ar"
+    policy = policy_for(eng, policy)
     try:
         session = ChatSession(eng, policy=policy, max_new_tokens=max_new_tokens, tau=tau, min_prefix=min_prefix,
                               keep_history=not no_history)
@@ -500,7 +518,7 @@ def serve(artifact, backend, device, runtime, socket_path, policy, max_new_token
     eng = _load_engine(artifact, backend, device, runtime)
     if not no_warmup:
         warm_up(eng)
-    defaults = ServeDefaults(policy=policy or ("hybrid" if eng.manifest.mtp else "ar"), max_new_tokens=max_new_tokens)
+    defaults = ServeDefaults(policy=policy_for(eng, policy), max_new_tokens=max_new_tokens)
     where = socket_path or "stdin"
     click.echo(f"bitmtp serve: {json.dumps(info(eng))} ready in {time.perf_counter() - t0:.1f} s on {where}", err=True)
     if socket_path is None:
@@ -511,15 +529,14 @@ def serve(artifact, backend, device, runtime, socket_path, policy, max_new_token
         return
     import signal
 
+    def _stop(signum, frame):  # systemd stops with SIGTERM: leave through the finally below
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _stop)  # before binding: no moment where the socket could be left behind
     try:
         server = UnixServer(socket_path, eng, defaults)
     except OSError as e:
         raise click.ClickException(f"--socket {socket_path}: {e}") from None
-
-    def _stop(signum, frame):  # systemd stops with SIGTERM: leave through the finally below
-        raise SystemExit(0)
-
-    signal.signal(signal.SIGTERM, _stop)
     try:
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
