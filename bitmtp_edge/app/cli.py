@@ -319,10 +319,12 @@ class _RichProgress:
             Progress,
             TextColumn,
             TimeElapsedColumn,
+            TimeRemainingColumn,
         )
 
         self._bar = Progress(TextColumn("{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
-                             TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+                             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                             console=Console(stderr=True), transient=True)
         self._task = None
 
     def start(self, total: int) -> None:
@@ -344,8 +346,8 @@ class _RichProgress:
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
               help="JSONL workload, one {\"prompt\": ...} per line [default: the held-out prompts beside the "
                    "artifact (prompts.jsonl), else built-in code prompts].")
-@click.option("--num-prompts", type=click.IntRange(min=0), default=8, show_default=True,
-              help="Use the first N prompts (0: all).")
+@click.option("--num-prompts", type=click.IntRange(min=0), default=None,
+              help="Use the first N prompts (0: all) [default: 8; 2 on a CPU].")
 @click.option("--policies", callback=_parse_policies, default=None, metavar="LIST",
               help=f"Comma-separated routes from {','.join(POLICY_NAMES)} [default: all the model supports]. "
                    "Put ar in for speedups.")
@@ -354,11 +356,12 @@ class _RichProgress:
 @click.option("--min-prefix", "-m", multiple=True, type=click.IntRange(min=1), help=m_help + " Repeat to sweep.")
 @click.option("--block-size", "-D", type=click.IntRange(min=2), default=None,
               help="Must be the D the model was trained for [default: the artifact's].")
-@click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=None,
+              help="[default: 128; 32 on a CPU].")
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
               help="Discarded runs per route (first prompt).")
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Measured runs per route and prompt (medians are reported).")
+@click.option("--repeats", type=click.IntRange(min=1), default=None,
+              help="Measured runs per route and prompt (medians are reported) [default: 3; 1 on a CPU].")
 @click.option("--ignore-eos", is_flag=True, help="Generate exactly --max-new-tokens every run (fixed lengths).")
 @click.option("--strict", is_flag=True, help="Refuse on a Jetson not at MAXN/MAXN_SUPER with locked clocks.")
 @click.option("--monitor", type=click.Choice(MONITOR_CHOICES), default="auto", show_default=True,
@@ -376,7 +379,9 @@ def bench(ctx, artifact, backend, device, runtime, prompts_file, num_prompts, po
 
     Per route: decode tok/s, tokens per iteration, verifier-call rate, speedup over AR,
     average power, energy per token (J/token), peak temperatures, clocks, memory, and
-    the board's power posture. Writes bench.json, bench.md and PNG plots to --out.
+    the board's power posture. Writes bench.json, bench.md, bench.csv and PNG plots to --out.
+    On a CPU the defaults are smaller (a few minutes, not hours). Ctrl-C stops early and
+    still writes what was measured, marked partial.
     """
     from . import bench as B
     from .bench_report import ReportError, write_report
@@ -385,8 +390,6 @@ def bench(ctx, artifact, backend, device, runtime, prompts_file, num_prompts, po
 
     try:
         prompts = B.load_prompts(prompts_file) if prompts_file else None
-        config = B.BenchConfig(max_new_tokens=max_new_tokens, warmup=warmup, repeats=repeats, ignore_eos=ignore_eos,
-                               strict=strict, monitor=monitor, interval_s=interval_ms / 1000)
     except B.BenchError as e:
         raise click.ClickException(str(e)) from None
     try:
@@ -397,6 +400,18 @@ def bench(ctx, artifact, backend, device, runtime, prompts_file, num_prompts, po
         click.echo("note: not a Jetson: power-mode and clock checks skipped", err=True)
 
     eng = _load_engine(artifact, backend, device, runtime)
+    sizes = B.CPU_DEFAULTS if eng.device.type == "cpu" else B.GPU_DEFAULTS
+    num_prompts = sizes["num_prompts"] if num_prompts is None else num_prompts
+    max_new_tokens = sizes["max_new_tokens"] if max_new_tokens is None else max_new_tokens
+    repeats = sizes["repeats"] if repeats is None else repeats
+    if eng.device.type == "cpu" and not quiet:
+        click.echo(f"note: CPU defaults: {num_prompts} prompts, {max_new_tokens} new tokens, {repeats} repeat(s) "
+                   "(--num-prompts, --max-new-tokens, --repeats for more)", err=True)
+    try:
+        config = B.BenchConfig(max_new_tokens=max_new_tokens, warmup=warmup, repeats=repeats, ignore_eos=ignore_eos,
+                               strict=strict, monitor=monitor, interval_s=interval_ms / 1000)
+    except B.BenchError as e:
+        raise click.ClickException(str(e)) from None
     if block_size is not None and block_size != eng.block_size:
         have = f"D={eng.block_size}" if eng.block_size else "no MTP block (AR-only)"
         raise click.ClickException(f"--block-size {block_size}: {eng.path} was trained with {have}; "
@@ -424,10 +439,14 @@ def bench(ctx, artifact, backend, device, runtime, prompts_file, num_prompts, po
         raise click.ClickException(f"--monitor {monitor}: {e}; choose another --monitor (or none)") from None
     if as_json:
         click.echo(json.dumps(data, allow_nan=False))
-        return
-    if not quiet:
-        _print_table(data)
-    click.echo(f"wrote {', '.join(str(p) for p in paths)}", err=True)
+    else:
+        if not quiet:
+            _print_table(data)
+        click.echo(f"wrote {', '.join(str(p) for p in paths)}", err=True)
+    if report.partial:
+        click.echo(f"interrupted: wrote the {len(report.runs)} of {report.planned_runs} runs measured "
+                   "(marked partial)", err=True)
+        sys.exit(130)  # the shell's code for Ctrl-C
 
 
 def _print_table(data: dict) -> None:

@@ -111,6 +111,12 @@ def check_backend(torch) -> Check:
            "ampere": "Triton W2A8 kernels + CUDA graphs, no FP8",
            "server": "ampere + FP8 draft head (sm_89/sm_90+)"}[chosen]
     details = {"auto": chosen, "device": str(device)}
+    if chosen == "reference" and device.type == "cpu":
+        from ..runtime.engine import cpu_threads_rule
+
+        threads, rule = cpu_threads_rule()
+        details["cpu_threads"] = threads if threads is not None else torch.get_num_threads()
+        why += f"; {details['cpu_threads']} torch thread(s): {rule}"
     if chosen != "reference":  # kernel launches overlap their predecessors on sm_90+
         from kernels_ampere.common import pdl_status
 

@@ -251,24 +251,38 @@ def _check_stop(stop) -> None:
 
 
 def choose_cpu_threads() -> int | None:
-    """Torch threads for the reference backend on the CPU, unless the user chose (``OMP_NUM_THREADS``
-    or ``BITMTP_CPU_THREADS``): one per core the process may use, at most ``CPU_THREADS_MAX``,
-    and one when the host is already busy — a decode step is a chain of small ops, and
-    threads that wait for a core cost more than they split (on a loaded 2-core host one
-    thread decoded many times faster than two)."""
+    """Torch threads for the reference backend on the CPU (set by ``Engine.load``), or None
+    to leave torch's choice. See ``cpu_threads_rule`` for the rule and why."""
+    return cpu_threads_rule()[0]
+
+
+def cpu_threads_rule() -> tuple[int | None, str]:
+    """(threads, why). ``BITMTP_CPU_THREADS`` wins; ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``
+    mean the user chose (torch follows them); otherwise one thread per usable core up to
+    ``CPU_THREADS_MAX``, and one when the host is already busy (1-minute load ≥ cores): a
+    decode step is a chain of small ops, and a thread waiting for a core stalls every op's
+    barrier (measured on a loaded 2-core host: tools/results/cpu_threads.md)."""
     if os.environ.get("BITMTP_CPU_THREADS"):
-        return max(1, int(os.environ["BITMTP_CPU_THREADS"]))
-    if os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
-        return None
+        try:
+            n = max(1, int(os.environ["BITMTP_CPU_THREADS"]))
+        except ValueError:
+            raise ValueError(f"BITMTP_CPU_THREADS={os.environ['BITMTP_CPU_THREADS']!r}: not a number of threads") from None
+        return n, "BITMTP_CPU_THREADS"
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        if os.environ.get(var):
+            return None, f"{var}={os.environ[var]} (torch's choice)"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     try:
-        busy = os.getloadavg()[0] >= cores - 0.5  # the other cores are taken
+        load = os.getloadavg()[0]
     except OSError:
-        busy = False
-    return 1 if busy else max(1, min(cores, CPU_THREADS_MAX))
+        load = 0.0
+    if cores > 1 and load >= cores:
+        return 1, f"host busy (load {load:.1f} on {cores} cores)"
+    n = max(1, min(cores, CPU_THREADS_MAX))
+    return n, f"{cores} core(s) free, at most {CPU_THREADS_MAX}"
 
 
-CPU_THREADS_MAX = 4
+CPU_THREADS_MAX = 4  # small decode steps stop scaling beyond a few threads
 
 
 def _find_stop(text: str, stop: Sequence[str] | None) -> int | None:
