@@ -12,7 +12,8 @@ import torch
 from click.testing import CliRunner
 
 from bitmtp_edge.app import bench as B
-from bitmtp_edge.app.cli import _RichProgress, main
+from bitmtp_edge.app.cli import main
+from bitmtp_edge.app.live import BenchProgress
 from bitmtp_edge.runtime import engine as E
 
 from .helpers import random_model, write_test_artifact
@@ -98,7 +99,7 @@ def test_bench_csv_holds_the_route_numbers_of_bench_json(artifact, prompts_file,
 def test_the_progress_bar_shows_an_eta():
     from rich.progress import TimeRemainingColumn
 
-    bar = _RichProgress()
+    bar = BenchProgress()
     assert any(isinstance(c, TimeRemainingColumn) for c in bar._bar.columns)
 
 

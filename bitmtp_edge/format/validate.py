@@ -165,7 +165,7 @@ def check_manifest(m: Manifest) -> None:
         if trained is not None and trained != m.mtp.block_size:
             raise _fail("mtp.block_size", f"= {m.mtp.block_size} but the checkpoint was trained with "
                                           f"block_size {trained} (source.bitmtp)")
-    expected = step_widths(m.mtp)
+    expected = step_widths(m.mtp.block_size if m.mtp is not None else None)
     if {k: list(v) for k, v in m.widths.items()} != expected:
         raise _fail("widths", f"= {m.widths} do not match the MTP block (expected {expected})")
     if m.draft_head is not None and m.draft_head not in DRAFT_HEAD_KINDS:

@@ -1,4 +1,4 @@
-"""Decoding policies: turn draft blocks into committed tokens (DESIGN.md §4).
+"""Decoding policies: turn draft blocks into committed tokens (docs/decoding.md).
 
 Vocabulary used throughout:
 
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from ..backends.base import NON_FINITE_TOKEN, Backend
+from ..format.config import DEFAULT_MIN_PREFIX, DEFAULT_TAU, MTPConfig
 from .decoding_rules import accepted_prefix, confident_prefix  # noqa: F401  (re-exported)
-
-POLICIES = ("ar", "confidence", "speculative", "hybrid")
+from .policies import POLICIES
 
 
 class DecodingError(ValueError):
@@ -44,12 +44,26 @@ class DecodeOptions:
     policy: str
     max_new_tokens: int
     block_size: int | None = None
-    tau: float = 0.9
-    min_prefix: int = 3
+    tau: float = DEFAULT_TAU
+    min_prefix: int = DEFAULT_MIN_PREFIX
     stop_token_ids: frozenset[int] = frozenset()
     # Polled once per iteration (before each step): True ends the generation with
     # finish_reason "cancelled" (a server's client went away). Must be cheap, never block.
     should_stop: Callable[[], bool] | None = field(default=None, compare=False)
+
+    @classmethod
+    def for_model(cls, mtp: MTPConfig | None, policy: str, max_new_tokens: int, *, tau: float | None = None,
+                  min_prefix: int | None = None, stop_token_ids: frozenset[int] = frozenset(),
+                  should_stop: Callable[[], bool] | None = None) -> "DecodeOptions":
+        """The options for a model with this MTP block (None: AR-only): τ and m default to the
+        model's, the block size is the model's D."""
+        return cls(
+            policy=policy, max_new_tokens=max_new_tokens,
+            block_size=mtp.block_size if mtp else None,
+            tau=tau if tau is not None else (mtp.tau if mtp else DEFAULT_TAU),
+            min_prefix=min_prefix if min_prefix is not None else (mtp.min_prefix if mtp else 1),
+            stop_token_ids=stop_token_ids, should_stop=should_stop,
+        )
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, str) or self.policy not in POLICIES:
