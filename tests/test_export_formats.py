@@ -261,7 +261,7 @@ def test_kv_segments_follow_max_context_and_budget(tmp_path):
     # 1 KiB per slot: the 4096 segment (+ the 2048 one it grows from) does not fit in 5 MiB.
     m, _ = export(ckpt, tmp_path / "budget", kv_budget_mib=5)
     assert m.kv.segments[-1].capacity == 2048 and m.kv.budget_bytes == 5 * MIB
-    m, _ = export(ckpt, tmp_path / "device", device="orin-nano-8gb")
+    m, _ = export(ckpt, tmp_path / "board", board="orin-nano-8gb")
     assert m.kv.budget_bytes == DEVICE_KV_BUDGET_MIB["orin-nano-8gb"] * MIB
 
 
@@ -269,7 +269,7 @@ def test_kv_segments_follow_max_context_and_budget(tmp_path):
 
 def test_cli_exports_prints_a_summary_and_overwrites_on_request(tmp_path):
     ckpt, out = checkpoint("bitmtp"), tmp_path / "out"
-    result = run_cli(ckpt, out, "--device", "orin-nano-8gb")
+    result = run_cli(ckpt, out, "--board", "orin-nano-8gb")
     assert result.exit_code == 0, result.output
     assert f"-> {out}" in result.output and "D=4" in result.output and "budget 512 MiB" in result.output
     assert read_manifest(out).mtp.block_size == 4
@@ -283,7 +283,7 @@ def test_cli_exports_prints_a_summary_and_overwrites_on_request(tmp_path):
 def test_cli_help_lists_the_options():
     result = run_cli("--help")
     assert result.exit_code == 0
-    for opt in ("--max-context", "--device", "orin-nano-8gb", "--kv-budget-mib", "--overwrite", "--quiet"):
+    for opt in ("--max-context", "--board", "orin-nano-8gb", "--kv-budget-mib", "--overwrite", "--quiet"):
         assert opt in result.output
     assert "--block-size" not in result.output
 
@@ -331,3 +331,24 @@ def test_demo_artifact_runs_every_policy(tmp_path):
     prompt = "def add(a, b):"
     runs = {p: eng.generate(prompt, max_new_tokens=12, policy=p).token_ids for p in POLICIES}
     assert runs["speculative"] == runs["ar"]  # lossless: a sanity check that the artifact is coherent
+
+
+@pytest.mark.parametrize("kind", ["bitnet-online", "qwen3-fp16"])
+def test_omitted_or_null_keys_take_transformers_class_defaults(tmp_path, kind):
+    """config.json is read by transformers' own config class, so what a checkpoint leaves out
+    (or sets to null) gets exactly the default from_pretrained would give it."""
+    from transformers import AutoConfig
+
+    family = {"bitnet-online": "bitnet", "qwen3-fp16": "qwen3"}[kind]
+    ckpt = copy_ckpt(kind, tmp_path / "ckpt")
+    cfg = json.loads((ckpt / "config.json").read_text())
+    for key in ("rms_norm_eps", "hidden_act", "rope_parameters", "rope_theta", "rope_scaling"):
+        cfg.pop(key, None)
+    cfg["max_position_embeddings"] = None
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    m, _ = export(ckpt, tmp_path / "out")
+    stock = AutoConfig.for_model(family)
+    theta = stock.rope_parameters["rope_theta"] if getattr(stock, "rope_parameters", None) else stock.rope_theta
+    assert m.model.rms_norm_eps == stock.rms_norm_eps
+    assert m.model.rope_theta == theta
+    assert m.model.max_position_embeddings == stock.max_position_embeddings

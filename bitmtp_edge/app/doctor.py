@@ -127,7 +127,7 @@ def check_board(root: str | os.PathLike = "/") -> Check:
         return Check("board", "info", "not a Jetson (no /etc/nv_tegra_release, no nvidia,tegra* device tree)",
                      b.to_dict())
     what = b.module or b.model or "unknown Jetson module"
-    preset = f"; export preset --device {b.export_device}" if b.export_device else ""
+    preset = f"; export preset --board {b.export_board}" if b.export_board else ""
     return Check("board", "ok", f"{what}, L4T {b.l4t or '?'} (JetPack {b.jetpack or '?'}){preset}", b.to_dict())
 
 

@@ -119,29 +119,42 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def write_artifact(out_dir: str | os.PathLike, manifest: Manifest, tensors: dict[str, torch.Tensor],
-                   extra_files: dict[str, Path], overwrite: bool = False) -> Path:
-    """Write an artifact atomically: a temporary sibling folder, renamed into place at the end."""
+def write_artifact_files(folder: Path, manifest: Manifest, tensors: dict[str, torch.Tensor],
+                         extra_files: dict[str, Path]) -> Manifest:
+    """Write an artifact's files into the empty ``folder``; returns the manifest with their sha256.
+
+    Placing the folder (atomically, replacing only an artifact) is the caller's job:
+    ``export.out_folder`` for ``bitmtp-export``."""
     from safetensors.torch import save_file
 
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / WEIGHTS),
+              metadata={"format": "pt", "producer": "bitmtp-export"})
+    for name, src in extra_files.items():
+        shutil.copyfile(src, folder / name)
+    files = {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    final = Manifest(**{**manifest.__dict__, "files": files})
+    (folder / MANIFEST).write_text(json.dumps(final.to_dict(), indent=2) + "\n")
+    return final
+
+
+def write_artifact(out_dir: str | os.PathLike, manifest: Manifest, tensors: dict[str, torch.Tensor],
+                   extra_files: dict[str, Path], overwrite: bool = False) -> Path:
+    """Write a new artifact folder atomically (a temporary sibling renamed into place)."""
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists; pass --overwrite to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / WEIGHTS),
-                  metadata={"format": "pt", "producer": "bitmtp-export"})
-        for name, src in extra_files.items():
-            shutil.copyfile(src, tmp / name)
-        files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-        final = Manifest(**{**manifest.__dict__, "files": files})
-        (tmp / MANIFEST).write_text(json.dumps(final.to_dict(), indent=2) + "\n")
+        write_artifact_files(tmp, manifest, tensors, extra_files)
         if out.exists():
             trash = out.with_name(f".{out.name}.old-{os.getpid()}")
             out.rename(trash)
             tmp.rename(out)
-            shutil.rmtree(trash, ignore_errors=True)
+            if trash.is_dir() and not trash.is_symlink():
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                trash.unlink()
         else:
             tmp.rename(out)
     except BaseException:

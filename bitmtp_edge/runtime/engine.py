@@ -29,7 +29,7 @@ BACKENDS = ("auto", "reference", "ampere", "server")
 
 def embedded_artifact_path() -> Path:
     """The artifact shipped inside the package (the default model)."""
-    return Path(__file__).parent / "embedded" / "model"
+    return Path(__file__).resolve().parent.parent / "embedded" / "model"
 
 
 @dataclass
