@@ -26,8 +26,10 @@ mistake. Integer products run in float32 where they are exact (|sum| < 2**24).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -35,25 +37,28 @@ import torch
 from tools.blocks import BlockLayout, build_rows
 
 
-def _exact_float32_int_matmul():
-    """Patch the runtime's exact int matmul: float32 is exact while 127 * 127 * K < 2**24; the
-    float copies of the codes are cached per tensor."""
+@contextlib.contextmanager
+def exact_float32_int_matmul():
+    """Within the block, the runtime's exact int matmul runs in float32, exact while
+    127 * 127 * K < 2**24, with the float copy of each weight cached (per live tensor)."""
     import bitmtp_edge.runtime.model as model_mod
-    import kernels_ampere.numerics as quant_mod
 
-    cache: dict = {}
-    original = quant_mod.int_matmul
+    original = model_mod.int_matmul
+    cache: dict[int, tuple] = {}
 
     def int_matmul(a, w):
         if 127 * 127 * a.shape[-1] >= 2 ** 24:
             return original(a, w)
-        key = (w.data_ptr(), tuple(w.shape))
-        wf = cache.get(key)
-        if wf is None:
-            wf = cache[key] = w.float().t().contiguous()
-        return (a.float() @ wf).to(torch.int32)
+        hit = cache.get(id(w))
+        if hit is None or hit[0]() is not w:  # a freed tensor's id can be reused
+            hit = cache[id(w)] = (weakref.ref(w), w.float().t().contiguous())
+        return (a.float() @ hit[1]).to(torch.int32)
 
     model_mod.int_matmul = int_matmul
+    try:
+        yield
+    finally:
+        model_mod.int_matmul = original
 
 
 @torch.no_grad()
@@ -107,10 +112,14 @@ def replay(cont, drafts, confs, stop, max_new: int, policy: str, tau: float, min
 
 def evaluate(path: str, prompts, tau: float, min_prefix: int, max_new: int, log=print,
              dtype: torch.dtype = torch.float32) -> dict:
+    with exact_float32_int_matmul():
+        return _evaluate(path, prompts, tau, min_prefix, max_new, log, dtype)
+
+
+def _evaluate(path, prompts, tau, min_prefix, max_new, log, dtype) -> dict:
     from tools.hf_checkpoint import load_runtime_model
     from tools.tokenizer import load_tokenizer
 
-    _exact_float32_int_matmul()
     model, ck = load_runtime_model(path, dtype)
     if ck.mtp is None:
         raise ValueError(f"{path}: an AR-only checkpoint has no drafts to replay")

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bitmtp_edge.format.config import ModelConfig, MTPConfig, QuantConfig
+from bitmtp_edge.format.config import ModelConfig, MTPConfig
 from bitmtp_edge.runtime.model import LatentTernaryLinear, TernaryLM
 from tools.blocks import IGNORE, BlockLayout, build_rows, clean_mask, sample_anchors
 from tools.corpus import CorpusIndex, load_split
