@@ -22,7 +22,7 @@ from .bench import MONITOR_CHOICES
 
 # Copies of decoding.POLICIES, engine.BACKENDS and RuntimeOptions.PRESETS, so that building
 # the options does not import torch; tests/test_cli.py checks that they agree.
-POLICY_NAMES = ("ar", "confidence", "speculative", "hybrid")
+POLICY_NAMES = ("ar", "confidence", "speculative", "hybrid", "fused")
 BACKEND_NAMES = ("auto", "reference", "ampere", "server")
 RUNTIME_NAMES = ("generic", "m1", "m1+m2", "full")
 ARGV_KEY = "bitmtp.argv"

@@ -103,7 +103,7 @@ class Engine:
     def decode_ids(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
-    def _options(self, policy, max_new_tokens, block_size, tau, min_prefix) -> DecodeOptions:
+    def _options(self, policy, max_new_tokens, block_size, tau, min_prefix, candidates=None) -> DecodeOptions:
         mtp = self.manifest.mtp
         if policy != "ar" and mtp is None:
             raise DecodingError(f"policy {policy!r} needs an MTP-trained model; {self.path} is AR-only, use policy='ar'")
@@ -118,6 +118,7 @@ class Engine:
             tau=tau if tau is not None else (mtp.tau if mtp else 0.9),
             min_prefix=min_prefix if min_prefix is not None else (mtp.min_prefix if mtp else 1),
             stop_token_ids=self.eos_token_ids,
+            **({"candidates": candidates} if candidates is not None else {}),
         )
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
@@ -133,20 +134,22 @@ class Engine:
         return ids
 
     def stream_ids(self, prompt, *, max_new_tokens=128, policy="hybrid", block_size=None, tau=None,
-                   min_prefix=None, stats: DecodeStats | None = None) -> Iterator[list[int]]:
-        """Yield each iteration's committed token ids."""
-        opts = self._options(policy, max_new_tokens, block_size, tau, min_prefix)
+                   min_prefix=None, stats: DecodeStats | None = None,
+                   candidates: int | None = None) -> Iterator[list[int]]:
+        """Yield each iteration's committed token ids. ``candidates``: draft blocks per fused
+        pass (policy ``fused``; default ``decoding.DEFAULT_CANDIDATES``)."""
+        opts = self._options(policy, max_new_tokens, block_size, tau, min_prefix, candidates)
         ids = self._prompt_ids(prompt)
         yield from decode(self.backend, ids, opts, stats if stats is not None else DecodeStats())
 
     def stream(self, prompt, *, max_new_tokens=128, policy="hybrid", block_size=None, tau=None,
                min_prefix=None, stop: Sequence[str] | None = None,
-               stats: DecodeStats | None = None) -> Iterator[str]:
+               stats: DecodeStats | None = None, candidates: int | None = None) -> Iterator[str]:
         """Yield text pieces as tokens are committed (decoded incrementally, stop strings honoured)."""
         out: list[int] = []
         emitted = ""
         for chunk in self.stream_ids(prompt, max_new_tokens=max_new_tokens, policy=policy, block_size=block_size,
-                                     tau=tau, min_prefix=min_prefix, stats=stats):
+                                     tau=tau, min_prefix=min_prefix, stats=stats, candidates=candidates):
             out.extend(chunk)
             text = self.decode_ids(out)
             cut = _find_stop(text, stop)
@@ -169,11 +172,11 @@ class Engine:
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, policy: str = "hybrid",
                  block_size: int | None = None, tau: float | None = None, min_prefix: int | None = None,
-                 stop: Sequence[str] | None = None) -> GenerationResult:
+                 stop: Sequence[str] | None = None, candidates: int | None = None) -> GenerationResult:
         stats = DecodeStats()
         ids: list[int] = []
         for chunk in self.stream_ids(prompt, max_new_tokens=max_new_tokens, policy=policy, block_size=block_size,
-                                     tau=tau, min_prefix=min_prefix, stats=stats):
+                                     tau=tau, min_prefix=min_prefix, stats=stats, candidates=candidates):
             ids.extend(chunk)
             if stop and _find_stop(self.decode_ids(ids), stop) is not None:
                 stats.finish_reason = "stop"

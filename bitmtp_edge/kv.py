@@ -18,7 +18,7 @@ role keeps the history in place; growing into the next segment copies the histor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -93,6 +93,21 @@ class SegmentedKV:
         new.v[:, :, : self.length].copy_(self.buffer.v[:, :, : self.length])
         self.segment_index, self.buffer = index, new
         self.growths += 1
+        return True
+
+    def ensure_workspace(self, width: int) -> bool:
+        """Widen every segment's workspace to ``width`` slots (the fused step's draft blocks
+        may need more than the artifact's widest step); the history is copied once. True if
+        it widened."""
+        if width <= self.plan.workspace:
+            return False
+        per_slot = self.plan.bytes_per_slot
+        self.plan = replace(self.plan, workspace=width, segments=tuple(
+            replace(s, workspace=width, bytes=(s.capacity + width) * per_slot) for s in self.plan.segments))
+        new = self._allocate(self.segment_index)
+        new.k[:, :, : self.length].copy_(self.buffer.k[:, :, : self.length])
+        new.v[:, :, : self.length].copy_(self.buffer.v[:, :, : self.length])
+        self.buffer = new
         return True
 
     def history_slots(self, n: int) -> torch.Tensor:

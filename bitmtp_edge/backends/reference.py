@@ -11,12 +11,12 @@ from __future__ import annotations
 import torch
 
 from ..kv import SegmentedKV
-from ..masks import draft_in_place_mask, history_step_mask, prefill_mask
+from ..masks import draft_in_place_mask, fused_step_mask, history_step_mask, prefill_mask
 from ..model import TernaryLM
 from ..replay import ReplayState
 from ..segments import KVPlan
-from ..decoding_rules import accepted_prefix
-from .base import DraftResult, StepLog, VerifyResult
+from ..decoding_rules import accepted_prefix, candidate_lengths
+from .base import DraftResult, FusedResult, StepLog, VerifyResult
 
 PREFILL_CHUNK = 512
 
@@ -116,6 +116,58 @@ class ReferenceBackend:
         a = accepted_prefix(drafts, greedy)
         self.kv.advance(a)  # promote d_1..d_a
         return VerifyResult(a, greedy[a])
+
+    def fused_step(self, anchor: int, pending: list[int], draft: DraftResult, candidates: int,
+                   block_size: int) -> FusedResult:
+        drafts, d = list(draft.tokens), block_size
+        chosen = candidate_lengths(torch.tensor(draft.confidences, dtype=torch.float32), candidates).tolist()
+        hidden = self.fused_rows(anchor, pending, drafts, chosen, d)
+        self.log.host_syncs += 1
+        k = len(pending)
+        n, anchor_row = (k or 1) + len(drafts), max(k - 1, 0)
+        greedy = self.model.verify_logits(hidden[anchor_row:n]).argmax(-1).tolist()  # anchor, d_1..d_m
+        a = accepted_prefix(drafts, greedy)
+        self.kv.advance(k + a)  # the pending rows and d_1..d_a, already at their slots
+        nxt = None
+        if a in chosen:  # the draft head only on the rows that are read: drafts after v
+            b = chosen.index(a)
+            rows = hidden[n + b * d + 1:n + (b + 1) * d]
+            nxt = DraftResult([], [])
+            if rows.shape[0]:
+                conf, top = torch.softmax(self.model.draft_logits(rows), dim=-1).max(dim=-1)
+                nxt = DraftResult(top.tolist(), conf.tolist())
+        return FusedResult(a, greedy[a], chosen, nxt)
+
+    def fused_rows(self, anchor: int, pending: list[int], drafts: list[int], chosen: list[int],
+                   block_size: int) -> torch.Tensor:
+        """Run the fused step's forward (``masks.fused_step_mask``) for the candidate lengths
+        ``chosen`` (ascending); write its KV; return the final-normed hidden rows, causal rows
+        first, then block by block. The history boundary does not move."""
+        if self.mask_token_id is None:
+            raise RuntimeError("this artifact has no MTP block (AR-only); use policy='ar'")
+        k, d, length = len(pending), block_size, self.kv.length
+        if not k and length == 0:
+            raise RuntimeError("a fused step without pending tokens needs a materialised anchor")
+        if any(not 0 <= j <= len(drafts) for j in chosen):
+            raise ValueError(f"candidate lengths {chosen} outside 0..{len(drafts)} (the drafts held)")
+        causal = (pending if k else [anchor]) + list(drafts)
+        n, anchor_row = len(causal), max(k - 1, 0)
+        first = length if k else length - 1  # the anchor pending, or recomputed at its own slot
+        c = len(chosen)
+        self.kv.ensure_workspace(c * d)
+        self._ensure(first + n)
+        anchor_slot = first + anchor_row
+        tokens, positions = list(causal), list(range(first, first + n))
+        for j in chosen:
+            tokens += [causal[anchor_row + j]] + [self.mask_token_id] * (d - 1)
+            positions += list(range(anchor_slot + j, anchor_slot + j + d))
+        slots = torch.cat([torch.arange(first, first + n, device=self.device),
+                           self.kv.buffer.workspace_slots(c * d)])
+        mask = fused_step_mask(self.kv.capacity, self.kv.buffer.workspace, first, n,
+                               torch.tensor(chosen, device=self.device), d, anchor_row)
+        hidden = self._run(tokens, positions, mask, slots)
+        self._record(n + c * d, "fused")
+        return hidden
 
     @torch.no_grad()
     def logits(self, token_ids: torch.Tensor) -> torch.Tensor:
