@@ -110,16 +110,36 @@ def spans_to_mask(spans: torch.Tensor, capacity: int, slots: int) -> torch.Tenso
     return ((s < capacity) & (s < hist_end)) | ((s >= capacity) & (w >= ws_begin) & (w < ws_end))
 
 
+def _int32(value, device) -> torch.Tensor:
+    return torch.as_tensor(value, device=device).reshape(-1)[:1].to(torch.int32)
+
+
+def history_step_spans(first_position, width: int, device=None) -> torch.Tensor:
+    """[width, 3] spans of ``history_step_mask``: row i sees history slots 0..first + i."""
+    first = _int32(first_position, device)
+    row = torch.arange(width, device=first.device, dtype=torch.int32)
+    zero = torch.zeros_like(row)
+    return torch.stack([first + row + 1, zero, zero], dim=1)
+
+
+def draft_in_place_spans(length, pending: int, block: int, device=None) -> torch.Tensor:
+    """[pending + block, 3] spans of ``draft_in_place_mask``."""
+    length = _int32(length, device)
+    rows = history_step_spans(length, pending)
+    ones = torch.ones(block, device=length.device, dtype=torch.int32)
+    block_rows = torch.stack([(length + pending - 1) * ones, 0 * ones, block * ones], dim=1)
+    return torch.cat([rows, block_rows])
+
+
 def fused_step_spans(first, causal: int, candidates: torch.Tensor, block: int, anchor_row: int = 0) -> torch.Tensor:
     """[causal + c·block, 3] int32 row spans of a fused verify + draft step (see
     ``fused_step_mask``); ``first`` (int or [1] tensor) is the first causal row's slot,
     ``anchor_row`` the anchor's index among the causal rows and ``candidates`` [c] the
     acceptance lengths j whose draft blocks the step carries."""
     device = candidates.device
-    first = torch.as_tensor(first, device=device).reshape(-1)[:1].to(torch.int32)
+    first = _int32(first, device)
     c = candidates.shape[0]
-    row = torch.arange(causal, device=device, dtype=torch.int32)
-    causal_spans = torch.stack([first + row + 1, torch.zeros_like(row), torch.zeros_like(row)], dim=1)
+    causal_spans = history_step_spans(first, causal)
     b = torch.arange(c * block, device=device, dtype=torch.int32) // block  # block index of each row
     block_spans = torch.stack([first + anchor_row + candidates.to(torch.int32)[b], b * block, (b + 1) * block], dim=1)
     return torch.cat([causal_spans, block_spans])
