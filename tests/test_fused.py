@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from bitmtp_edge.backends.base import DraftResult, FusedResult, StepLog
-from bitmtp_edge.decoding import DecodeOptions, DecodeStats, DecodingError, decode
-from bitmtp_edge.decoding_rules import candidate_lengths
-from bitmtp_edge.masks import (
+from bitmtp_edge.runtime.decoding import DecodeOptions, DecodeStats, DecodingError, decode
+from bitmtp_edge.runtime.decoding_rules import candidate_lengths
+from bitmtp_edge.runtime.masks import (
     draft_in_place_mask, fused_step_mask, fused_step_spans, history_step_mask, spans_to_mask,
 )
 from tests.helpers import random_model, reference_backend

@@ -7,7 +7,7 @@ import torch
 pytest.importorskip("triton")  # the interpreter is set up by tests/__init__.py without CUDA
 
 from tests.helpers import DEVICE  # noqa: E402
-from bitmtp_edge.masks import (  # noqa: E402
+from bitmtp_edge.runtime.masks import (  # noqa: E402
     draft_in_place_mask, draft_in_place_spans, fused_step_mask, fused_step_spans, history_step_mask,
     history_step_spans, spans_to_mask,
 )

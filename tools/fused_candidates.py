@@ -28,8 +28,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import bitmtp_edge.model as model_module  # noqa: E402
-from bitmtp_edge.engine import Engine  # noqa: E402
+import bitmtp_edge.runtime.model as model_module  # noqa: E402
+from bitmtp_edge.runtime.engine import Engine  # noqa: E402
 
 
 def convert_codes_once() -> None:
@@ -56,7 +56,7 @@ def configs(block_size: int, counts: list[int]) -> list[tuple[str, str, dict]]:
 
 
 def run_one(eng: Engine, ids: list[int], policy: str, tokens: int, extra: dict) -> dict:
-    from bitmtp_edge.decoding import DecodeOptions, DecodeStats, decode
+    from bitmtp_edge.runtime.decoding import DecodeOptions, DecodeStats, decode
 
     opts = eng._options(policy, tokens, None, None, None, extra.get("candidates"))
     if extra.get("hybrid_fused"):
@@ -147,7 +147,7 @@ def main() -> None:
         counts = [d + 1 if c.strip() == "all" else int(c) for c in args.candidates.split(",")]
     except ValueError:
         sys.exit(f"--candidates {args.candidates!r}: give integers in 1..{d + 1} or 'all', comma-separated")
-    from bitmtp_edge.demo import demo_prompts
+    from bitmtp_edge.app.demo import demo_prompts
 
     prompts = [eng.encode(p) for p in demo_prompts(eng, limit=args.prompts)]
     rows: dict[str, list[dict]] = {}

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..masks import draft_in_place_mask, history_step_mask, prefill_mask
-from ..replay import ReplayState
-from ..segments import KVPlan
+from ..format.segments import KVPlan
+from ..runtime.masks import draft_in_place_mask, history_step_mask, prefill_mask
+from ..runtime.replay import ReplayState
 from .base import DraftResult, StepLog, VerifyResult
 from .fast_model import FastModel
 

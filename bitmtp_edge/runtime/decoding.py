@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from .backends.base import Backend, DraftResult
+from ..backends.base import Backend, DraftResult
 from .decoding_rules import accepted_prefix, confident_prefix  # noqa: F401  (re-exported)
 
 POLICIES = ("ar", "confidence", "speculative", "hybrid", "fused")

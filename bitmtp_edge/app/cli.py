@@ -1,7 +1,7 @@
 """``bitmtp``: the command line, a thin shell over the Python API (``bitmtp_edge.Engine``).
 
-Commands: ``generate``, ``demo``, ``chat``, ``bench``, ``doctor``, ``serve`` and ``export``
-(which runs ``bitmtp-export``). Nothing heavy is imported when this module loads: ``--help``
+Commands: ``generate``, ``demo``, ``chat``, ``bench``, ``doctor`` and ``serve``; exporting is
+``bitmtp-export`` (the ``export`` package sits above the runtime). Nothing heavy is imported when this module loads: ``--help``
 is instant and ``doctor`` can report a broken torch install instead of dying on it.
 Errors a user can cause become ``click.ClickException`` naming the file or option and
 what to do.
@@ -57,8 +57,8 @@ def _command_line(ctx: click.Context) -> str:
 
 
 def _load_engine(artifact, backend, device, runtime: str = "full"):
-    from .artifact import ArtifactError
-    from .engine import Engine
+    from ..format.manifest import ArtifactError
+    from ..runtime.engine import Engine
 
     bar = CaptureProgress()
     try:
@@ -140,7 +140,7 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, stats).")
 def generate(prompt, artifact, backend, device, policy, max_new_tokens, tau, min_prefix, stop, as_json):
     """Complete PROMPT with the chosen decoding policy."""
-    from .decoding import DecodingError
+    from ..runtime.decoding import DecodingError
 
     eng = _load_engine(artifact, backend, device)
     try:
@@ -167,7 +167,7 @@ def generate(prompt, artifact, backend, device, policy, max_new_tokens, tau, min
 @click.option("--json", "as_json", is_flag=True)
 def demo(artifact, backend, device, max_new_tokens, policy, as_json):
     """Complete held-out code prompts with AR and with multi-token decoding; report the speedup."""
-    from .decoding import DecodingError
+    from ..runtime.decoding import DecodingError
     from .demo import run_demo
 
     eng = _load_engine(artifact, backend, device)
@@ -193,7 +193,7 @@ def chat(ctx, artifact, backend, device, policy, max_new_tokens, tau, min_prefix
     """Interactive session: type text, watch the model continue it (streamed), with live
     tok/s and tokens per iteration. Commands: /quit, /policy [NAME], /reset, /help."""
     from .chat import COMMANDS, ChatSession, parse_command
-    from .decoding import DecodingError
+    from ..runtime.decoding import DecodingError
 
     eng = _load_engine(artifact, backend, device)
     if eng.manifest.mtp is None and ctx.get_parameter_source("policy") == click.core.ParameterSource.DEFAULT:
@@ -362,8 +362,8 @@ def bench(ctx, artifact, backend, device, runtime, prompts_file, num_prompts, po
     """
     from . import bench as B
     from .bench_report import ReportError, write_report
-    from .monitor import SourceUnavailable
-    from .posture import PostureError, check_posture
+    from ..jetson.monitor import SourceUnavailable
+    from ..jetson.posture import PostureError, check_posture
 
     try:
         prompts = B.load_prompts(prompts_file) if prompts_file else None
@@ -490,7 +490,7 @@ def serve(artifact, backend, device, runtime, socket_path, policy, max_new_token
     """Keep one model loaded (graphs captured, kernels warm) and answer JSON-lines requests:
     {"prompt": ..., "max_new_tokens": 64, "policy": "hybrid", "stream": false}. See
     bitmtp_edge/serve.py for the protocol."""
-    from .posture import read_posture
+    from ..jetson.posture import read_posture
     from .serve import ServeDefaults, UnixServer, info, serve_lines, warm_up
 
     posture = read_posture()
@@ -526,20 +526,6 @@ def serve(artifact, backend, device, runtime, socket_path, policy, max_new_token
         pass
     finally:
         server.server_close()
-
-
-# ----------------------------------------------------------------------------- export
-
-
-@main.command("export", add_help_option=False,
-              context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def export_cmd(args):
-    """Export a checkpoint into an artifact folder: runs bitmtp-export with the same
-    arguments (bitmtp export --help lists them)."""
-    from export.cli import main as export_main
-
-    export_main.main(args=list(args), prog_name="bitmtp export", standalone_mode=True)
 
 
 if __name__ == "__main__":  # pragma: no cover
