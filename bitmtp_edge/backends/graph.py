@@ -21,6 +21,12 @@ the verifier token into the width-1 pending buffer, an AR token into the AR inpu
 the draft, so a verify replays with no preparation after the branch. Outputs land in one
 ``readback`` buffer the host reads once per decision.
 
+**Fused verify + draft** (policy ``fused``, ``fused_graph.py``): a verify that carries the
+draft blocks of the c likeliest acceptance lengths. Its states are (D + 1 + c·D, σ, fused)
+after a draft step and (D + c·D, σ, fused) after a fused hit; their blocks live in a
+workspace widened to (D + 1)·D slots, which only the fused states' views include (the
+other steps keep the artifact's narrower workspace, so their attention reads no more).
+
 Ablation switches (``RuntimeOptions``): ``specialize`` (M1: width-specialised kernel
 configs and the cheap draft head), ``graphs`` (M2: capture + replay instead of eager
 launches), ``hoist_verify`` (M3). Generic = none of them, Full = all three.
@@ -34,10 +40,12 @@ from dataclasses import dataclass
 import torch
 
 from ..format.segments import KVPlan
+from ..runtime.decoding import DEFAULT_CANDIDATES
 from ..runtime.masks import draft_in_place_mask, history_step_mask, prefill_mask
 from ..runtime.replay import ReplayState
-from .base import DraftResult, StepLog, VerifyResult
+from .base import DraftResult, FusedResult, StepLog, VerifyResult
 from .fast_model import FastModel
+from .fused_graph import FusedInputs, fused_body, fused_width
 
 PREFILL_CHUNK = 256
 
@@ -49,6 +57,8 @@ class RuntimeOptions:
     hoist_verify: bool = True  # M3
     capture: str = "load"  # "load" (all states up front) or "lazy" (per state, first use)
     kv_dtype: torch.dtype = torch.float16
+    # candidate counts c whose fused states are captured at load (others: at first use)
+    fused_candidates: tuple[int, ...] = (DEFAULT_CANDIDATES,)
 
     PRESETS = ("generic", "m1", "m1+m2", "full")
 
@@ -76,7 +86,9 @@ class GraphBackend:
         self.workspace = plan.workspace
         if self.workspace < max(2 * d, 1):
             raise ValueError(f"the artifact's workspace ({self.workspace} slots) is narrower than 2·D = {2 * d}")
-        slots = plan.segments[-1].capacity + self.workspace
+        # the fused steps' draft blocks: up to D + 1 blocks of D rows
+        self.fused_workspace = max(self.workspace, (d + 1) * d) if d > 1 else self.workspace
+        slots = plan.segments[-1].capacity + self.fused_workspace
         shape = (cfg.num_layers, cfg.num_kv_heads, slots, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=options.kv_dtype, device=dev)
         self.v = torch.zeros(shape, dtype=options.kv_dtype, device=dev)
@@ -98,6 +110,7 @@ class GraphBackend:
         self._draft_off = {k: torch.tensor(list(range(k)) + list(range(k - 1, k - 1 + d)), device=dev)
                            for k in range(1, d + 1)}
         self._ws_rows = torch.arange(self.workspace, device=dev)
+        self.fused = FusedInputs.allocate(d, dev) if d > 1 else None
 
         self.segment = 0
         self.L_host = 0
@@ -107,6 +120,7 @@ class GraphBackend:
         self.capture_s = 0.0
         self.graph_pool_bytes = 0
         self._chain: tuple = ()
+        self._staged_drafts: tuple = ()  # (DraftResult, where on the device its tokens are)
         if options.graphs and options.capture == "load":
             self.capture_all(progress)
 
@@ -122,8 +136,8 @@ class GraphBackend:
     def _capacity(self, seg: int) -> int:
         return self.plan.segments[seg].capacity
 
-    def _view(self, seg: int):
-        s = self._capacity(seg) + self.workspace
+    def _view(self, seg: int, workspace: int | None = None):
+        s = self._capacity(seg) + (workspace or self.workspace)
         return self.k[:, :, :s], self.v[:, :, :s]
 
     def _ensure(self, needed: int) -> None:
@@ -139,6 +153,9 @@ class GraphBackend:
             if d:
                 out.append(ReplayState(d + 1, seg, "verify"))
                 out += [ReplayState(k + d, seg, "draft") for k in range(1, d + 1)]
+            if self.fused is not None:
+                for c in self.opts.fused_candidates:
+                    out += [ReplayState(fused_width(d, n, c), seg, "fused") for n in (d + 1, d)]
         return out
 
     # -- graph bodies: everything below reads and writes static tensors only ------------------
@@ -190,8 +207,23 @@ class GraphBackend:
         self.readback[1:2].copy_(verifier)
         self.pending[1].copy_(verifier)
 
+    def _fused_body(self, seg: int, causal: int, count: int) -> None:
+        """``causal`` = D + 1: [anchor, d_1..d_D] as the draft graph hoisted them; D: what the
+        last fused graph left."""
+        d = self.block_size
+        if causal == d + 1:
+            tokens, conf = self.verify_tokens, self.readback[2 + d:].float()
+        else:
+            tokens, conf = self.fused.causal, self.fused.conf
+        k, v = self._view(seg, self.fused_workspace)
+        fused_body(self.fast, k, v, self._capacity(seg), self.L, self.hist32, tokens, conf, self.mask_ids,
+                   self.fused, count, self.pending[1])
+
     def _body(self, state: ReplayState):
         d = self.block_size or 0
+        if state.role == "fused":
+            causal = d + 1 if (state.width - d - 1) % d == 0 else d
+            return lambda: self._fused_body(state.segment, causal, (state.width - causal) // d)
         if state.role == "verify" and state.width == 1:
             return lambda: self._ar_body(state.segment)
         if state.role == "verify":
@@ -203,7 +235,9 @@ class GraphBackend:
         return [t.clone() for t in self._state_tensors()]
 
     def _state_tensors(self) -> list[torch.Tensor]:
-        return [self.L, self.ar_token, self.verify_tokens, self.readback, self.ar_out, *self.pending.values()]
+        fused = self.fused.mutable() if self.fused is not None else []
+        return [self.L, self.ar_token, self.verify_tokens, self.readback, self.ar_out, *self.pending.values(),
+                *fused]
 
     def _capture(self, state: ReplayState) -> None:
         """Capture one state. Warm-up runs mutate L and the chained inputs, so those are
@@ -265,6 +299,7 @@ class GraphBackend:
         self.L_host, self.segment = 0, 0
         self.log = StepLog()
         self._chain = ()
+        self._staged_drafts = ()
 
     def prefill(self, token_ids: list[int]) -> None:
         from kernels_ampere import small_width_attention_reference
@@ -290,6 +325,7 @@ class GraphBackend:
         buf.copy_(torch.tensor(values, dtype=torch.long))
 
     def ar_step(self, token: int) -> int:
+        self._staged_drafts = ()
         self._ensure(self.L_host + 1)
         if self._chain != ("ar", token):  # the last AR graph already wrote it otherwise
             self._upload(self.ar_token, [token])
@@ -322,7 +358,9 @@ class GraphBackend:
             return tokens, values[d:]
 
         self._chain = ()
-        return DraftResult(loader=load)
+        result = DraftResult(loader=load)
+        self._staged_drafts = (result, "draft")  # verify_tokens (hoisted) and readback hold them
+        return result
 
     def verify_step(self, anchor: int, draft: DraftResult) -> VerifyResult:
         d = self.block_size
@@ -335,7 +373,52 @@ class GraphBackend:
             draft._tokens, draft._confidences = [int(t) for t in values[2:2 + d]], values[2 + d:]
         self.L_host += accepted
         self._chain = ("verify", (verifier,))
+        self._staged_drafts = ()
         return VerifyResult(accepted, verifier)
+
+    def fused_step(self, anchor: int, pending: list[int], draft: DraftResult, candidates: int,
+                   block_size: int) -> FusedResult:
+        d = self.block_size
+        if self.fused is None or self.mask_token_id is None:
+            raise RuntimeError("fused steps need an MTP block of D >= 2; use policy='ar' or 'speculative'")
+        if block_size != d:
+            raise ValueError(f"block size {block_size} != the captured D={d}")
+        if len(pending) > 1:
+            raise ValueError(f"the graph backend fuses right after a draft step (no pending tokens) or after a "
+                             f"fused hit (pending [v]); got {len(pending)} pending tokens")
+        k = len(pending)
+        causal = d + 1 - k  # [anchor, d_1..d_D] or [v, e_1..e_{D-1}]
+        staged = self._staged_drafts
+        if k == 0 and not (staged and staged[0] is draft and staged[1] == "draft" and self.opts.hoist_verify):
+            self._check_drafts(draft, causal - 1)
+            self._upload(self.verify_tokens, [anchor] + list(draft.tokens))
+            self.readback[2 + d:].copy_(torch.tensor(draft.confidences, dtype=torch.float64))
+        elif k == 1 and not (staged and staged[0] is draft and staged[1] == "fused"
+                             and self._chain == ("verify", (pending[0],))):
+            self._check_drafts(draft, causal - 1)
+            self._upload(self.fused.causal, [pending[0]] + list(draft.tokens))
+            self.fused.conf.copy_(torch.tensor(draft.confidences, dtype=torch.float32))
+        self._ensure(self.L_host + d)  # the causal rows end at slot L + D - 1
+        self._run(ReplayState(fused_width(d, causal, candidates), self.segment, "fused"))
+        values = self._read(self.fused.readback)  # everything the host needs: one transfer
+        sl = FusedInputs.slices(d)
+        accepted, verifier, hit = int(values[0]), int(values[1]), values[2] != 0
+        chosen = [int(j) for j in values[sl["candidates"]] if j >= 0]
+        if draft._tokens is None:  # a draft step's lazy drafts come back with this read
+            draft._tokens = [int(t) for t in values[sl["held_tokens"]]]
+            draft._confidences = values[sl["held_conf"]]
+        self.L_host += k + accepted
+        self._chain = ("verify", (verifier,))  # pending[1] holds v, for a draft step after a miss
+        nxt = None
+        if hit:
+            nxt = DraftResult([int(t) for t in values[sl["next_tokens"]]], values[sl["next_conf"]])
+        self._staged_drafts = (nxt, "fused") if hit else ()
+        return FusedResult(accepted, verifier, chosen, nxt)
+
+    @staticmethod
+    def _check_drafts(draft: DraftResult, expected: int) -> None:
+        if len(draft.tokens) != expected:
+            raise ValueError(f"a fused step here verifies {expected} drafts, got {len(draft.tokens)}")
 
     @torch.no_grad()
     def logits(self, token_ids: torch.Tensor) -> torch.Tensor:

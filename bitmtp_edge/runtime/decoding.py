@@ -30,7 +30,7 @@ from .decoding_rules import accepted_prefix, confident_prefix  # noqa: F401  (re
 
 POLICIES = ("ar", "confidence", "speculative", "hybrid", "fused")
 # Draft blocks per fused pass: measured on the embedded model (tools/results/fused_candidates.md).
-DEFAULT_CANDIDATES = 2
+DEFAULT_CANDIDATES = 3
 
 
 class DecodingError(ValueError):
