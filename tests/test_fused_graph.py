@@ -73,7 +73,8 @@ def test_fused_states_are_captured_at_load_for_the_configured_counts():
     fused = {(s.width, s.segment) for s in fast.states() if s.role == "fused"}
     segments = range(len(fast.plan.segments))
     assert fused == {(w, seg) for seg in segments for w in (4 + 1 + 4, 4 + 4, 4 + 1 + 12, 4 + 12)}
-    assert fast.fused_workspace == 5 * 4  # up to D + 1 blocks of D rows
+    assert fast.kv.allocated_workspace == 5 * 4  # up to D + 1 blocks of D rows
+    assert fast.kv.view().workspace == fast.plan.workspace  # the other steps' views stay narrow
 
 
 def test_readback_layout_holds_every_field_once():

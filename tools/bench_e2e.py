@@ -121,7 +121,7 @@ def replay_times(eng: Engine, segment: int, base_len: int, repeats: int = 50) ->
     Each replay advances the device history length, so it is reset before every replay;
     the reset alone is timed and subtracted."""
     b = eng.backend
-    reset = lambda: b.L.fill_(base_len)  # noqa: E731
+    reset = lambda: b.static.history_len.fill_(base_len)  # noqa: E731
     t_reset = cuda_ms(reset, repeats)
     rows = []
     for state, graph in sorted(b.graphs.items()):
@@ -174,14 +174,14 @@ def fused_replay_times(eng: Engine, segment: int, base_len: int, repeats: int = 
     b, d = eng.backend, eng.block_size
     from bitmtp_edge.backends.fused_graph import fused_width
 
-    b.L.fill_(base_len)
-    b.L_host = base_len
+    b.static.history_len.fill_(base_len)
+    b.kv.length = base_len  # warm-up runs before capture keep the history they see
     widths = sorted({fused_width(d, n, c) for c in range(1, d + 2) for n in (d + 1, d)})
     for w in widths:
         state = ReplayState(w, segment, "fused")
         if state not in b.graphs:
             b._capture(state)
-    reset = lambda: b.L.fill_(base_len)  # noqa: E731
+    reset = lambda: b.static.history_len.fill_(base_len)  # noqa: E731
     t_reset = cuda_ms(reset, repeats)
     rows = []
     for w in widths:
@@ -266,7 +266,7 @@ def part_2b(work: Path, args, progress) -> dict:
                "kernel_cache": "warm" if compiled == 0 else f"cold ({compiled} compiled)",
                "capture_s": b.capture_s, "graphs": len(b.graphs),
                "kv_bytes": b.kv_bytes, "graph_pool_bytes": b.graph_pool_bytes,
-               "workspace_bytes": b.workspace * eng.manifest.kv.bytes_per_slot,
+               "workspace_bytes": b.kv.workspace * eng.manifest.kv.bytes_per_slot,
                "peak_mem_bytes": torch.cuda.max_memory_allocated()}
         # Eager configurations pay Python launch overhead on every kernel: fewer tokens and
         # forced levels keep the run short (tok/s is decode-only, so lengths compare).
@@ -282,7 +282,7 @@ def part_2b(work: Path, args, progress) -> dict:
         row["ar_tokens_same_as_other_configs"] = ar["token_ids"][:n] == ar_tokens[:n]
         if b.graphs:
             row["replay_us"] = replay_times(eng, segment=0, base_len=len(prompt))
-            if b.fused is not None:
+            if b.static.fused is not None:
                 row["fused_replay_us"] = fused_replay_times(eng, segment=0, base_len=len(prompt))
         row["forced"] = [forced_decode(eng, prompt, ar_tokens, a, min(tokens, len(ar_tokens)), repeats)
                          for a in levels]

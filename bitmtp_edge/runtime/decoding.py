@@ -1,4 +1,4 @@
-"""Decoding policies: turn draft blocks into committed tokens (DESIGN.md §4).
+"""Decoding policies: turn draft blocks into committed tokens (docs/decoding.md).
 
 Vocabulary used throughout:
 
@@ -26,11 +26,9 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..backends.base import Backend, DraftResult
+from ..format.config import DEFAULT_CANDIDATES, DEFAULT_MIN_PREFIX, DEFAULT_TAU, MTPConfig
 from .decoding_rules import accepted_prefix, confident_prefix  # noqa: F401  (re-exported)
-
-POLICIES = ("ar", "confidence", "speculative", "hybrid", "fused")
-# Draft blocks per fused pass: measured on the embedded model (tools/results/fused_candidates.md).
-DEFAULT_CANDIDATES = 3
+from .policies import POLICIES
 
 
 class DecodingError(ValueError):
@@ -42,11 +40,26 @@ class DecodeOptions:
     policy: str
     max_new_tokens: int
     block_size: int | None = None
-    tau: float = 0.9
-    min_prefix: int = 3
+    tau: float = DEFAULT_TAU
+    min_prefix: int = DEFAULT_MIN_PREFIX
     stop_token_ids: frozenset[int] = frozenset()
     candidates: int = DEFAULT_CANDIDATES  # c: draft blocks per fused pass (policy "fused")
     hybrid_fused: bool = False  # hybrid verifies with fused passes (and may commit their drafts)
+
+    @classmethod
+    def for_model(cls, mtp: MTPConfig | None, policy: str, max_new_tokens: int, *, tau: float | None = None,
+                  min_prefix: int | None = None, stop_token_ids: frozenset[int] = frozenset(),
+                  candidates: int | None = None) -> "DecodeOptions":
+        """The options for a model with this MTP block (None: AR-only): τ and m default to the
+        model's, the block size is the model's D."""
+        return cls(
+            policy=policy, max_new_tokens=max_new_tokens,
+            block_size=mtp.block_size if mtp else None,
+            tau=tau if tau is not None else (mtp.tau if mtp else DEFAULT_TAU),
+            min_prefix=min_prefix if min_prefix is not None else (mtp.min_prefix if mtp else 1),
+            stop_token_ids=stop_token_ids,
+            candidates=candidates if candidates is not None else DEFAULT_CANDIDATES,
+        )
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
