@@ -64,17 +64,18 @@ def _attend_range(acc, m_i, l_i, q, k_ptr, v_ptr, mask_ptr, row_m, row_ok,
                     mask=mask_s[:, None] & mask_d[None, :], other=0.0)
         if SPANS:  # history below the row's end, or inside its run of workspace rows
             w = s[None, :] - capacity
-            allowed = ((s[None, :] < capacity) & (s[None, :] < hist_end[:, None])) | \
+            visible = ((s[None, :] < capacity) & (s[None, :] < hist_end[:, None])) | \
                 ((w >= ws_begin[:, None]) & (w < ws_end[:, None]))
-            allowed = allowed & row_ok[:, None] & mask_s[None, :]
+            visible = visible & row_ok[:, None] & mask_s[None, :]
         else:
             allowed = tl.load(mask_ptr + row_m[:, None] * stride_mm + s[None, :],
                               mask=row_ok[:, None] & mask_s[None, :], other=0)  # [BLOCK_Q, BLOCK_S]
+            visible = allowed != 0
         if UPCAST:
             scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
             scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        scores = tl.where(allowed != 0, scores * qk_scale, float("-inf"))
+        scores = tl.where(visible, scores * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         # rows that have seen nothing yet keep m = -inf; shift by 0 there to avoid inf - inf
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)

@@ -601,8 +601,9 @@ def main() -> None:
     # `timeout` sends SIGTERM: raise instead, so what was measured so far is saved
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     try:
-        for part, fn in (("2b", lambda: part_2b(args.work, args, progress("2b"))),
-                         ("trained", lambda: part_trained(args)),
+        # trained first: it is short, and the 2B part's fused projection prices its step sequences
+        for part, fn in (("trained", lambda: part_trained(args)),
+                         ("2b", lambda: part_2b(args.work, args, progress("2b"))),
                          ("baselines", lambda: part_baselines(args.work, args, report.get("2b", {}).get("dims", BITNET_2B),
                                                               progress("baselines")))):
             if part not in parts or (part == "trained" and not args.artifact):
