@@ -215,7 +215,7 @@ class ForcedAcceptance:
         done = self.inner.history_length - self.prompt_len
         want = (self.ar[done:done + block_size] + [0] * block_size)[:block_size]
         forced = want[: self.accepted] + [(t + 1) % self.vocab for t in want[self.accepted:]]
-        self.inner.verify_tokens[1:].copy_(torch.tensor(forced), non_blocking=True)
+        self.inner.static.verify_tokens[1:].copy_(torch.tensor(forced), non_blocking=True)
         return DraftResult(forced, [0.0] * block_size)
 
 
