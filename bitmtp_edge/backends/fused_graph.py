@@ -23,6 +23,7 @@ import torch
 
 from ..runtime.decoding_rules import candidate_lengths
 from ..runtime.masks import fused_step_spans
+from .base import flag_non_finite
 
 
 @dataclass
@@ -63,11 +64,13 @@ def fused_width(block_size: int, causal: int, count: int) -> int:
 
 
 def fused_body(fast, k_cache, v_cache, capacity: int, history_len: torch.Tensor, attn_rows: torch.Tensor,
-               tokens: torch.Tensor, confidences: torch.Tensor, mask_ids: torch.Tensor, io: FusedInputs,
-               count: int, pending_out: torch.Tensor) -> None:
+               tokens: torch.Tensor, confidences: torch.Tensor, drafts: torch.Tensor, mask_ids: torch.Tensor,
+               io: FusedInputs, count: int, pending_out: torch.Tensor) -> None:
     """One fused step over ``tokens`` = the causal rows [anchor, d_1..d_m] (n = m + 1 rows) with
     the drafts' ``confidences`` [m]; n = D + 1 means the anchor is history (slot L − 1), n = D
-    that it is pending (slot L). Reads and writes static tensors only."""
+    that it is pending (slot L). ``drafts`` [m]: d_1..d_m as the host should read them back
+    (``NON_FINITE_TOKEN`` where a draft row was not finite; ``tokens`` hold them clamped).
+    Reads and writes static tensors only."""
     n, d = tokens.shape[0], mask_ids.shape[0] + 1
     m = n - 1
     pending = 1 if n == d else 0
@@ -86,7 +89,8 @@ def fused_body(fast, k_cache, v_cache, capacity: int, history_len: torch.Tensor,
     attn_rows.copy_(first + n)  # history slots past the last causal row are skipped
     x = fast.forward(step_tokens, positions, k_cache, v_cache, slots, None, attn_rows, capacity=capacity,
                      row_spans=spans)
-    greedy, _ = fast.verify_top1(x[:n])  # the verify rows: the AR greedy token of each
+    greedy, gconf = fast.verify_top1(x[:n])  # the verify rows: the AR greedy token of each
+    greedy = flag_non_finite(x[:n], greedy, gconf)
     match = (tokens[1:] == greedy[:-1]).long()
     accepted = match.cumprod(0).sum().view(1)
     verifier = greedy.gather(0, accepted)
@@ -94,12 +98,14 @@ def fused_body(fast, k_cache, v_cache, capacity: int, history_len: torch.Tensor,
     hit = hit_at.any().view(1)
     block = hit_at.long().argmax()  # a's block (block 0 on a miss: computed, never read)
     wanted = n + block * d + 1 + rows[:d - 1]  # rows 1..D-1 of block a: the drafts after v
-    top, conf = fast.draft_top1(x.index_select(0, wanted))
+    rows_a = x.index_select(0, wanted)
+    top, conf = fast.draft_top1(rows_a)
+    top = flag_non_finite(rows_a, top, conf)
     history_len += pending + accepted  # the pending anchor and d_1..d_a, all at their slots
     # readback (one host read) and the next step's inputs
     sl = FusedInputs.slices(d)
     rb = io.readback
-    rb[sl["held_tokens"]][:m].copy_(tokens[1:])
+    rb[sl["held_tokens"]][:m].copy_(drafts)
     rb[sl["held_conf"]][:m].copy_(confidences)
     rb[sl["accepted"]].copy_(accepted)
     rb[sl["verifier"]].copy_(verifier)
@@ -108,7 +114,7 @@ def fused_body(fast, k_cache, v_cache, capacity: int, history_len: torch.Tensor,
     rb[sl["candidates"]][:c].copy_(chosen)
     rb[sl["next_tokens"]].copy_(top)
     rb[sl["next_conf"]].copy_(conf)
-    io.causal[:1].copy_(verifier)
-    io.causal[1:].copy_(top)
+    io.causal[:1].copy_(verifier.clamp_min(0))  # a flagged row must not index the embedding
+    io.causal[1:].copy_(top.clamp_min(0))
     io.conf.copy_(conf)
-    pending_out.copy_(verifier)  # a miss drafts next from pending [v]
+    pending_out.copy_(verifier.clamp_min(0))  # a miss drafts next from pending [v]

@@ -16,7 +16,7 @@ from ..runtime.kv import KVStore, KVView
 from ..runtime.masks import draft_in_place_mask, fused_step_mask, history_step_mask, prefill_mask
 from ..runtime.model import TernaryLM
 from ..runtime.replay import ReplayState
-from .base import PREFILL_CHUNK, DraftResult, FusedResult, StepLog, VerifyResult, check_pending
+from .base import PREFILL_CHUNK, DraftResult, FusedResult, StepLog, VerifyResult, check_pending, flag_non_finite
 
 
 class ReferenceBackend:
@@ -74,7 +74,7 @@ class ReferenceBackend:
         self._record(1, "verify")
         self.kv.advance(1)  # the row sits at its own slot: materialising = moving L
         self.log.host_syncs += 1
-        return int(self.model.verify_logits(hidden).argmax(-1)[0])
+        return int(self._greedy(hidden)[0])
 
     def draft_step(self, pending: list[int], block_size: int) -> DraftResult:
         if self.mask_token_id is None:
@@ -94,6 +94,7 @@ class ReferenceBackend:
         self._record(k + block_size, "draft")
         probs = torch.softmax(self.model.draft_logits(hidden[k:]), dim=-1)
         conf, top = probs.max(dim=-1)
+        top = flag_non_finite(hidden[k:], top, conf)
         self.kv.advance(k)  # materialise the pending rows
         self.log.host_syncs += 1
         return DraftResult(top.tolist(), conf.tolist())
@@ -111,10 +112,10 @@ class ReferenceBackend:
         kv = self.kv.view()  # the draft step reserved the slots of d_1..d_D
         mask = history_step_mask(kv.capacity, kv.workspace, first, width, self.device)
         slots = torch.arange(first, first + width, device=self.device)
-        hidden = self._run(kv, [anchor] + drafts, list(range(first, first + width)), mask, slots)
+        hidden = self._run(kv, [anchor] + [max(t, 0) for t in drafts], list(range(first, first + width)), mask, slots)
         self._record(width, "verify")
         self.log.host_syncs += 1
-        greedy = self.model.verify_logits(hidden).argmax(-1).tolist()
+        greedy = self._greedy(hidden).tolist()
         a = accepted_prefix(drafts, greedy)
         self.kv.advance(a)  # promote d_1..d_a
         return VerifyResult(a, greedy[a])
@@ -127,7 +128,7 @@ class ReferenceBackend:
         self.log.host_syncs += 1
         k = len(pending)
         n, anchor_row = (k or 1) + len(drafts), max(k - 1, 0)
-        greedy = self.model.verify_logits(hidden[anchor_row:n]).argmax(-1).tolist()  # anchor, d_1..d_m
+        greedy = self._greedy(hidden[anchor_row:n]).tolist()  # anchor, d_1..d_m
         a = accepted_prefix(drafts, greedy)
         self.kv.advance(k + a)  # the pending rows and d_1..d_a, already at their slots
         nxt = None
@@ -137,7 +138,7 @@ class ReferenceBackend:
             nxt = DraftResult([], [])
             if rows.shape[0]:
                 conf, top = torch.softmax(self.model.draft_logits(rows), dim=-1).max(dim=-1)
-                nxt = DraftResult(top.tolist(), conf.tolist())
+                nxt = DraftResult(flag_non_finite(rows, top, conf).tolist(), conf.tolist())
         return FusedResult(a, greedy[a], chosen, nxt)
 
     def fused_rows(self, anchor: int, pending: list[int], drafts: list[int], chosen: list[int],
@@ -152,7 +153,7 @@ class ReferenceBackend:
             raise RuntimeError("a fused step without pending tokens needs a materialised anchor")
         if any(not 0 <= j <= len(drafts) for j in chosen):
             raise ValueError(f"candidate lengths {chosen} outside 0..{len(drafts)} (the drafts held)")
-        causal = (pending if k else [anchor]) + list(drafts)
+        causal = (pending if k else [anchor]) + [max(t, 0) for t in drafts]  # a flagged draft: any token
         n, anchor_row = len(causal), max(k - 1, 0)
         first = length if k else length - 1  # the anchor pending, or recomputed at its own slot
         c = len(chosen)
@@ -170,6 +171,13 @@ class ReferenceBackend:
         hidden = self._run(kv, tokens, positions, mask, slots)
         self._record(n + c * d, "fused")
         return hidden
+
+    def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Greedy tokens of the verify head; ``NON_FINITE_TOKEN`` where a row is NaN/Inf
+        (argmax over NaN logits would pick token 0 and decode garbage silently)."""
+        logits = self.model.verify_logits(hidden)
+        top_value, top = logits.max(-1)  # max propagates NaN: one NaN logit flags its row
+        return flag_non_finite(hidden, top, top_value)
 
     @torch.no_grad()
     def logits(self, token_ids: torch.Tensor) -> torch.Tensor:
