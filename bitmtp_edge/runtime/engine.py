@@ -125,7 +125,8 @@ class Engine:
     def decode_ids(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
-    def _options(self, policy, max_new_tokens, block_size, tau, min_prefix, should_stop=None) -> DecodeOptions:
+    def _options(self, policy, max_new_tokens, block_size, tau, min_prefix, should_stop=None,
+                 candidates=None) -> DecodeOptions:
         mtp = self.manifest.mtp
         if policy != "ar" and mtp is None:
             raise DecodingError(f"policy {policy!r} needs an MTP-trained model; {self.path} is AR-only, use policy='ar'")
@@ -135,7 +136,8 @@ class Engine:
         if block_size is not None and mtp is None and policy == "ar":
             raise DecodingError(f"block_size={block_size}: {self.path} is AR-only and has no MTP block")
         return DecodeOptions.for_model(mtp, policy, max_new_tokens, tau=tau, min_prefix=min_prefix,
-                                       stop_token_ids=self.eos_token_ids, should_stop=should_stop)
+                                       stop_token_ids=self.eos_token_ids, should_stop=should_stop,
+                                       candidates=candidates)
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, (bytes, bytearray, memoryview)):
@@ -168,21 +170,25 @@ class Engine:
 
     def stream_ids(self, prompt, *, max_new_tokens=128, policy="hybrid", block_size=None, tau=None,
                    min_prefix=None, stats: DecodeStats | None = None,
-                   should_stop: Callable[[], bool] | None = None) -> Iterator[list[int]]:
+                   should_stop: Callable[[], bool] | None = None,
+                   candidates: int | None = None) -> Iterator[list[int]]:
         """Yield each iteration's committed token ids. Arguments are checked when this is
         called, before anything runs. ``should_stop()`` is polled once per iteration; True
-        ends the generation (``finish_reason`` "cancelled")."""
-        opts = self._options(policy, max_new_tokens, block_size, tau, min_prefix, should_stop)
+        ends the generation (``finish_reason`` "cancelled"). ``candidates``: draft blocks per
+        fused pass (policy ``fused``; default ``format.config.DEFAULT_CANDIDATES``)."""
+        opts = self._options(policy, max_new_tokens, block_size, tau, min_prefix, should_stop, candidates)
         ids = self._prompt_ids(prompt)
         return decode(self.backend, ids, opts, stats if stats is not None else DecodeStats())
 
     def stream(self, prompt, *, max_new_tokens=128, policy="hybrid", block_size=None, tau=None,
                min_prefix=None, stop: Sequence[str] | None = None,
-               stats: DecodeStats | None = None, should_stop: Callable[[], bool] | None = None) -> Iterator[str]:
+               stats: DecodeStats | None = None, should_stop: Callable[[], bool] | None = None,
+               candidates: int | None = None) -> Iterator[str]:
         """Yield text pieces as tokens are committed (decoded incrementally, stop strings honoured)."""
         _check_stop(stop)
         chunks = self.stream_ids(prompt, max_new_tokens=max_new_tokens, policy=policy, block_size=block_size,
-                                 tau=tau, min_prefix=min_prefix, stats=stats, should_stop=should_stop)
+                                 tau=tau, min_prefix=min_prefix, stats=stats, should_stop=should_stop,
+                                 candidates=candidates)
         return self._stream_text(chunks, stop, stats)
 
     def _stream_text(self, chunks, stop, stats) -> Iterator[str]:
@@ -212,12 +218,13 @@ class Engine:
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, policy: str = "hybrid",
                  block_size: int | None = None, tau: float | None = None, min_prefix: int | None = None,
                  stop: Sequence[str] | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> GenerationResult:
+                 should_stop: Callable[[], bool] | None = None, candidates: int | None = None) -> GenerationResult:
         _check_stop(stop)
         stats = DecodeStats()
         ids: list[int] = []
         for chunk in self.stream_ids(prompt, max_new_tokens=max_new_tokens, policy=policy, block_size=block_size,
-                                     tau=tau, min_prefix=min_prefix, stats=stats, should_stop=should_stop):
+                                     tau=tau, min_prefix=min_prefix, stats=stats, should_stop=should_stop,
+                                     candidates=candidates):
             ids.extend(chunk)
             if stop and _find_stop(self.decode_ids(ids), stop) is not None:
                 stats.finish_reason = "stop"
