@@ -46,13 +46,17 @@ import triton.language as tl
 
 from bitmtp_edge.quant import int_matmul
 
-from .common import (check_dtype, check_launchable, check_packed_weight, check_residual, dp4a, gdc_prologue,
-                     is_interpreted, next_pow2, pdl_options, scale_strides, split_k_chunks, split_k_reduce)
+from .common import (check_dtype, check_launchable, check_packed_weight, check_residual, dp4a, dp4a_unsigned,
+                     gdc_prologue, is_interpreted, lane_codes, next_pow2, pdl_options, scale_strides, split_k_chunks,
+                     split_k_reduce)
 from .packing import BYTES_PER_CHUNK, CHUNK_K, unpack_ternary
-from .tuning import GEMV, ROWS, LinearConfig, default_linear, linear_key, lookup
+from .tuning import DOT, GEMV, LANES, MMA, ROWS, LinearConfig, default_linear, linear_key, lookup, sm_count
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ROWS_MAX_BLOCK_M = 16  # activation rows one ``rows`` program multiplies (registers: BLOCK_N·BLOCK_M·words)
+LANES_MAX_BLOCK_M = 8  # the same for ``lanes`` (four accumulators per word)
+MMA_MAX_BLOCK_M = 128  # ``mma``: every width up to 128 rows decodes each weight tile once
+WORD_KERNELS = (GEMV, ROWS, LANES)  # read activations and weights as 4-byte words
 
 
 @triton.jit
@@ -72,7 +76,7 @@ def _w2a8_gemv_kernel(
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
     gdc_prologue(USE_GDC)
-    N_CHUNKS: tl.constexpr = K // 128
+    N_CHUNKS: tl.constexpr = (K + 127) // 128  # the last chunk may end in zero-weight padding
     m = tl.program_id(0)  # one activation row per program; rows of one N tile run side by side
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     c_lo = tl.program_id(2) * chunks_per_split
@@ -96,8 +100,8 @@ def _w2a8_gemv_kernel(
             asum = tl.zeros((CHUNKS, 8), tl.int32)
         for i in tl.static_range(4):
             # lane i of word j = inputs 128c + 32i + 4j .. +3 = activation word 32c + 8i + j
-            a = tl.load(a_ptr + m * stride_am + c[:, None] * 32 + 8 * i + rj[None, :],
-                        mask=mask_c[:, None], other=0)  # [CHUNKS, 8]
+            aw = c[:, None] * 32 + 8 * i + rj[None, :]  # activation word; K % 4 == 0 here
+            a = tl.load(a_ptr + m * stride_am + aw, mask=mask_c[:, None] & (aw < K // 4), other=0)  # [CHUNKS, 8]
             codes = (wt >> (2 * i)) & 0x03030303
             acc = dp4a(codes, a[None, :, :], acc, USE_ASM)
             asum = dp4a(a, ones, asum, USE_ASM)
@@ -163,7 +167,7 @@ def _w2a8_rows_kernel(
     """The gemv kernel with BLOCK_M activation rows per program: each weight word is loaded
     and decoded once and multiplies every row (dp4a), instead of once per row."""
     gdc_prologue(USE_GDC)
-    N_CHUNKS: tl.constexpr = K // 128
+    N_CHUNKS: tl.constexpr = (K + 127) // 128
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     c_lo = tl.program_id(2) * chunks_per_split
@@ -186,8 +190,10 @@ def _w2a8_rows_kernel(
             acc = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
             asum = tl.zeros((BLOCK_M, CHUNKS, 8), tl.int32)
         for i in tl.static_range(4):
-            a = tl.load(a_ptr + rm[:, None, None] * stride_am + c[None, :, None] * 32 + 8 * i + rj[None, None, :],
-                        mask=mask_m[:, None, None] & mask_c[None, :, None], other=0)  # [BLOCK_M, CHUNKS, 8]
+            aw = c[:, None] * 32 + 8 * i + rj[None, :]  # [CHUNKS, 8] activation words
+            a = tl.load(a_ptr + rm[:, None, None] * stride_am + aw[None, :, :],
+                        mask=mask_m[:, None, None] & (mask_c[:, None] & (aw < K // 4))[None, :, :],
+                        other=0)  # [BLOCK_M, CHUNKS, 8]
             codes = (wt >> (2 * i)) & 0x03030303
             acc = dp4a(codes[:, None, :, :], a[None, :, :, :], acc, USE_ASM)
             asum = dp4a(a, ones, asum, USE_ASM)
@@ -221,7 +227,7 @@ def _w2a8_dot_kernel(
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
     gdc_prologue(USE_GDC)
-    N_CHUNKS: tl.constexpr = K // 128
+    N_CHUNKS: tl.constexpr = (K + 127) // 128
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     c_lo = tl.program_id(2) * chunks_per_split
@@ -243,8 +249,9 @@ def _w2a8_dot_kernel(
                 acc = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
                 asum = tl.zeros((BLOCK_M,), tl.int32)
             for i in tl.static_range(4):
-                a = tl.load(a_ptr + rm[None, :] * stride_am + c * 128 + 32 * i + rb[:, None],
-                            mask=mask_m[None, :] & ok[:, None], other=0)  # [32, BLOCK_M] int8
+                ka = c * 128 + 32 * i + rb
+                a = tl.load(a_ptr + rm[None, :] * stride_am + ka[:, None],
+                            mask=mask_m[None, :] & (ok & (ka < K))[:, None], other=0)  # [32, BLOCK_M] int8
                 codes = ((wb >> (2 * i)) & 3).to(tl.int8)
                 acc = tl.dot(codes, a, acc, out_dtype=tl.int32)  # [BLOCK_N, BLOCK_M]
                 asum += tl.sum(a.to(tl.int32), axis=0)
@@ -260,11 +267,181 @@ def _w2a8_dot_kernel(
                 GROUPED, SPLIT, RESIDUAL)
 
 
+@triton.jit
+def _w2a8_lanes_kernel(
+    a_ptr,  # [M, K/4] int32: four int8 activations per word
+    a_scale_ptr,  # [M] float32
+    w_ptr,  # [N, Kp/16] int32 packed words (as the gemv kernel reads them)
+    w_scale_ptr,  # [N] or [N, ceil(K/128)] float32
+    out_ptr,  # [M, N] (SPLIT: [S, M, N] int32 or float32 partial sums)
+    res_ptr,  # [M, N] float32 residual (RESIDUAL)
+    M, N, chunks_per_split,
+    stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
+    K: tl.constexpr,
+    GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
+):
+    """dp4a over all BLOCK_M rows of the width with each weight word loaded and decoded once.
+
+    A lane is *masked in place* (``word & (0x03030303 << 2i)``), not shifted down: its codes
+    read as ``4^i * c`` and lane i sums into its own accumulator, divided by ``4^i`` once at
+    the end (exact: every product is a multiple of ``4^i``). Two integer instructions per
+    four weights and row-independent decode: one mask, then one dp4a per row. The offset
+    correction ``sum_k a`` is a separate pass over the activations after the main loop, not
+    a dp4a per weight word. The first weight step is loaded before waiting for the previous
+    kernel (weights are constants), so under programmatic launch it overlaps that kernel."""
+    N_CHUNKS: tl.constexpr = (K + 127) // 128
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    c_lo = tl.program_id(2) * chunks_per_split
+    c_hi = tl.minimum(c_lo + chunks_per_split, N_CHUNKS)
+    rc = tl.arange(0, CHUNKS)
+    rj = tl.arange(0, 8)
+    mask_n = rn < N
+    mask_m = rm < M
+    w_rows = w_ptr + rn[:, None, None] * stride_wn + rj[None, None, :]
+    a_rows = a_ptr + rm[:, None, None] * stride_am
+
+    c = c_lo + rc
+    wt = tl.load(w_rows + c[None, :, None] * 8, mask=mask_n[:, None, None] & (c < c_hi)[None, :, None], other=0)
+    gdc_prologue(USE_GDC)  # from here on the previous kernel's output (the activations) is visible
+
+    acc0 = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
+    acc1 = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
+    acc2 = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
+    acc3 = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
+    ones = tl.full((BLOCK_M, CHUNKS, 8), 0x01010101, tl.int32)
+    asum = tl.zeros((BLOCK_M, CHUNKS, 8), tl.int32)
+    facc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    for c0 in range(c_lo, c_hi, CHUNKS):
+        c = c0 + rc
+        mask_c = c < c_hi
+        cn = c + CHUNKS  # the next step's weights: in flight while this step computes
+        wt_next = tl.load(w_rows + cn[None, :, None] * 8, mask=mask_n[:, None, None] & (cn < c_hi)[None, :, None],
+                          other=0)
+        if GROUPED:
+            acc0 = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
+            acc1 = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
+            acc2 = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
+            acc3 = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
+            asum = tl.zeros((BLOCK_M, CHUNKS, 8), tl.int32)
+        w4 = wt[:, None, :, :]
+        for i in tl.static_range(4):
+            aw = c[:, None] * 32 + 8 * i + rj[None, :]  # lane i of word j = activation word 32c + 8i + j
+            a3 = tl.load(a_rows + aw[None, :, :], mask=mask_m[:, None, None] & (mask_c[:, None] & (aw < K // 4))[None],
+                         other=0)  # [BLOCK_M, CHUNKS, 8]
+            a = a3[None, :, :, :]
+            if i == 0:
+                acc0 = dp4a_unsigned(w4 & 0x03030303, a, acc0, USE_ASM)
+            elif i == 1:
+                acc1 = dp4a_unsigned(w4 & 0x0C0C0C0C, a, acc1, USE_ASM)
+            elif i == 2:
+                acc2 = dp4a_unsigned(w4 & 0x30303030, a, acc2, USE_ASM)
+            else:
+                acc3 = dp4a_unsigned(w4 & -1061109568, a, acc3, USE_ASM)  # 0xC0C0C0C0 as int32
+            if GROUPED:
+                asum = dp4a(a3, ones, asum, USE_ASM)
+        if GROUPED:
+            s = tl.load(w_scale_ptr + rn[:, None] * stride_sn + c[None, :] * stride_sg,
+                        mask=mask_n[:, None] & mask_c[None, :], other=0.0)  # [BLOCK_N, CHUNKS]
+            words = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6)  # exact: lane i's sums are multiples of 4^i
+            chunk = tl.sum(words, axis=3) - tl.sum(asum, axis=2)[None, :, :]  # [BLOCK_N, BLOCK_M, CHUNKS]
+            facc += tl.sum(chunk.to(tl.float32) * s[:, None, :], axis=2)
+        wt = wt_next
+
+    if GROUPED:
+        y = facc
+    else:
+        # sum_k a over this slice, once per row (a dp4a against ones per activation word)
+        rw = tl.arange(0, CHUNKS * 32)
+        arow = a_ptr + rm[:, None] * stride_am
+        asum2 = tl.zeros((BLOCK_M, CHUNKS * 32), tl.int32)
+        for w0 in range(c_lo * 32, c_hi * 32, CHUNKS * 32):
+            aw = w0 + rw
+            a = tl.load(arow + aw[None, :], mask=mask_m[:, None] & ((aw < c_hi * 32) & (aw < K // 4))[None, :], other=0)
+            asum2 = dp4a(a, tl.full((BLOCK_M, CHUNKS * 32), 0x01010101, tl.int32), asum2, USE_ASM)
+        y = (tl.sum(tl.sum(acc0, axis=3), axis=2) + (tl.sum(tl.sum(acc1, axis=3), axis=2) >> 2)
+             + (tl.sum(tl.sum(acc2, axis=3), axis=2) >> 4) + (tl.sum(tl.sum(acc3, axis=3), axis=2) >> 6)
+             - tl.sum(asum2, axis=1)[None, :])  # [BLOCK_N, BLOCK_M] int32
+    _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
+                GROUPED, SPLIT, RESIDUAL)
+
+
+@triton.jit
+def _w2a8_mma_kernel(
+    a_ptr,  # [M, K] int8
+    a_scale_ptr,  # [M] float32
+    w_ptr,  # [N, Kp/4] uint8 packed codes
+    w_scale_ptr,  # [N] or [N, ceil(K/128)] float32
+    out_ptr,  # [M, N] (SPLIT: [S, M, N] int32 or float32 partial sums)
+    res_ptr,  # [M, N] float32 residual (RESIDUAL)
+    M, N, chunks_per_split,
+    stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
+    K: tl.constexpr,
+    GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,  # GROUPED: CHUNKS == 1
+    USE_ASM: tl.constexpr,
+    USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
+):
+    """int8 tensor cores over all BLOCK_M (<= 128) rows of the width: each weight tile is
+    loaded and decoded once. A step is CHUNKS whole 128-chunks, ``[BLOCK_N, 32 * CHUNKS]``
+    packed bytes in one load; lane i of every byte (one shift and one mask per four bytes,
+    ``lane_codes``) meets the activations of inputs ``128c + 32i + 0..31`` of each chunk in
+    one ``tl.dot`` with K = 32 * CHUNKS. The offset correction ``sum_k a`` comes from the
+    tensor cores too (a dot of a ones tile with the same activations), so no per-element
+    reduction runs in the loop."""
+    N_CHUNKS: tl.constexpr = (K + 127) // 128
+    STEP: tl.constexpr = 32 * CHUNKS  # packed bytes per row per step
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    c_lo = tl.program_id(2) * chunks_per_split
+    c_hi = tl.minimum(c_lo + chunks_per_split, N_CHUNKS)
+    rb = tl.arange(0, STEP)  # byte b of a step: chunk b // 32, column b % 32 (input 32i + b % 32)
+    mask_m = rm < M
+    mask_n = rn < N
+    w_rows = w_ptr + rn[:, None] * stride_wn
+    a_rows = a_ptr + rm[None, :] * stride_am
+
+    wb = tl.load(w_rows + c_lo * 32 + rb[None, :], mask=mask_n[:, None] & (c_lo * 32 + rb < c_hi * 32)[None, :],
+                 other=0)  # weights are constants: in flight before the wait for the previous kernel
+    gdc_prologue(USE_GDC)
+
+    ones = tl.full((16, STEP), 1, tl.int8)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+    asum = tl.zeros((16, BLOCK_M), tl.int32)  # 16 equal rows: sum_k a per activation row
+    facc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    for c0 in range(c_lo, c_hi, CHUNKS):
+        ok = (c0 * 32 + rb) < c_hi * 32
+        nxt = (c0 + CHUNKS) * 32 + rb
+        wb_next = tl.load(w_rows + nxt[None, :], mask=mask_n[:, None] & (nxt < c_hi * 32)[None, :], other=0)
+        if GROUPED:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+            asum = tl.zeros((16, BLOCK_M), tl.int32)
+        for i in tl.static_range(4):
+            ka = (c0 + rb // 32) * 128 + 32 * i + rb % 32
+            a = tl.load(a_rows + ka[:, None], mask=mask_m[None, :] & (ok & (ka < K))[:, None], other=0)  # [STEP, BLOCK_M]
+            acc = tl.dot(lane_codes(wb, i, USE_ASM), a, acc, out_dtype=tl.int32)
+            asum = tl.dot(ones, a, asum, out_dtype=tl.int32)
+        if GROUPED:
+            s = tl.load(w_scale_ptr + rn * stride_sn + c0 * stride_sg, mask=mask_n, other=0.0)
+            facc += (acc - tl.max(asum, axis=0)[None, :]).to(tl.float32) * s[:, None]
+        wb = wb_next
+
+    if GROUPED:
+        y = facc
+    else:
+        y = acc - tl.max(asum, axis=0)[None, :]  # int32
+    _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
+                GROUPED, SPLIT, RESIDUAL)
+
+
 def w2a8_linear(
     a_int8: torch.Tensor,  # [M, K] int8
     a_scale: torch.Tensor,  # [M] float32 (absmax / 127, i.e. 1/q)
-    packed: torch.Tensor,  # [N, K/4] uint8, layout ternary-2bit-k128x4-v1
-    w_scale: torch.Tensor,  # [N] float32 per row, or [N, K/128] float32 per 128-group
+    packed: torch.Tensor,  # [N, ceil(K/128)*32] uint8, layout ternary-2bit-k128x4-v1
+    w_scale: torch.Tensor,  # [N] float32 per row, [1] or 0-d per tensor, or [N, ceil(K/128)] per 128-group
     *,
     out_dtype: torch.dtype = torch.float16,
     residual: torch.Tensor | None = None,  # [M, N] float32, added in the epilogue
@@ -274,13 +451,18 @@ def w2a8_linear(
 
     ``residual`` (float32 output only) fuses the transformer's ``x + f(x)``: the product is
     rounded to float32 first and then added, so the result equals the unfused sum bit for bit.
-    ``config`` overrides the tuned table (the benchmark's tuner uses it); leave it None.
+    ``config`` overrides the tuned table (the tuner uses it); leave it None. K need not be a
+    multiple of 128 (the packed rows end in zero-weight padding); where the activations cannot
+    be read as 4-byte words (K % 4 != 0, or unaligned rows) the word-reading kernels give way
+    to the tensor-core kernel.
     """
     if a_int8.dtype != torch.int8 or a_int8.dim() != 2 or a_int8.stride(1) != 1:
         raise TypeError(f"w2a8_linear: a_int8 must be a 2-D int8 [M, K] tensor with contiguous rows, "
                         f"got {a_int8.dtype} {tuple(a_int8.shape)}")
     m, k = a_int8.shape
     n, grouped = check_packed_weight(packed, w_scale, k, "w2a8_linear")
+    if w_scale.dim() == 0:
+        w_scale = w_scale.reshape(1)
     check_dtype(a_scale, (torch.float32,), "w2a8_linear: a_scale")
     if a_scale.shape != (m,):
         raise ValueError(f"w2a8_linear: a_scale must be [M]={m}, got {tuple(a_scale.shape)}")
@@ -289,14 +471,18 @@ def w2a8_linear(
     check_residual(residual, m, n, out_dtype, "w2a8_linear")
     if config is None:
         config = (lookup("w2a8_linear", linear_key(n, k, m, grouped), packed.device)
-                  or default_linear(m, grouped, n=n, k=k))
+                  or default_linear(m, grouped, n=n, k=k, sms=sm_count(packed.device)))
+    words = (k % 4 == 0 and a_int8.stride(0) % 4 == 0 and a_int8.data_ptr() % 4 == 0
+             and packed.stride(0) % 4 == 0 and packed.data_ptr() % 4 == 0)
+    if config.kernel in WORD_KERNELS and not words:
+        config = default_linear(max(m, 3), grouped, n=n, k=k, sms=sm_count(packed.device))
 
     out = torch.empty((m, n), dtype=out_dtype, device=a_int8.device)
     if m == 0 or n == 0:
         return out
     stride_sn, stride_sg = scale_strides(w_scale, grouped)
-    chunks = config.block_kb // BYTES_PER_CHUNK
-    per_split, n_split = split_k_chunks(k // CHUNK_K, config.split_k, chunks)
+    chunks = 1 if (grouped and config.kernel == MMA) else config.block_kb // BYTES_PER_CHUNK
+    per_split, n_split = split_k_chunks(triton.cdiv(k, CHUNK_K), config.split_k, chunks)
     split = n_split > 1
     # split-K slices write int32 (per-row: still exact) or float32 (group scales applied) partials
     target = torch.empty((n_split, m, n), dtype=torch.float32 if grouped else torch.int32,
@@ -307,31 +493,28 @@ def w2a8_linear(
     common = dict(K=k, GROUPED=grouped, SPLIT=split, RESIDUAL=residual is not None and not split,
                   BLOCK_N=config.block_n, CHUNKS=chunks, num_warps=config.num_warps, num_stages=config.num_stages,
                   enable_fp_fusion=False)
-    if config.kernel in (GEMV, ROWS):
-        kernel = _w2a8_gemv_kernel if config.kernel == GEMV else _w2a8_rows_kernel
-        check_launchable(kernel, a_int8, a_scale, packed, w_scale)
-        if a_int8.stride(0) % 4 or a_int8.data_ptr() % 4 or packed.stride(0) % 4 or packed.data_ptr() % 4:
-            raise ValueError("w2a8_linear: the gemv kernels read 4-byte words; a_int8 and packed rows "
-                             "must start 4-byte aligned")
-        a_words = a_int8.view(torch.int32)  # [M, K/4]
-        w_words = packed.view(torch.int32)  # [N, K/16]
-        rows = {} if config.kernel == GEMV else {"BLOCK_M": min(next_pow2(m), ROWS_MAX_BLOCK_M)}
-        grid = (m, triton.cdiv(n, config.block_n), n_split) if config.kernel == GEMV else \
-            (triton.cdiv(n, config.block_n), triton.cdiv(m, rows["BLOCK_M"]), n_split)
-        kernel[grid](
-            a_words, a_scale, w_words, w_scale, target, res, m, n, per_split,
-            a_words.stride(0), w_words.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),
-            USE_ASM=not is_interpreted(kernel), **rows, **common, **pdl_options(kernel),
-        )
+    if config.kernel in WORD_KERNELS:
+        kernel = {GEMV: _w2a8_gemv_kernel, ROWS: _w2a8_rows_kernel, LANES: _w2a8_lanes_kernel}[config.kernel]
+        a_in, w_in = a_int8.view(torch.int32), packed.view(torch.int32)  # [M, K/4], [N, Kp/16]
+        if config.kernel == GEMV:
+            rows, grid = {}, (m, triton.cdiv(n, config.block_n), n_split)
+        else:
+            cap = ROWS_MAX_BLOCK_M if config.kernel == ROWS else LANES_MAX_BLOCK_M
+            rows = {"BLOCK_M": min(next_pow2(m), cap)}
+            grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, rows["BLOCK_M"]), n_split)
     else:
-        check_launchable(_w2a8_dot_kernel, a_int8, a_scale, packed, w_scale)
-        block_m = max(16, min(next_pow2(m), 64))  # tl.dot needs 16 rows at least
-        grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, block_m), n_split)
-        _w2a8_dot_kernel[grid](
-            a_int8, a_scale, packed, w_scale, target, res, m, n, per_split,
-            a_int8.stride(0), packed.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),
-            BLOCK_M=block_m, **common, **pdl_options(_w2a8_dot_kernel),
-        )
+        kernel = _w2a8_dot_kernel if config.kernel == DOT else _w2a8_mma_kernel
+        a_in, w_in = a_int8, packed
+        cap = 64 if config.kernel == DOT else MMA_MAX_BLOCK_M
+        rows = {"BLOCK_M": max(16, min(next_pow2(m), cap))}  # tl.dot needs 16 rows at least
+        grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, rows["BLOCK_M"]), n_split)
+    check_launchable(kernel, a_int8, a_scale, packed, w_scale)
+    asm = {} if kernel is _w2a8_dot_kernel else {"USE_ASM": not is_interpreted(kernel)}
+    kernel[grid](
+        a_in, a_scale, w_in, w_scale, target, res, m, n, per_split,
+        a_in.stride(0), w_in.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),
+        **asm, **rows, **common, **pdl_options(kernel),
+    )
     if split:
         split_k_reduce(target, out, a_scale, None if grouped else w_scale, stride_sn, residual)
     return out
@@ -340,19 +523,22 @@ def w2a8_linear(
 def w2a8_linear_reference(
     a_int8: torch.Tensor,  # [M, K] int8
     a_scale: torch.Tensor,  # [M] float32
-    packed: torch.Tensor,  # [N, K/4] uint8
-    w_scale: torch.Tensor,  # [N] / [1] / [N, K/128] float32
+    packed: torch.Tensor,  # [N, ceil(K/128)*32] uint8
+    w_scale: torch.Tensor,  # [N] / [1] / [] / [N, ceil(K/128)] float32
     *,
     out_dtype: torch.dtype = torch.float16,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [M, N]
     """The pure-PyTorch twin: exact integer products (float64), float32 epilogue."""
     check_residual(residual, a_int8.shape[0], packed.shape[0], out_dtype, "w2a8_linear_reference")
-    codes = unpack_ternary(packed)  # [N, K] int8
     m, k = a_int8.shape
+    codes = unpack_ternary(packed, k)  # [N, K] int8 (the zero-weight padding checked and dropped)
     n = codes.shape[0]
     if w_scale.dim() == 2:
-        g = k // CHUNK_K
+        g = packed.shape[1] // BYTES_PER_CHUNK
+        kp = g * CHUNK_K
+        a_int8 = torch.nn.functional.pad(a_int8, (0, kp - k))  # whole groups: the padding adds zeros
+        codes = torch.nn.functional.pad(codes, (0, kp - k))
         acc = torch.einsum("mgk,ngk->mng", a_int8.double().view(m, g, CHUNK_K),
                            codes.double().view(n, g, CHUNK_K))  # [M, N, G], exact integers
         y = (acc.float() * w_scale[None]).sum(-1) * a_scale[:, None]
