@@ -211,19 +211,20 @@ def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool =
                         continue
                     out.append(LinearConfig(DOT, bn, kb, num_warps=4, num_stages=3, split_k=sk))
         return out
-    if m <= 8:
-        for bn in (4, 8, 16):
-            for kb in (128, 256):
-                for sk in (1, 2):
-                    if sk > 1 and chunks / sk < kb // 32:
-                        continue
-                    out.append(LinearConfig(LANES, bn, kb, num_warps=4, num_stages=1, split_k=sk))
-    for bn in (32, 64, 128):
-        for kb in (32, 64, 128) if not grouped else (32,):
-            for sk in (1, 2, 4, 8):
-                if sk > 1 and (_cdiv(n, bn) >= 264 or chunks / sk < kb // 32):
-                    continue
-                out.append(LinearConfig(MMA, bn, kb, num_warps=4 if bn < 128 else 8, num_stages=1, split_k=sk))
+    if m <= 4:  # dp4a work grows with M: past a few rows the tensor cores win everywhere
+        out += [LinearConfig(LANES, bn, 256, num_warps=4, num_stages=1) for bn in (4, 8, 16)]
+        if chunks >= 8:
+            out.append(LinearConfig(LANES, 8, 128, num_warps=4, num_stages=1, split_k=2))
+    for bn, kb, sk, warps, stages in ((32, 64, 1, 4, 1), (32, 64, 2, 4, 1), (64, 64, 1, 4, 1), (64, 64, 2, 4, 1),
+                                      (64, 64, 4, 4, 1), (64, 128, 1, 4, 1), (64, 128, 2, 4, 1), (128, 64, 1, 8, 1),
+                                      (64, 64, 1, 4, 2)):
+        if grouped:
+            kb = 32  # one chunk per step: its group scale applies to that chunk's exact sum
+        if sk > 1 and chunks / sk < 2 * kb // 32:  # slices of at least two steps
+            continue
+        cfg = LinearConfig(MMA, bn, kb, num_warps=warps, num_stages=stages, split_k=sk)
+        if cfg not in out:
+            out.append(cfg)
     return out
 
 
