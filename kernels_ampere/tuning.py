@@ -215,9 +215,8 @@ def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool =
         out += [LinearConfig(LANES, bn, 256, num_warps=4, num_stages=1) for bn in (4, 8, 16)]
         if chunks >= 8:
             out.append(LinearConfig(LANES, 8, 128, num_warps=4, num_stages=1, split_k=2))
-    for bn, kb, sk, warps, stages in ((32, 64, 1, 4, 1), (32, 64, 2, 4, 1), (64, 64, 1, 4, 1), (64, 64, 2, 4, 1),
-                                      (64, 64, 4, 4, 1), (64, 128, 1, 4, 1), (64, 128, 2, 4, 1), (128, 64, 1, 8, 1),
-                                      (64, 64, 1, 4, 2)):
+    for bn, kb, sk, warps, stages in ((32, 64, 1, 4, 1), (32, 64, 4, 4, 1), (64, 64, 1, 4, 1), (64, 64, 2, 4, 1),
+                                      (64, 64, 4, 4, 1), (64, 128, 1, 4, 1), (128, 64, 1, 8, 1)):
         if grouped:
             kb = 32  # one chunk per step: its group scale applies to that chunk's exact sum
         if sk > 1 and chunks / sk < 2 * kb // 32:  # slices of at least two steps

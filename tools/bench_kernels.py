@@ -361,6 +361,7 @@ class Run:
         self.tune_log: list[dict] = []
         self.stack_rows: list[dict] = []
         self.meta: dict = {}
+        self.save = lambda: None  # main() points it at the writer of kernels.json / .md
         self.gen = torch.Generator(device="cuda").manual_seed(args.seed)
 
     def stack(self, models, widths):
@@ -385,14 +386,18 @@ class Run:
                         cfgs |= set(tuning.linear_candidates(m, n, k, g))
                     jobs += [("w2a8_linear", n, k, g, m, res, c) for c in cfgs]
             t0 = time.time()
-            precompile(jobs, a.jobs)
+            try:
+                precompile(jobs, a.jobs)
+            except Exception as e:  # the timing run compiles what is missing itself
+                log(f"precompile failed: {e!r}")
             log(f"{model}: {len(jobs)} launches precompiled in {time.time() - t0:.0f} s")
             chosen = {}
-            if a.sweep:
-                chosen, entries, tlog = sweep(st, widths, self.tune_timer, log)
-                self.tuned += entries
-                self.tune_log += tlog
-            for m in widths:
+            for m in widths:  # width by width: a run cut short keeps every width it finished
+                if a.sweep:
+                    picked, entries, tlog = sweep(st, (m,), self.tune_timer, log)
+                    chosen.update(picked)
+                    self.tuned += entries
+                    self.tune_log += tlog
                 st.set_width(m)
                 for scheme in STACK_SCHEMES:
                     cfgs = scheme_configs(st, scheme, m, legacy, chosen)
@@ -417,6 +422,7 @@ class Run:
                 self.stack_rows.append({"section": "projection", "model": model, "M": m,
                                         "hot_weights_per_sm_clock": {n: round(r, 1) for (n, _), r in hot.items() if r},
                                         "boards": project(st, m, hot)})
+                self.save()
             st = None
             torch.cuda.empty_cache()
 
@@ -753,6 +759,7 @@ def main(argv=None) -> int:
             "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
             "reps": args.reps, "replays": args.replays, "rotate_mb": args.rotate_mb, "copy_gbps": copy_gbps}
     run.meta = meta
+    run.save = lambda: save()
     args.out.mkdir(parents=True, exist_ok=True)
     # `timeout` sends SIGTERM: turn it into an exception so the finally below still writes the files
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
