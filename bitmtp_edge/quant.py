@@ -50,7 +50,7 @@ def dequantize_ternary(codes: torch.Tensor, scale: torch.Tensor, dtype=torch.flo
     c = codes.to(dtype)
     if scale.dim() == 2:  # group-128 (the last group shorter where K is not a multiple of 128)
         n, k = codes.shape
-        return c * scale.to(dtype).repeat_interleave(-(-k // scale.shape[1]), dim=1)[:, :k]
+        return c * scale.to(dtype).repeat_interleave(GROUP_SIZE, dim=1)[:, :k]
     if scale.numel() == codes.shape[0] and scale.numel() != 1:
         return c * scale.to(dtype).unsqueeze(1)
     return c * scale.to(dtype)
