@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -149,17 +150,35 @@ def _cdiv(a: int, b: int) -> int:
 
 
 LANES_MAX_M = 2  # widths the untuned default runs on ``lanes`` (dp4a); wider ones go to ``mma``
+# Which W2A8 kernels the untuned default picks: "v1" = gemv (M <= 2) / dot, measured on the
+# H200; "v2" = lanes / mma, exact against the twins under the interpreter, to become the
+# default once a GPU run (tools/h200_kernels.sh) has compiled and measured them.
+W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v1")
 
 
 def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int | None = None,
-                   k: int | None = None, sms: int | None = None) -> LinearConfig:
+                   k: int | None = None, sms: int | None = None, generation: str | None = None) -> LinearConfig:
     """The launch of a packed linear on a GPU without a tuned entry, from the shape and the
     device's SM count (``sms``; None: sized as for a large GPU). ``n`` and ``k`` (when
     known) size the tiles and the split-K so that the programs cover every SM a few times:
     an Orin's 8-16 SMs get wide tiles and no split, an H200's 132 get narrow ones and slices.
+    ``generation`` ("v1" / "v2", W2A8 only): the kernels, default ``W2A8_DEFAULT_GENERATION``.
     """
     chunks = _cdiv(k, 128) if k else 0
     sms = sms or 132
+    generation = generation or W2A8_DEFAULT_GENERATION
+    if generation not in ("v1", "v2"):
+        raise ValueError(f"W2A8 kernel generation must be 'v1' or 'v2' (BITMTP_W2A8_KERNELS), got {generation!r}")
+    if not weight_only and generation == "v1":
+        # gemv with dp4a at M <= 2 (a whole row per step), the int8 dot otherwise; K slices
+        # until the N tiles cover the SMs (the previous H200 rule used 128 for every GPU)
+        if m <= 2:
+            step = min(32, max(8, 1 << (chunks - 1).bit_length())) if chunks else 16
+            return LinearConfig(GEMV, block_n=8, block_kb=32 * step, num_warps=4)
+        split = 1
+        if n and chunks:
+            split = max(1, min(_cdiv(sms, _cdiv(n, 64)), chunks // 4, 8))
+        return LinearConfig(DOT, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split)
     if weight_only:
         # 16-bit: every weight costs a convert and an FMA per row, so only M = 1 stays on gemv.
         if m <= 1:  # a whole row (up to 32 chunks) per step: all loads in flight at once
@@ -180,7 +199,9 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
         while n and chunks and _cdiv(n, block_n) * split < 2 * sms and chunks // (2 * split) >= 2 * step:
             split *= 2
         return LinearConfig(LANES, block_n=block_n, block_kb=32 * step, num_warps=4, num_stages=1, split_k=split)
-    block_n = 64 if not n or _cdiv(n, 64) >= sms else 32
+    # mma: 64 weight rows per program up to 32 activation rows; from 64 rows (four int32
+    # accumulators of [BLOCK_N, BLOCK_M]) 32 weight rows keep them in registers (no spills)
+    block_n = 64 if m <= 32 and (not n or _cdiv(n, 64) >= sms) else 32
     m_tiles = _cdiv(m, 128)
     split = 1
     if n and chunks:  # slice K until the tiles cover the SMs twice, two chunks per slice at least
@@ -216,7 +237,7 @@ def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool =
         if chunks >= 8:
             out.append(LinearConfig(LANES, 8, 128, num_warps=4, num_stages=1, split_k=2))
     for bn, kb, sk, warps, stages in ((32, 64, 1, 4, 1), (32, 64, 4, 4, 1), (64, 64, 1, 4, 1), (64, 64, 2, 4, 1),
-                                      (64, 64, 4, 4, 1), (64, 128, 1, 4, 1), (128, 64, 1, 8, 1)):
+                                      (64, 64, 4, 4, 1), (64, 64, 1, 8, 1), (128, 64, 1, 8, 1)):
         if grouped:
             kb = 32  # one chunk per step: its group scale applies to that chunk's exact sum
         if sk > 1 and chunks / sk < 2 * kb // 32:  # slices of at least two steps

@@ -6,28 +6,48 @@
 
 ``W`` in {-1, 0, 1} arrives packed as layout ``ternary-2bit-k128x4-v1`` (``packing.py``):
 byte ``32*g + j`` of a row holds, in bits ``2i..2i+1``, the code ``c = W + 1`` of input
-``128*g + 32*i + j``. Both kernels keep the codes unsigned and correct once per row:
+``128*g + 32*i + j``. All kernels keep the codes unsigned and correct once per row:
 ``sum_k a*(c - 1) = sum_k a*c - sum_k a`` (the offset trick of llama.cpp's TQ2_0), so
 decoding is a shift and a mask, nothing more.
 
-Three kernels, picked per (N, K, M) by the tuned table (``tuning.py``):
+Five kernels, picked per (N, K, M) by the tuned table (``tuning.py``) or, without one, by
+``tuning.default_linear`` from the shape and the SM count. Two generations:
+
+v1 (measured on the H200, the untuned default today):
 
 * ``gemv`` (M = 1, 2): one activation row per program, a ``[BLOCK_N, CHUNKS, 8]`` tile of
   int32 words per K step. Word ``j`` of chunk ``c`` holds, in lane ``i``, the codes of the
   four *consecutive* inputs ``128c + 32i + 4j .. +3`` -- exactly activation word
   ``32c + 8i + j`` -- so ``(word >> 2i) & 0x03030303`` and one ``dp4a`` do four
-  multiply-adds: about three integer instructions per four weights, all in registers, and
-  the activation words of a lane are contiguous (vector loads).
+  multiply-adds, all in registers, and the activation words of a lane are contiguous.
 * ``rows`` (M = 3 .. 2D+1): the gemv kernel with up to 16 activation rows per program, so
-  each weight word is loaded and decoded once for every row; dp4a work grows with M, the
-  weight bytes do not.
+  each weight word is loaded and decoded once for every row.
 * ``dot`` (M >= 3): per 128-chunk, the ``[BLOCK_N, 32]`` byte tile is shifted/masked per
-  lane into int8 codes that multiply (``tl.dot``, int8 tensor cores, int32 accumulators)
-  the activations of inputs ``128c + 32i + 0..31``. The weights are the dot's first
-  operand ("swap AB"): N fills the tensor-core M side and the width only pads to 16.
-  (Expanding a chunk's four lanes side by side into one K = 128 dot was measured slower
-  on the H200, 11.7 vs 9.5 µs per call over the 2B layer mix at M = 9: the reshape costs a
-  layout conversion through shared memory.)
+  lane into int8 codes (one shift, mask and convert per weight) that multiply (``tl.dot``,
+  int8 tensor cores) the activations of inputs ``128c + 32i + 0..31``. The weights are the
+  dot's first operand ("swap AB"): N fills the tensor-core M side, the width pads to 16;
+  rows beyond 64 take a second tile (the weights decoded again).
+
+v2 (issue 15: fewer integer instructions per weight, every width decoded once; exact
+against the twin under the interpreter, ``BITMTP_W2A8_KERNELS=v2`` makes it the default):
+
+* ``lanes`` (M <= 8): dp4a with each lane *masked in place* (``word & (3 << 2i)·0x01010101``,
+  no shift; lane i sums into its own accumulator, divided by ``4^i`` once at the end), all
+  rows of the width in one program, the offset correction ``sum_k a`` in a separate pass
+  over the activations: one mask per four weights, then one dp4a per row.
+* ``mma`` (any M): int8 tensor cores over up to 128 rows per tile (each weight tile
+  decoded once for every width <= 128); a step is ``CHUNKS`` whole chunks in one load and
+  lane i of all of them meets its activations in one ``tl.dot``; the decode is one shift
+  and one mask per *four* bytes (``common.lane_codes``, inline PTX on packed registers);
+  the offset correction comes from the tensor cores too (a ones tile times the same
+  activations).
+
+Both v2 kernels load their first weight step *before* waiting for the previous kernel
+(``gdc_prologue``): the weights are constants, so under programmatic dependent launch
+(sm_90+) their DRAM latency overlaps the previous kernel's tail.
+
+K need not be a multiple of 128: packed rows end in zero-weight padding (``packing.py``),
+and every kernel reads the activations beyond K as 0.
 
 Group-128 scales are applied per chunk after its exact int32 sum. ``split_k > 1`` gives
 each program a slice of the chunks; slices write int32 (per-row scales: still exact) or
@@ -291,7 +311,8 @@ def _w2a8_lanes_kernel(
     four weights and row-independent decode: one mask, then one dp4a per row. The offset
     correction ``sum_k a`` is a separate pass over the activations after the main loop, not
     a dp4a per weight word. The first weight step is loaded before waiting for the previous
-    kernel (weights are constants), so under programmatic launch it overlaps that kernel."""
+    kernel (weights are constants), so under programmatic launch it overlaps that kernel.
+    int32 headroom: lane 3's sum is at most ``128 · 128 · K / 4``, below 2**31 for K < 524288."""
     N_CHUNKS: tl.constexpr = (K + 127) // 128
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -381,58 +402,95 @@ def _w2a8_mma_kernel(
     stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     K: tl.constexpr,
     GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,  # GROUPED: CHUNKS == 1
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
     USE_ASM: tl.constexpr,
+    ASUM_BY_DOT: tl.constexpr,  # group scales, or activation rows that are not whole aligned int32 words
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
     """int8 tensor cores over all BLOCK_M (<= 128) rows of the width: each weight tile is
-    loaded and decoded once. A step is CHUNKS whole 128-chunks, ``[BLOCK_N, 32 * CHUNKS]``
-    packed bytes in one load; lane i of every byte (one shift and one mask per four bytes,
-    ``lane_codes``) meets the activations of inputs ``128c + 32i + 0..31`` of each chunk in
-    one ``tl.dot`` with K = 32 * CHUNKS. The offset correction ``sum_k a`` comes from the
-    tensor cores too (a dot of a ones tile with the same activations), so no per-element
-    reduction runs in the loop."""
+    loaded and decoded once for every row.
+
+    Per chunk the ``[BLOCK_N, 32]`` packed bytes go to the tensor cores' operand layout once
+    (Triton converts the *packed* tile, then decodes in registers), and each lane is one
+    bitwise instruction per four weights, with no shift: lane i < 3 is ``byte & (3 << 2i)``
+    = ``4^i · c`` (its own accumulator, divided by ``4^i`` at the end), lane 3 is
+    ``(byte & 0xC0) ^ 0x80`` = ``64 · (c - 2)`` as a signed byte. Bitwise and/xor act on four
+    packed bytes at once, so the compiler keeps them 32-bit. With ``w = c - 1``:
+    ``sum w·a = acc0 + acc1/4 + acc2/16 + acc3/64 - (a-sums of lanes 0..2) + (a-sum of lane 3)``,
+    the a-sums (row scales, word-aligned activations) from one dp4a pass over the activations after the loop,
+    else (group scales, or K % 4 != 0) from the tensor cores (a -1 / +1 tile times the same
+    activations). Exact: every lane sum is a multiple of its scale; |acc3| <= 128·128·K/4 < 2**31.
+    The first weight chunk is loaded before waiting for the previous kernel (constants)."""
     N_CHUNKS: tl.constexpr = (K + 127) // 128
-    STEP: tl.constexpr = 32 * CHUNKS  # packed bytes per row per step
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     c_lo = tl.program_id(2) * chunks_per_split
     c_hi = tl.minimum(c_lo + chunks_per_split, N_CHUNKS)
-    rb = tl.arange(0, STEP)  # byte b of a step: chunk b // 32, column b % 32 (input 32i + b % 32)
-    mask_m = rm < M
-    mask_n = rn < N
-    w_rows = w_ptr + rn[:, None] * stride_wn
-    a_rows = a_ptr + rm[None, :] * stride_am
+    rb = tl.arange(0, 32)  # byte j of a chunk: inputs 32i + j of lane i
+    mask_n = (rn < N)[:, None]
+    mask_m = (rm < M)[None, :]
+    w_rows = w_ptr + rn[:, None] * stride_wn + rb[None, :]
+    a_cols = a_ptr + rm[None, :] * stride_am + rb[:, None]
 
-    wb = tl.load(w_rows + c_lo * 32 + rb[None, :], mask=mask_n[:, None] & (c_lo * 32 + rb < c_hi * 32)[None, :],
-                 other=0)  # weights are constants: in flight before the wait for the previous kernel
+    wb = tl.load(w_rows + c_lo * 32, mask=mask_n & (c_lo < c_hi), other=0)  # before the wait: constants
     gdc_prologue(USE_GDC)
 
-    ones = tl.full((16, STEP), 1, tl.int8)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
-    asum = tl.zeros((16, BLOCK_M), tl.int32)  # 16 equal rows: sum_k a per activation row
+    minus = tl.full((16, 32), -1, tl.int8)
+    plus = tl.full((16, 32), 1, tl.int8)
+    acc0 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+    acc1 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+    acc2 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+    acc3 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+    asum = tl.zeros((16, BLOCK_M), tl.int32)  # 16 equal rows: -sum(lanes 0..2) + sum(lane 3)
     facc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     for c0 in range(c_lo, c_hi, CHUNKS):
-        ok = (c0 * 32 + rb) < c_hi * 32
-        nxt = (c0 + CHUNKS) * 32 + rb
-        wb_next = tl.load(w_rows + nxt[None, :], mask=mask_n[:, None] & (nxt < c_hi * 32)[None, :], other=0)
-        if GROUPED:
-            acc = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
-            asum = tl.zeros((16, BLOCK_M), tl.int32)
-        for i in tl.static_range(4):
-            ka = (c0 + rb // 32) * 128 + 32 * i + rb % 32
-            a = tl.load(a_rows + ka[:, None], mask=mask_m[None, :] & (ok & (ka < K))[:, None], other=0)  # [STEP, BLOCK_M]
-            acc = tl.dot(lane_codes(wb, i, USE_ASM), a, acc, out_dtype=tl.int32)
-            asum = tl.dot(ones, a, asum, out_dtype=tl.int32)
-        if GROUPED:
-            s = tl.load(w_scale_ptr + rn * stride_sn + c0 * stride_sg, mask=mask_n, other=0.0)
-            facc += (acc - tl.max(asum, axis=0)[None, :]).to(tl.float32) * s[:, None]
-        wb = wb_next
+        for cc in tl.static_range(CHUNKS):
+            c = c0 + cc
+            live = c < c_hi  # the last step may overshoot the slice
+            wb_next = tl.load(w_rows + (c + 1) * 32, mask=mask_n & (c + 1 < c_hi), other=0)  # in flight meanwhile
+            if GROUPED:
+                acc0 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+                acc1 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+                acc2 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+                acc3 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+                asum = tl.zeros((16, BLOCK_M), tl.int32)
+            for i in tl.static_range(4):
+                ka = c * 128 + 32 * i + rb
+                a = tl.load(a_cols + c * 128 + 32 * i, mask=mask_m & (live & (ka < K))[:, None], other=0)  # [32, BM]
+                if i == 0:
+                    acc0 = tl.dot((wb & 0x03).to(tl.int8, bitcast=True), a, acc0, out_dtype=tl.int32)
+                elif i == 1:
+                    acc1 = tl.dot((wb & 0x0C).to(tl.int8, bitcast=True), a, acc1, out_dtype=tl.int32)
+                elif i == 2:
+                    acc2 = tl.dot((wb & 0x30).to(tl.int8, bitcast=True), a, acc2, out_dtype=tl.int32)
+                else:
+                    acc3 = tl.dot(((wb & 0xC0) ^ 0x80).to(tl.int8, bitcast=True), a, acc3, out_dtype=tl.int32)
+                if ASUM_BY_DOT:
+                    if i < 3:
+                        asum = tl.dot(minus, a, asum, out_dtype=tl.int32)
+                    else:
+                        asum = tl.dot(plus, a, asum, out_dtype=tl.int32)
+            if GROUPED:
+                s = tl.load(w_scale_ptr + rn * stride_sn + c * stride_sg, mask=(rn < N) & live, other=0.0)
+                chunk = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.max(asum, axis=0)[None, :]
+                facc += chunk.to(tl.float32) * s[:, None]
+            wb = wb_next
 
     if GROUPED:
         y = facc
+    elif ASUM_BY_DOT:
+        y = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.max(asum, axis=0)[None, :]  # int32
     else:
-        y = acc - tl.max(asum, axis=0)[None, :]  # int32
+        # -sum(lanes 0..2) + sum(lane 3) over this slice: bytes 0..2 of each activation word weigh
+        # -1 and byte 3 +1 (input 32i + j of a chunk is byte j % 4 of word 8i + j // 4: lane = word // 8)
+        rw = tl.arange(0, 32)  # the words of one chunk
+        sign = tl.where(rw // 8 == 3, 0x01010101, -1)  # four bytes of +1 (lane 3) or of -1 (0xFFFFFFFF)
+        a_words = a_ptr.to(tl.pointer_type(tl.int32)) + rm[:, None] * (stride_am // 4) + rw[None, :]
+        asum2 = tl.zeros((BLOCK_M, 32), tl.int32)
+        for c in range(c_lo, c_hi):
+            aw = tl.load(a_words + c * 32, mask=(rm < M)[:, None] & (c * 32 + rw < K // 4)[None, :], other=0)
+            asum2 = dp4a(aw, sign[None, :], asum2, USE_ASM)
+        y = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.sum(asum2, axis=1)[None, :]  # int32
     _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
                 GROUPED, SPLIT, RESIDUAL)
 
@@ -474,8 +532,9 @@ def w2a8_linear(
                   or default_linear(m, grouped, n=n, k=k, sms=sm_count(packed.device)))
     words = (k % 4 == 0 and a_int8.stride(0) % 4 == 0 and a_int8.data_ptr() % 4 == 0
              and packed.stride(0) % 4 == 0 and packed.data_ptr() % 4 == 0)
-    if config.kernel in WORD_KERNELS and not words:
-        config = default_linear(max(m, 3), grouped, n=n, k=k, sms=sm_count(packed.device))
+    if config.kernel in WORD_KERNELS and not words:  # the byte-reading kernels take any K
+        config = LinearConfig(MMA if config.kernel == LANES else DOT, block_n=64, block_kb=64, num_warps=4,
+                              num_stages=1 if config.kernel == LANES else 3, split_k=config.split_k)
 
     out = torch.empty((m, n), dtype=out_dtype, device=a_int8.device)
     if m == 0 or n == 0:
@@ -510,6 +569,8 @@ def w2a8_linear(
         grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, rows["BLOCK_M"]), n_split)
     check_launchable(kernel, a_int8, a_scale, packed, w_scale)
     asm = {} if kernel is _w2a8_dot_kernel else {"USE_ASM": not is_interpreted(kernel)}
+    if kernel is _w2a8_mma_kernel:
+        asm["ASUM_BY_DOT"] = grouped or not words
     kernel[grid](
         a_in, a_scale, w_in, w_scale, target, res, m, n, per_split,
         a_in.stride(0), w_in.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),

@@ -304,12 +304,30 @@ def test_w2a16_k_padded_to_whole_chunks():
 
 def test_untuned_defaults_follow_the_sm_count():
     """An Orin (8-16 SMs) gets wider tiles and no K split where an H200 (132) slices K; the
-    narrowest widths run the dp4a kernel, wider ones the tensor cores, every one exact."""
-    small, big = (default_linear(m, False, n=2560, k=2560, sms=s) for m, s in ((1, 8), (1, 132)))
+    narrowest widths run dp4a kernels, wider ones the tensor cores (both generations)."""
+    small, big = (default_linear(1, False, n=2560, k=2560, sms=s, generation="v2") for s in (8, 132))
     assert small.kernel == big.kernel == LANES and small.block_n > big.block_n
-    orin, h200 = (default_linear(27, False, n=2560, k=6912, sms=s) for s in (8, 132))
+    orin, h200 = (default_linear(27, False, n=2560, k=6912, sms=s, generation="v2") for s in (8, 132))
     assert orin.kernel == h200.kernel == MMA and orin.split_k == 1 < h200.split_k
-    assert default_linear(80, False, n=2560, k=2560, sms=16).kernel == MMA
+    assert default_linear(80, False, n=2560, k=2560, sms=16, generation="v2").kernel == MMA
+    orin, h200 = (default_linear(27, False, n=2560, k=6912, sms=s, generation="v1") for s in (8, 132))
+    assert orin.kernel == h200.kernel == DOT and orin.split_k == 1 < h200.split_k
+    assert default_linear(2, False, n=2560, k=2560, generation="v1").kernel == GEMV
+    with pytest.raises(ValueError, match="generation"):
+        default_linear(1, False, generation="v3")
+
+
+@pytest.mark.parametrize("generation", ["v1", "v2"])
+@pytest.mark.parametrize("m", (1, 2, 9))
+def test_w2a8_defaults_of_both_generations_match_the_twin(generation, m):
+    n, k = 72, 640
+    gen = torch.Generator().manual_seed(40 + m)
+    _, packed = random_weight(n, k, gen)
+    a, a_s = random_activations(m, k, gen)
+    w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
+    cfg = default_linear(m, False, n=n, k=k, sms=8, generation=generation)
+    assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg),
+                 w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32), f"{cfg}")
 
 
 def test_w2a16_refuses_the_multi_row_w2a8_kernel():

@@ -116,11 +116,11 @@ def scheme_configs(stack: Stack, scheme: str, m: int, legacy_table: tuple, chose
             out[name] = tuning.find_config(legacy_table, "w2a8_linear", key) or legacy_default(m, n, k)
         elif scheme == "before (untuned)":
             out[name] = legacy_default(m, n, k)
-        elif scheme == "untuned":
-            out[name] = tuning.default_linear(m, g, n=n, k=k, sms=tuning.sm_count(dev))
+        elif scheme == "untuned":  # the new kernels' defaults, whatever the shipped default generation
+            out[name] = tuning.default_linear(m, g, n=n, k=k, sms=tuning.sm_count(dev), generation="v2")
         else:  # tuned: this run's sweep, else this GPU's table, else the default
             out[name] = chosen.get((name, m)) or tuning.lookup("w2a8_linear", key, dev) or tuning.default_linear(
-                m, g, n=n, k=k, sms=tuning.sm_count(dev))
+                m, g, n=n, k=k, sms=tuning.sm_count(dev), generation="v2")
     return out
 
 
