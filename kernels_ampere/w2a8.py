@@ -432,7 +432,8 @@ def _w2a8_mma_kernel(
     w_rows = w_ptr + rn[:, None] * stride_wn + rb[None, :]
     a_cols = a_ptr + rm[None, :] * stride_am + rb[:, None]
 
-    wb = tl.load(w_rows + c_lo * 32, mask=mask_n & (c_lo < c_hi), other=0)  # before the wait: constants
+    # (rn * 0 + c): a scalar condition as a row vector, which the interpreter accepts in a mask too
+    wb = tl.load(w_rows + c_lo * 32, mask=mask_n & (rn * 0 + c_lo < c_hi)[:, None], other=0)  # constants: before the wait
     gdc_prologue(USE_GDC)
 
     minus = tl.full((16, 32), -1, tl.int8)
@@ -446,8 +447,9 @@ def _w2a8_mma_kernel(
     for c0 in range(c_lo, c_hi, CHUNKS):
         for cc in tl.static_range(CHUNKS):
             c = c0 + cc
-            live = c < c_hi  # the last step may overshoot the slice
-            wb_next = tl.load(w_rows + (c + 1) * 32, mask=mask_n & (c + 1 < c_hi), other=0)  # in flight meanwhile
+            live = rb * 0 + c < c_hi  # [32]: the last step may overshoot the slice
+            wb_next = tl.load(w_rows + (c + 1) * 32, mask=mask_n & (rn * 0 + c + 1 < c_hi)[:, None],
+                              other=0)  # in flight meanwhile
             if GROUPED:
                 acc0 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
                 acc1 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
@@ -471,7 +473,7 @@ def _w2a8_mma_kernel(
                     else:
                         asum = tl.dot(plus, a, asum, out_dtype=tl.int32)
             if GROUPED:
-                s = tl.load(w_scale_ptr + rn * stride_sn + c * stride_sg, mask=(rn < N) & live, other=0.0)
+                s = tl.load(w_scale_ptr + rn * stride_sn + c * stride_sg, mask=(rn < N) & (rn * 0 + c < c_hi), other=0.0)
                 chunk = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.max(asum, axis=0)[None, :]
                 facc += chunk.to(tl.float32) * s[:, None]
             wb = wb_next
