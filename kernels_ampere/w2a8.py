@@ -64,7 +64,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bitmtp_edge.quant import int_matmul
+from .numerics import int_matmul
 
 from .common import (check_dtype, check_launchable, check_packed_weight, check_residual, dp4a, dp4a_unsigned,
                      gdc_prologue, is_interpreted, lane_codes, next_pow2, pdl_options, scale_strides, split_k_chunks,

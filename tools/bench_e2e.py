@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from bitmtp_edge import Engine  # noqa: E402
 from bitmtp_edge.backends.base import DraftResult  # noqa: E402
-from bitmtp_edge.decoding import DecodeOptions, DecodeStats, decode  # noqa: E402
+from bitmtp_edge.runtime.decoding import DecodeOptions, DecodeStats, decode  # noqa: E402
 
 BITNET_2B = dict(vocab_size=128256, hidden_size=2560, intermediate_size=6912, num_hidden_layers=30,
                  num_attention_heads=20, num_key_value_heads=5, max_position_embeddings=4096)
@@ -115,7 +115,7 @@ def replay_times(eng: Engine, segment: int, base_len: int, repeats: int = 50) ->
     Each replay advances the device history length, so it is reset before every replay;
     the reset alone is timed and subtracted."""
     b = eng.backend
-    reset = lambda: b.L.fill_(base_len)  # noqa: E731
+    reset = lambda: b.static.history_len.fill_(base_len)  # noqa: E731
     t_reset = cuda_ms(reset, repeats)
     rows = []
     for state, graph in sorted(b.graphs.items()):
@@ -210,7 +210,7 @@ def part_2b(work: Path, args, progress) -> dict:
                "kernel_cache": "warm" if compiled == 0 else f"cold ({compiled} compiled)",
                "capture_s": b.capture_s, "graphs": len(b.graphs),
                "kv_bytes": b.kv_bytes, "graph_pool_bytes": b.graph_pool_bytes,
-               "workspace_bytes": b.workspace * eng.manifest.kv.bytes_per_slot,
+               "workspace_bytes": b.kv.workspace * eng.manifest.kv.bytes_per_slot,
                "peak_mem_bytes": torch.cuda.max_memory_allocated()}
         # Eager configurations pay Python launch overhead on every kernel: fewer tokens and
         # forced levels keep the run short (tok/s is decode-only, so lengths compare).
@@ -304,7 +304,7 @@ def part_baselines(work: Path, args, dims: dict, progress) -> dict:
 
 
 def part_trained(args) -> dict:
-    from bitmtp_edge.demo import demo_prompts
+    from bitmtp_edge.app.demo import demo_prompts
 
     out = {}
     for art in args.artifact:

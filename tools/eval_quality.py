@@ -37,11 +37,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bitmtp_edge.runtime.policies import POLICIES
 from tools.corpus import CorpusIndex, load_split
 from tools.prompts import Prompt, cut_at_function_end, is_valid_completion, read_prompts
 from tools.tokenizer import load_tokenizer
 
-POLICIES = ("ar", "confidence", "speculative", "hybrid")
 TARGET_NTP_GAP_PCT = 3.0
 TARGET_HYBRID_TPI_D8 = 3.5
 TARGET_PARSE_DROP_PTS = 2.0
@@ -65,7 +65,7 @@ def runtime(path: str, device: str, max_context: int = 2048):
     key = (path, device)
     if key not in _CACHE:
         from bitmtp_edge.backends.reference import ReferenceBackend
-        from bitmtp_edge.segments import plan_segments
+        from bitmtp_edge.format.segments import plan_segments
         from tools.hf_checkpoint import load_runtime_model
 
         model, ck = load_runtime_model(path, torch.float64, device)
@@ -104,7 +104,7 @@ def heldout_loss(path: str, tokens: np.ndarray, window: int, max_windows: int, d
 def run_task(task: DecodeTask, prompts: list[Prompt], data: str, device: str, max_new_tokens: int,
              tau: float, min_prefix: int) -> dict:
     """Greedy completions of the task's prompts under one policy; per-prompt records."""
-    from bitmtp_edge.decoding import DecodeOptions, DecodeStats, decode
+    from bitmtp_edge.runtime.decoding import DecodeOptions, DecodeStats, decode
 
     if device != "cpu":
         torch.set_num_threads(1)  # several workers share the host; the work is on the GPU
@@ -211,7 +211,7 @@ def cpu_bench(prompts: list[Prompt], n_prompts: int, max_new_tokens: int, artifa
     """AR vs hybrid decode tok/s of the embedded (or given) artifact on the CPU reference backend.
 
     Per prompt the two routes alternate ``repeats`` times and each keeps its median decode
-    time (DESIGN.md §7), so a busy shared host slows both alike.
+    time (docs/measuring.md §Rules), so a busy shared host slows both alike.
     """
     from statistics import median
 

@@ -6,7 +6,7 @@ random weights, so exporter and runtime can be checked against transformers with
 downloading anything:
 
 * ``make_bitnet_online``: ``BitNetForCausalLM`` with latent float weights and
-  ``quantization_config`` autobitlinear/online (formats.md §1.5), loadable by transformers;
+  ``quantization_config`` autobitlinear/online (docs/artifact.md §Source checkpoints), loadable by transformers;
 * ``make_bitnet_packed``: the offline form of a latent checkpoint: HF-packed uint8
   ``[N/4, K]`` plus ``weight_scale`` that multiplies (autobitlinear), divides (bitlinear) or
   uses the pre-release ``{"offline_quantization": true}`` config;
@@ -223,7 +223,7 @@ def make_bitnet_packed(online: str | Path, folder: str | Path, *, linear_class: 
     (weight_scale = 1/mean|W|, divides) or ``"legacy"`` (the pre-release
     ``{"offline_quantization": true}`` config, which multiplies).
     """
-    from bitmtp_edge.quant import ternarize_absmean
+    from kernels_ampere.numerics import ternarize_absmean
     from kernels_ampere.packing import pack_hf_bitnet
 
     online, folder = Path(online), Path(folder)
@@ -256,7 +256,7 @@ def make_qwen3_group128(folder: str | Path, *, dims: TinyDims = TinyDims(head_di
     """
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from bitmtp_edge.quant import GROUP_SIZE, dequantize_ternary
+    from kernels_ampere.numerics import GROUP_SIZE, dequantize_ternary
 
     folder = Path(folder)
     ids = write_tokenizer(folder, dims.vocab_size)

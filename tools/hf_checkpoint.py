@@ -9,7 +9,7 @@ A checkpoint folder is what ``bitmtp-export`` and ``transformers`` both read:
 * ``bitmtp.json``: ``{"block_size", "mask_token_id", "tau", "min_prefix", "corpus_sha256"}``
   for a BitMTP model; absent for an AR-only (SFT) model, which then exports as AR-only.
 
-Two weight forms (``formats.md`` §1.4):
+Two weight forms (docs/artifact.md §Source checkpoints):
 
 * **latent** (``autobitlinear`` + ``online``): float32 master weights; the quantisers are
   applied on the fly. What training resumes from.
@@ -33,9 +33,9 @@ from pathlib import Path
 
 import torch
 
-from bitmtp_edge.config import ModelConfig, MTPConfig, QuantConfig
-from bitmtp_edge.model import LatentTernaryLinear, PackedTernaryLinear, TernaryLM
-from bitmtp_edge.quant import ternarize_absmean
+from bitmtp_edge.format.config import ModelConfig, MTPConfig, QuantConfig
+from bitmtp_edge.runtime.model import LatentTernaryLinear, PackedTernaryLinear, TernaryLM
+from kernels_ampere.numerics import ternarize_absmean
 from kernels_ampere.packing import pack_hf_bitnet, unpack_hf_bitnet
 
 CONFIG = "config.json"

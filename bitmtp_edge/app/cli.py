@@ -1,0 +1,387 @@
+"""``bitmtp``: the command line, a thin shell over the Python API (``bitmtp_edge.Engine``).
+
+Commands: ``generate``, ``demo``, ``chat``, ``bench``, ``doctor`` and ``serve``; exporting is
+``bitmtp-export`` (the ``export`` package sits above the runtime). Nothing heavy is imported when this module loads: ``--help``
+is instant and ``doctor`` can report a broken torch install instead of dying on it.
+Errors a user can cause become ``click.ClickException`` naming the file or option and
+what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import click
+
+from ..runtime.policies import POLICIES
+from .bench import MONITOR_CHOICES
+
+# Copies of engine.BACKENDS and RuntimeOptions.PRESETS, so that building the options does
+# not import torch; tests/test_cli.py checks that they agree.
+BACKEND_NAMES = ("auto", "reference", "ampere", "server")
+RUNTIME_NAMES = ("generic", "m1", "m1+m2", "full")
+ARGV_KEY = "bitmtp.argv"
+
+
+class _ClickLogHandler(logging.Handler):
+    """Library warnings (power posture, monitor failures) as ``warning: ...`` lines on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(f"{record.levelname.lower()}: {record.getMessage()}", err=True)
+
+
+def _setup_logging() -> None:
+    lib = logging.getLogger("bitmtp_edge")
+    if not any(isinstance(h, _ClickLogHandler) for h in lib.handlers):
+        handler = _ClickLogHandler(logging.WARNING)
+        lib.addHandler(handler)
+
+
+class _Main(click.Group):
+    def make_context(self, info_name, args, parent=None, **extra):
+        argv = list(args)  # parsing consumes the list: keep the exact command line for results
+        ctx = super().make_context(info_name, args, parent=parent, **extra)
+        ctx.meta[ARGV_KEY] = argv
+        return ctx
+
+
+def _command_line(ctx: click.Context) -> str:
+    from .bench import command_line
+
+    return command_line(["bitmtp", *ctx.meta.get(ARGV_KEY, sys.argv[1:])])
+
+
+def _load_engine(artifact, backend, device, runtime: str = "full"):
+    from ..format.manifest import ArtifactError
+    from ..runtime.engine import Engine
+
+    from .live import CaptureProgress
+
+    bar = CaptureProgress()
+    try:
+        eng = Engine.load(artifact, backend=backend, device=device, runtime=runtime, progress=bar)
+    except (ArtifactError, ValueError) as e:
+        hint = "" if artifact is not None else " (this is the embedded model; pass --artifact OUT/ for another)"
+        raise click.ClickException(f"{e}{hint}") from None
+    finally:
+        bar.close()
+    captured = getattr(eng.backend, "graphs", None)
+    if captured:
+        click.echo(f"captured {len(captured)} CUDA graphs in {eng.backend.capture_s:.1f} s", err=True)
+    return eng
+
+
+artifact_option = click.option("--artifact", "-a", type=click.Path(file_okay=False), default=None,
+                               help="Artifact folder from bitmtp-export (default: the embedded model).")
+backend_option = click.option("--backend", type=click.Choice(BACKEND_NAMES), default="auto", show_default=True)
+device_option = click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
+runtime_option = click.option("--runtime", type=click.Choice(RUNTIME_NAMES), default="full", show_default=True,
+                              help="Fast backends: the ablation configuration (docs/runtime.md §Ablation presets).")
+tau_help = "Confidence threshold τ [default: the model's]."
+m_help = "Hybrid: commit without verifying when h ≥ m [default: the model's]."
+
+
+def decoding_options(command):
+    """--policy, --max-new-tokens, --tau, --min-prefix: one decode's settings (generate, chat)."""
+    for option in reversed((
+        click.option("--policy", type=click.Choice(POLICIES), default="hybrid", show_default=True),
+        click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True),
+        click.option("--tau", type=click.FloatRange(0, 1, min_open=True), default=None, help=tau_help),
+        click.option("--min-prefix", "-m", type=click.IntRange(min=1), default=None, help=m_help),
+    )):
+        command = option(command)
+    return command
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="bitmtp-edge")
+def main() -> None:
+    """BitMTP Edge: multi-token decoding for ternary LLMs on Jetson and server GPUs."""
+    _setup_logging()
+
+
+# ----------------------------------------------------------------------------- generate, demo
+
+
+@main.command()
+@click.argument("prompt")
+@artifact_option
+@backend_option
+@device_option
+@decoding_options
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, stats).")
+def generate(prompt, artifact, backend, device, policy, max_new_tokens, tau, min_prefix, stop, as_json):
+    """Complete PROMPT with the chosen decoding policy."""
+    from ..runtime.decoding import DecodingError
+
+    eng = _load_engine(artifact, backend, device)
+    try:
+        res = eng.generate(prompt, max_new_tokens=max_new_tokens, policy=policy, tau=tau,
+                           min_prefix=min_prefix, stop=list(stop) or None)
+    except DecodingError as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        click.echo(json.dumps({"text": res.text, "token_ids": res.token_ids, "stats": res.stats.to_dict()}))
+        return
+    click.echo(prompt + res.text)
+    s = res.stats
+    click.echo(f"\n[{policy}] {s.new_tokens} tokens, {s.decode_tokens_per_s:.1f} tok/s, "
+               f"{s.tokens_per_iteration:.2f} tokens/iteration, {s.verifier_calls} verifier calls", err=True)
+
+
+@main.command()
+@artifact_option
+@backend_option
+@device_option
+@click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=96, show_default=True)
+@click.option("--policy", type=click.Choice([p for p in POLICIES if p != "ar"]), default="hybrid",
+              show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def demo(artifact, backend, device, max_new_tokens, policy, as_json):
+    """Complete held-out code prompts with AR and with multi-token decoding; report the speedup."""
+    from ..runtime.decoding import DecodingError
+    from .demo import run_demo
+
+    eng = _load_engine(artifact, backend, device)
+    try:
+        report = run_demo(eng, max_new_tokens=max_new_tokens, policy=policy, echo=None if as_json else click.echo)
+    except DecodingError as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+
+
+# ----------------------------------------------------------------------------- chat
+
+
+@main.command()
+@artifact_option
+@backend_option
+@device_option
+@decoding_options
+@click.option("--no-history", is_flag=True, help="Answer each turn alone (no running transcript).")
+@click.pass_context
+def chat(ctx, artifact, backend, device, policy, max_new_tokens, tau, min_prefix, no_history):
+    """Interactive session: type text, watch the model continue it (streamed), with live
+    tok/s and tokens per iteration. Commands: /quit, /policy [NAME], /reset, /help."""
+    from .chat import ChatSession
+    from .chat_loop import run_chat
+    from ..runtime.decoding import DecodingError
+
+    eng = _load_engine(artifact, backend, device)
+    if eng.manifest.mtp is None and ctx.get_parameter_source("policy") == click.core.ParameterSource.DEFAULT:
+        policy = "ar"
+    try:
+        session = ChatSession(eng, policy=policy, max_new_tokens=max_new_tokens, tau=tau, min_prefix=min_prefix,
+                              keep_history=not no_history)
+    except DecodingError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"bitmtp chat — {eng.path} on {eng.backend.name}/{eng.device}, policy {session.policy}. "
+               "/help for commands, /quit to leave.", err=True)
+    run_chat(session, sys.stdin, interactive=sys.stdin.isatty() and sys.stdout.isatty())
+
+
+# ----------------------------------------------------------------------------- bench
+
+
+def _parse_policies(ctx, param, value):
+    if value is None:
+        return None
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown or not names:
+        what = f"unknown policy {unknown[0]!r}" if unknown else "no policy given"
+        raise click.BadParameter(f"{what}; choose from {', '.join(POLICIES)} (comma-separated)")
+    return tuple(dict.fromkeys(names))
+
+
+@main.command()
+@artifact_option
+@backend_option
+@device_option
+@runtime_option
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+              help="JSONL workload, one {\"prompt\": ...} per line [default: the held-out prompts beside the "
+                   "artifact (prompts.jsonl), else built-in code prompts].")
+@click.option("--num-prompts", type=click.IntRange(min=0), default=8, show_default=True,
+              help="Use the first N prompts (0: all).")
+@click.option("--policies", callback=_parse_policies, default=None, metavar="LIST",
+              help=f"Comma-separated routes from {','.join(POLICIES)} [default: all the model supports]. "
+                   "Put ar in for speedups.")
+@click.option("--tau", multiple=True, type=click.FloatRange(0, 1, min_open=True),
+              help=tau_help + " Repeat to sweep.")
+@click.option("--min-prefix", "-m", multiple=True, type=click.IntRange(min=1), help=m_help + " Repeat to sweep.")
+@click.option("--block-size", "-D", type=click.IntRange(min=2), default=None,
+              help="Must be the D the model was trained for [default: the artifact's].")
+@click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Discarded runs per route (first prompt).")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Measured runs per route and prompt (medians are reported).")
+@click.option("--ignore-eos", is_flag=True, help="Generate exactly --max-new-tokens every run (fixed lengths).")
+@click.option("--strict", is_flag=True, help="Refuse on a Jetson not at MAXN/MAXN_SUPER with locked clocks.")
+@click.option("--monitor", type=click.Choice(MONITOR_CHOICES), default="auto", show_default=True,
+              help="Power/thermal source: auto = tegrastats or jtop on a Jetson, NVML on a GPU host, else psutil.")
+@click.option("--interval-ms", type=click.IntRange(min=10), default=100, show_default=True,
+              help="Monitor sampling interval.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Folder for bench.json, bench.md and the plots [default: ./bench-<date>-<time>].")
+@click.option("--json", "as_json", is_flag=True, help="Print bench.json to stdout instead of the table.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table.")
+@click.pass_context
+def bench(ctx, artifact, backend, device, runtime, prompts_file, num_prompts, policies, tau, min_prefix, block_size,
+          max_new_tokens, warmup, repeats, ignore_eos, strict, monitor, interval_ms, out_dir, as_json, quiet):
+    """Benchmark AR and each decoding policy with power monitoring.
+
+    Per route: decode tok/s, tokens per iteration, verifier-call rate, speedup over AR,
+    average power, energy per token (J/token), peak temperatures, clocks, memory, and
+    the board's power posture. Writes bench.json, bench.md and PNG plots to --out.
+    """
+    from . import bench as B
+    from .bench_report import ReportError, write_report
+    from .live import BenchProgress
+    from .tables import print_bench_table
+    from ..jetson.monitor import SourceUnavailable
+    from ..jetson.posture import PostureError, check_posture
+
+    try:
+        prompts = B.load_prompts(prompts_file) if prompts_file else None
+        config = B.BenchConfig(max_new_tokens=max_new_tokens, warmup=warmup, repeats=repeats, ignore_eos=ignore_eos,
+                               strict=strict, monitor=monitor, interval_s=interval_ms / 1000)
+    except B.BenchError as e:
+        raise click.ClickException(str(e)) from None
+    try:
+        posture = check_posture(strict)  # before loading: a refused board costs nothing
+    except PostureError as e:
+        raise click.ClickException(str(e)) from None
+    if not posture.on_jetson and not quiet:
+        click.echo("note: not a Jetson: power-mode and clock checks skipped", err=True)
+
+    eng = _load_engine(artifact, backend, device, runtime)
+    if block_size is not None and block_size != eng.block_size:
+        have = f"D={eng.block_size}" if eng.block_size else "no MTP block (AR-only)"
+        raise click.ClickException(f"--block-size {block_size}: {eng.path} was trained with {have}; "
+                                   "drop --block-size or pass the artifact's D")
+    try:
+        if prompts is None:
+            prompts, source = B.builtin_prompts(eng)
+        else:
+            source = str(prompts_file)
+        prompts = prompts[:num_prompts] if num_prompts else prompts
+        routes = B.make_routes(eng, policies, tau, min_prefix)
+    except B.BenchError as e:
+        raise click.ClickException(str(e)) from None
+    out = Path(out_dir) if out_dir else Path(f"bench-{datetime.now():%Y%m%d-%H%M%S}")
+    show_bar = not quiet and sys.stderr.isatty()
+    try:
+        report = B.run_bench(eng, prompts, routes, config, posture=posture,
+                             progress=BenchProgress() if show_bar else None,
+                             command=_command_line(ctx), workload_source=source)
+        data = report.to_dict()
+        paths = write_report(data, out)
+    except (B.BenchError, ReportError) as e:
+        raise click.ClickException(str(e)) from None
+    except SourceUnavailable as e:
+        raise click.ClickException(f"--monitor {monitor}: {e}; choose another --monitor (or none)") from None
+    if as_json:
+        click.echo(json.dumps(data, allow_nan=False))
+        return
+    if not quiet:
+        print_bench_table(data)
+    click.echo(f"wrote {', '.join(str(p) for p in paths)}", err=True)
+
+
+# ----------------------------------------------------------------------------- doctor
+
+
+@main.command()
+@click.option("--artifact", "-a", type=click.Path(file_okay=False), default=None,
+              help="Artifact folder to verify (default: the embedded model).")
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as one JSON object.")
+def doctor(artifact, as_json):
+    """Check this machine: Python, torch, Triton, GPU, the backend `auto` picks, Jetson board
+    and power posture, monitoring sources, and the artifact's checksums.
+
+    Exits 1 when a check fails (e.g. torch cannot be imported, or the --artifact is broken).
+    """
+    from .doctor import run_doctor, verdict
+
+    checks = run_doctor(artifact)
+    failed = any(c.status == "fail" for c in checks)
+    if as_json:
+        click.echo(json.dumps({"checks": [c.to_dict() for c in checks], "verdict": verdict(checks), "ok": not failed},
+                              default=str))
+    else:
+        marks = {"ok": click.style("✓", fg="green"), "info": "·", "warn": click.style("!", fg="yellow"),
+                 "fail": click.style("✗", fg="red")}
+        for c in checks:
+            click.echo(f"{marks[c.status]} {c.name:<10} {c.summary}")
+        click.echo(verdict(checks))
+    if failed:
+        sys.exit(1)
+
+
+# ----------------------------------------------------------------------------- serve
+
+
+@main.command()
+@artifact_option
+@backend_option
+@device_option
+@runtime_option
+@click.option("--socket", "socket_path", type=click.Path(dir_okay=False), default=None,
+              help="Listen on this UNIX socket [default: JSON lines on stdin, replies on stdout].")
+@click.option("--policy", type=click.Choice(POLICIES), default=None,
+              help="Default policy of requests [default: hybrid, or ar for an AR-only model].")
+@click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Default max_new_tokens of requests.")
+@click.option("--no-warmup", is_flag=True, help="Skip the warm-up generations at start.")
+def serve(artifact, backend, device, runtime, socket_path, policy, max_new_tokens, no_warmup):
+    """Keep one model loaded (graphs captured, kernels warm) and answer JSON-lines requests:
+    {"prompt": ..., "max_new_tokens": 64, "policy": "hybrid", "stream": false}. See
+    bitmtp_edge/serve.py for the protocol."""
+    from ..jetson.posture import read_posture
+    from .serve import ServeDefaults, UnixServer, info, serve_lines, warm_up
+
+    posture = read_posture()
+    for w in posture.warnings if posture.on_jetson else ():
+        click.echo(f"warning: power posture: {w}", err=True)
+    t0 = time.perf_counter()
+    eng = _load_engine(artifact, backend, device, runtime)
+    if not no_warmup:
+        warm_up(eng)
+    defaults = ServeDefaults(policy=policy or ("hybrid" if eng.manifest.mtp else "ar"), max_new_tokens=max_new_tokens)
+    where = socket_path or "stdin"
+    click.echo(f"bitmtp serve: {json.dumps(info(eng))} ready in {time.perf_counter() - t0:.1f} s on {where}", err=True)
+    if socket_path is None:
+        import threading
+
+        served = serve_lines(eng, sys.stdin, sys.stdout, threading.Lock(), defaults)
+        click.echo(f"bitmtp serve: end of input after {served} request(s)", err=True)
+        return
+    import signal
+
+    try:
+        server = UnixServer(socket_path, eng, defaults)
+    except OSError as e:
+        raise click.ClickException(f"--socket {socket_path}: {e}") from None
+
+    def _stop(signum, frame):  # systemd stops with SIGTERM: leave through the finally below
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

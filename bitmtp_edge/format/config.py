@@ -1,0 +1,149 @@
+"""Model and quantisation configuration: small frozen dataclasses, written to and read
+from the artifact manifest (``manifest.json``) and from Hugging Face ``config.json``."""
+
+from __future__ import annotations
+
+from dataclasses import MISSING as _MISSING, asdict, dataclass, fields
+from typing import Any, Literal
+
+Family = Literal["bitnet", "qwen3"]
+WeightScheme = Literal["per_tensor", "group128"]
+ActivationScheme = Literal["int8_per_token", "none"]
+
+FAMILIES = ("bitnet", "qwen3")
+
+
+class ConfigError(ValueError):
+    """A configuration (config.json, bitmtp.json or a manifest section) is unusable."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of one ternary decoder-only transformer.
+
+    ``bitnet``: attention and FFN sub-norms, ReLU² GLU, no q/k norm (BitNet b1.58).
+    ``qwen3``: per-head q/k RMSNorm before RoPE, SiLU GLU, no sub-norms.
+    Both use half-split (rotate_half) RoPE and GQA.
+    """
+
+    family: Family
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = True
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ConfigError(f"unknown model family {self.family!r}; supported: {', '.join(FAMILIES)}")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim"):
+            if int(getattr(self, name)) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
+
+    @property
+    def has_sub_norms(self) -> bool:
+        return self.family == "bitnet"
+
+    @property
+    def has_qk_norm(self) -> bool:
+        return self.family == "qwen3"
+
+    @property
+    def activation(self) -> str:
+        return "relu2" if self.family == "bitnet" else "silu"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["eos_token_ids"] = list(self.eos_token_ids)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        return cls(**_known_fields(cls, d, "model config"))
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """How the projections are quantised.
+
+    ``weights``: ``per_tensor`` absmean ternary (BitNet) or ``group128`` (Bonsai).
+    ``activations``: ``int8_per_token`` (W1.58A8) or ``none`` (weight-only, Bonsai).
+    """
+
+    weights: WeightScheme = "per_tensor"
+    activations: ActivationScheme = "int8_per_token"
+
+    def __post_init__(self) -> None:
+        if self.weights not in ("per_tensor", "group128"):
+            raise ConfigError(f"unknown weight scheme {self.weights!r}")
+        if self.activations not in ("int8_per_token", "none"):
+            raise ConfigError(f"unknown activation scheme {self.activations!r}")
+
+    @property
+    def quantize_activations(self) -> bool:
+        return self.activations == "int8_per_token"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "QuantConfig":
+        return cls(**_known_fields(cls, d, "quantization"))
+
+
+# The decoding defaults a model carries when its bitmtp.json names none: the confidence
+# threshold τ and the minimum confident prefix m of the hybrid policy (the paper's setting).
+DEFAULT_TAU = 0.9
+DEFAULT_MIN_PREFIX = 3
+
+
+@dataclass(frozen=True)
+class MTPConfig:
+    """The multi-token-prediction head of a BitMTP model (absent for an AR-only model)."""
+
+    block_size: int
+    mask_token_id: int
+    tau: float = DEFAULT_TAU
+    min_prefix: int = DEFAULT_MIN_PREFIX
+
+    def __post_init__(self) -> None:
+        if not 2 <= int(self.block_size) <= 16:
+            raise ConfigError(f"block_size must be in 2..16, got {self.block_size}")
+        if int(self.mask_token_id) < 0:
+            raise ConfigError(f"mask_token_id must be a token id, got {self.mask_token_id}")
+        if not 0.0 < float(self.tau) <= 1.0:
+            raise ConfigError(f"tau must be in (0, 1], got {self.tau}")
+        if not 1 <= int(self.min_prefix) <= int(self.block_size):
+            raise ConfigError(f"min_prefix must be in 1..block_size, got {self.min_prefix}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "MTPConfig":
+        return cls(**_known_fields(cls, d, "mtp"))
+
+
+def _known_fields(cls, d: dict[str, Any], what: str) -> dict[str, Any]:
+    if not isinstance(d, dict):
+        raise ConfigError(f"{what}: expected a JSON object, got {type(d).__name__}")
+    names = {f.name for f in fields(cls)}
+    kwargs = {k: v for k, v in d.items() if k in names}
+    missing = [f.name for f in fields(cls)
+               if f.name not in kwargs and f.default is _MISSING and f.default_factory is _MISSING]
+    if missing:
+        raise ConfigError(f"{what}: missing key(s) {', '.join(missing)}")
+    return kwargs
+

@@ -1,0 +1,4 @@
+"""The on-device runtime: the reference model (``model``), loading it from an artifact
+(``load``), visibility masks (``masks``), the decoding loop and its policies (``decoding``,
+``decoding_rules``), the replay state (``replay``), the KV store (``kv``) and the ``Engine``
+(``engine``) that ties them to a backend (``bitmtp_edge.backends``)."""

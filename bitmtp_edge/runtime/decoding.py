@@ -1,0 +1,190 @@
+"""Decoding policies: turn draft blocks into committed tokens (docs/decoding.md).
+
+Vocabulary used throughout:
+
+* **history**: tokens whose KV is materialised, positions [0, L);
+* **pending**: committed tokens whose KV is not materialised yet, p_1..p_k; p_k is the
+  **anchor** the next draft block hangs from;
+* **drafts** d_1..d_D with confidences c_j from one draft step; **h** = the longest prefix
+  with c_j ≥ τ;
+* **verify**: an AR-causal pass over [anchor, d_1..d_D]; **accepted** a = the longest
+  prefix with d_j == the verifier's greedy token of row j-1; the **verifier token** v =
+  the greedy token of row a.
+
+Policies: ``ar`` (one token per width-1 verify step), ``confidence`` (commit max(h, 1)),
+``speculative`` (always verify: lossless), ``hybrid`` (commit h if h ≥ m, else verify).
+The same loop drives every backend.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from ..backends.base import Backend
+from ..format.config import DEFAULT_MIN_PREFIX, DEFAULT_TAU, MTPConfig
+from .decoding_rules import accepted_prefix, confident_prefix  # noqa: F401  (re-exported)
+from .policies import POLICIES
+
+
+class DecodingError(ValueError):
+    """A generation request that cannot be served (bad policy, block size, prompt...)."""
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    policy: str
+    max_new_tokens: int
+    block_size: int | None = None
+    tau: float = DEFAULT_TAU
+    min_prefix: int = DEFAULT_MIN_PREFIX
+    stop_token_ids: frozenset[int] = frozenset()
+
+    @classmethod
+    def for_model(cls, mtp: MTPConfig | None, policy: str, max_new_tokens: int, *, tau: float | None = None,
+                  min_prefix: int | None = None, stop_token_ids: frozenset[int] = frozenset()) -> "DecodeOptions":
+        """The options for a model with this MTP block (None: AR-only): τ and m default to the
+        model's, the block size is the model's D."""
+        return cls(
+            policy=policy, max_new_tokens=max_new_tokens,
+            block_size=mtp.block_size if mtp else None,
+            tau=tau if tau is not None else (mtp.tau if mtp else DEFAULT_TAU),
+            min_prefix=min_prefix if min_prefix is not None else (mtp.min_prefix if mtp else 1),
+            stop_token_ids=stop_token_ids,
+        )
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise DecodingError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.max_new_tokens < 1:
+            raise DecodingError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.policy != "ar" and self.block_size is None:
+            raise DecodingError(f"policy {self.policy!r} needs a block size (the model's MTP block)")
+        if not 0.0 < self.tau <= 1.0:
+            raise DecodingError(f"tau must be in (0, 1], got {self.tau}")
+        if self.block_size is not None and not 1 <= self.min_prefix <= self.block_size:
+            raise DecodingError(f"min_prefix must be in 1..{self.block_size}, got {self.min_prefix}")
+
+
+@dataclass
+class DecodeStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    iterations: int = 0
+    verifier_calls: int = 0
+    draft_calls: int = 0
+    accepted_histogram: dict[int, int] = field(default_factory=dict)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    host_syncs: int = 0
+    segment_growths: int = 0
+    finish_reason: str = ""
+
+    @property
+    def tokens_per_iteration(self) -> float:
+        return self.new_tokens / self.iterations if self.iterations else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.new_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def verifier_call_rate(self) -> float:
+        return self.verifier_calls / self.iterations if self.iterations else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
+            "iterations": self.iterations, "tokens_per_iteration": self.tokens_per_iteration,
+            "decode_tokens_per_s": self.decode_tokens_per_s, "verifier_calls": self.verifier_calls,
+            "verifier_call_rate": self.verifier_call_rate, "draft_calls": self.draft_calls,
+            "accepted_histogram": {str(k): v for k, v in sorted(self.accepted_histogram.items())},
+            "prefill_s": self.prefill_s, "decode_s": self.decode_s, "host_syncs": self.host_syncs,
+            "segment_growths": self.segment_growths, "finish_reason": self.finish_reason,
+        }
+
+
+def decode(backend: Backend, prompt_ids: list[int], opts: DecodeOptions, stats: DecodeStats,
+           check_alignment: bool = True) -> Iterator[list[int]]:
+    """Generate after ``prompt_ids``; yield each iteration's committed tokens.
+
+    Stops at a stop token (it and anything after it in the block are dropped), at
+    ``max_new_tokens``, or when the largest KV segment is full.
+    """
+    if not prompt_ids:
+        raise DecodingError("the prompt is empty; give at least one token")
+    d = opts.block_size or 0
+    reserve = 1 if opts.policy == "ar" else 2 * d
+    if len(prompt_ids) + reserve > backend.max_context:
+        raise DecodingError(
+            f"the prompt has {len(prompt_ids)} tokens but the largest KV segment holds "
+            f"{backend.max_context} (with {reserve} slots for decoding); shorten it or re-export with a larger --max-context"
+        )
+    backend.reset()
+    stats.prompt_tokens = len(prompt_ids)
+    t0 = time.perf_counter()
+    backend.prefill(prompt_ids[:-1])
+    stats.prefill_s = time.perf_counter() - t0
+    pending = [prompt_ids[-1]]
+    produced = 0
+    t_start = time.perf_counter()
+    try:
+        while True:
+            if backend.history_length + len(pending) + reserve > backend.max_context:
+                stats.finish_reason = "context_full"
+                return
+            committed, pending = _iterate(backend, pending, opts, stats)
+            stats.iterations += 1
+            stop_at = next((i for i, t in enumerate(committed) if t in opts.stop_token_ids), None)
+            chunk = committed if stop_at is None else committed[:stop_at]
+            chunk = chunk[: opts.max_new_tokens - produced]
+            stats.accepted_histogram[len(committed)] = stats.accepted_histogram.get(len(committed), 0) + 1
+            produced += len(chunk)
+            stats.new_tokens = produced
+            if check_alignment:
+                _check_alignment(backend, prompt_ids, produced, chunk, committed, pending)
+            if chunk:
+                yield chunk
+            if stop_at is not None:
+                stats.finish_reason = "stop"
+                return
+            if produced >= opts.max_new_tokens:
+                stats.finish_reason = "length"
+                return
+    finally:
+        stats.decode_s = time.perf_counter() - t_start
+        stats.host_syncs = backend.log.host_syncs
+        stats.segment_growths = backend.log.segment_growths
+
+
+def _iterate(backend: Backend, pending: list[int], opts: DecodeOptions,
+             stats: DecodeStats) -> tuple[list[int], list[int]]:
+    """One iteration: returns (committed tokens, new pending)."""
+    if opts.policy == "ar":
+        nxt = backend.ar_step(pending[-1])  # AR always holds exactly one pending token
+        stats.verifier_calls += 1
+        return [nxt], [nxt]
+    draft = backend.draft_step(pending, opts.block_size)
+    stats.draft_calls += 1
+    if opts.policy in ("confidence", "hybrid"):  # speculative never reads h: no host sync here
+        h = confident_prefix(draft.confidences, opts.tau)
+        if opts.policy == "confidence" or h >= opts.min_prefix:
+            n = max(h, 1)
+            return draft.tokens[:n], draft.tokens[:n]
+    verified = backend.verify_step(pending[-1], draft)
+    stats.verifier_calls += 1
+    a, v = verified.accepted, verified.verifier_token
+    return list(draft.tokens[:a]) + [v], [v]
+
+
+def _check_alignment(backend: Backend, prompt_ids, produced, chunk, committed, pending) -> None:
+    """Accepted-prefix alignment: materialised history + pending == prompt + generated.
+
+    Checked on the *untruncated* commit (a stop token truncates what the user sees, not
+    what the backend holds)."""
+    held = backend.history_length + len(pending)
+    expected = len(prompt_ids) + produced + (len(committed) - len(chunk))
+    if held != expected:
+        raise AssertionError(f"KV boundary drifted: history {backend.history_length} + pending "
+                             f"{len(pending)} != prompt {len(prompt_ids)} + generated {expected - len(prompt_ids)}")

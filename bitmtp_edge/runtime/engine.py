@@ -1,0 +1,226 @@
+"""The on-device Python API: load an artifact, generate, stream, score.
+
+    from bitmtp_edge import Engine
+    eng = Engine.load("OUT/", backend="reference", device="cpu")
+    res = eng.generate("def add(a, b):", max_new_tokens=128, policy="hybrid")
+    res.text, res.token_ids, res.stats
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+
+from ..backends.fast_model import FastModel
+from ..backends.fp8_head import fp8_supported
+from ..backends.graph import GraphBackend, RuntimeOptions
+from ..backends.ops import kernel_ops, kernel_ops_available
+from ..backends.reference import ReferenceBackend
+from ..format.manifest import ArtifactError, Manifest, load_tensors, read_manifest, verify_files
+from .decoding import DecodeOptions, DecodeStats, DecodingError, decode
+from .load import build_model
+
+BACKENDS = ("auto", "reference", "ampere", "server")
+
+
+def embedded_artifact_path() -> Path:
+    """The artifact shipped inside the package (the default model)."""
+    return Path(__file__).resolve().parent.parent / "embedded" / "model"
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    stats: DecodeStats
+
+
+def _resolve_device(device: str | torch.device) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available here; use device='cpu' or 'auto'")
+    return dev
+
+
+class Engine:
+    def __init__(self, path: Path, manifest: Manifest, backend, tokenizer, device: torch.device):
+        self.path, self.manifest, self.backend, self.tokenizer, self.device = path, manifest, backend, tokenizer, device
+
+    @classmethod
+    def load(cls, path: str | os.PathLike | None = None, backend: str = "auto", device: str = "auto",
+             dtype: torch.dtype | None = None, runtime: str | RuntimeOptions = "full",
+             progress=None) -> "Engine":
+        """Load an artifact folder (default: the embedded model), verifying every checksum.
+
+        ``backend``: ``reference`` (PyTorch oracle, any device), ``ampere`` (Triton kernels,
+        no FP8, CUDA graphs; sm_80+), ``server`` (ampere + FP8 draft head; sm_89+), or
+        ``auto`` (the fastest the device supports). ``runtime``: the ablation configuration
+        of the fast backends (``generic``, ``m1``, ``m1+m2``, ``full``) or ``RuntimeOptions``.
+        ``progress``: ``progress(done, total)`` while CUDA graphs are captured at load (the
+        CLI passes a progress bar); the capture time is ``engine.backend.capture_s``.
+        """
+        folder = Path(path) if path is not None else embedded_artifact_path()
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        dev = _resolve_device(device)
+        manifest = read_manifest(folder)
+        verify_files(folder, manifest)
+        tensors = load_tensors(folder)
+        tokenizer = _load_tokenizer(folder)
+        chosen = choose_backend(backend, dev)
+        mask_id = manifest.mtp.mask_token_id if manifest.mtp else None
+        if chosen == "reference":
+            if dtype is None:
+                dtype = torch.float64 if dev.type == "cpu" else torch.float32
+            model = build_model(manifest, tensors, dtype, dev)
+            runtime_backend = ReferenceBackend(model, manifest.kv, mask_id, dtype, dev)
+        else:
+            opts = runtime if isinstance(runtime, RuntimeOptions) else RuntimeOptions.preset(runtime)
+            fast = FastModel(manifest, tensors, kernel_ops(specialize_widths=opts.specialize), dev,
+                             draft_head="fp8" if chosen == "server" else "int8")
+            runtime_backend = GraphBackend(fast, manifest.kv, mask_id, manifest.mtp.block_size if manifest.mtp else None,
+                                           opts, name=chosen, progress=progress)
+        return cls(folder, manifest, runtime_backend, tokenizer, dev)
+
+    # -- properties ------------------------------------------------------------------------
+    @property
+    def block_size(self) -> int | None:
+        return self.manifest.mtp.block_size if self.manifest.mtp else None
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return frozenset(self.manifest.model.eos_token_ids)
+
+    # -- generation ------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode_ids(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def _options(self, policy, max_new_tokens, block_size, tau, min_prefix) -> DecodeOptions:
+        mtp = self.manifest.mtp
+        if policy != "ar" and mtp is None:
+            raise DecodingError(f"policy {policy!r} needs an MTP-trained model; {self.path} is AR-only, use policy='ar'")
+        if block_size is not None and mtp is not None and block_size != mtp.block_size:
+            raise DecodingError(f"block_size={block_size}: this model was trained for D={mtp.block_size}; "
+                                f"use block_size={mtp.block_size} or None")
+        if block_size is not None and mtp is None and policy == "ar":
+            raise DecodingError(f"block_size={block_size}: {self.path} is AR-only and has no MTP block")
+        return DecodeOptions.for_model(mtp, policy, max_new_tokens, tau=tau, min_prefix=min_prefix,
+                                       stop_token_ids=self.eos_token_ids)
+
+    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise DecodingError("the prompt is empty; give some text or token ids")
+            return self.encode(prompt)
+        ids = [int(t) for t in prompt]
+        vocab = self.manifest.model.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise DecodingError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        return ids
+
+    def stream_ids(self, prompt, *, max_new_tokens=128, policy="hybrid", block_size=None, tau=None,
+                   min_prefix=None, stats: DecodeStats | None = None) -> Iterator[list[int]]:
+        """Yield each iteration's committed token ids."""
+        opts = self._options(policy, max_new_tokens, block_size, tau, min_prefix)
+        ids = self._prompt_ids(prompt)
+        yield from decode(self.backend, ids, opts, stats if stats is not None else DecodeStats())
+
+    def stream(self, prompt, *, max_new_tokens=128, policy="hybrid", block_size=None, tau=None,
+               min_prefix=None, stop: Sequence[str] | None = None,
+               stats: DecodeStats | None = None) -> Iterator[str]:
+        """Yield text pieces as tokens are committed (decoded incrementally, stop strings honoured)."""
+        out: list[int] = []
+        emitted = ""
+        for chunk in self.stream_ids(prompt, max_new_tokens=max_new_tokens, policy=policy, block_size=block_size,
+                                     tau=tau, min_prefix=min_prefix, stats=stats):
+            out.extend(chunk)
+            text = self.decode_ids(out)
+            cut = _find_stop(text, stop)
+            if cut is not None:
+                text = text[:cut]
+            # A byte-level BPE may end mid-character; hold back a trailing replacement char.
+            safe = text[:-1] if text.endswith("\ufffd") and cut is None else text
+            if len(safe) > len(emitted) and safe.startswith(emitted):
+                yield safe[len(emitted):]
+                emitted = safe
+            if cut is not None:
+                if stats is not None:
+                    stats.finish_reason = "stop"
+                return
+        final = self.decode_ids(out)
+        cut = _find_stop(final, stop)
+        final = final if cut is None else final[:cut]
+        if len(final) > len(emitted) and final.startswith(emitted):
+            yield final[len(emitted):]
+
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, policy: str = "hybrid",
+                 block_size: int | None = None, tau: float | None = None, min_prefix: int | None = None,
+                 stop: Sequence[str] | None = None) -> GenerationResult:
+        stats = DecodeStats()
+        ids: list[int] = []
+        for chunk in self.stream_ids(prompt, max_new_tokens=max_new_tokens, policy=policy, block_size=block_size,
+                                     tau=tau, min_prefix=min_prefix, stats=stats):
+            ids.extend(chunk)
+            if stop and _find_stop(self.decode_ids(ids), stop) is not None:
+                stats.finish_reason = "stop"
+                break
+        text = self.decode_ids(ids)
+        cut = _find_stop(text, stop)
+        if cut is not None:
+            text = text[:cut]
+        return GenerationResult(text=text, token_ids=ids, stats=stats)
+
+    @torch.no_grad()
+    def logits(self, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """[T] token ids -> [T, V] float32 verify-role logits (for scoring)."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).view(-1)
+        if ids.numel() == 0:
+            raise DecodingError("logits() needs at least one token id")
+        return self.backend.logits(ids).cpu()
+
+
+def _find_stop(text: str, stop: Sequence[str] | None) -> int | None:
+    if not stop:
+        return None
+    hits = [text.find(s) for s in stop if s and s in text]
+    return min(hits) if hits else None
+
+
+def choose_backend(backend: str, device: torch.device) -> str:
+    """Resolve ``auto`` by device capability; check that a named backend can run here."""
+    if backend == "reference":
+        return backend
+    fast_ok = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0) \
+        and kernel_ops_available(device)
+    if backend == "auto":
+        if not fast_ok:
+            return "reference"
+        return "server" if fp8_supported(device) else "ampere"
+    if not fast_ok:
+        raise ValueError(f"backend {backend!r} needs a CUDA GPU of compute capability 8.0+ with Triton; "
+                         f"this is {device}. Use backend='reference' (or 'auto')")
+    if backend == "server" and not fp8_supported(device):
+        raise ValueError("backend 'server' needs FP8 tensor cores (sm_89 / sm_90+); use backend='ampere'")
+    return backend
+
+
+def _load_tokenizer(folder: Path):
+    from tokenizers import Tokenizer
+
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise ArtifactError(f"{path}: missing; the artifact needs its tokenizer, re-export it")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
+        raise ArtifactError(f"{path}: cannot be read as a tokenizer ({e}); re-export the artifact") from None

@@ -1,0 +1,252 @@
+"""The ternary transformer, defined once.
+
+One module tree serves every use: prefill, AR, draft and verify steps at the runtime (any
+width M, with a KV buffer and a boolean visibility mask over it) and full-sequence
+training (no KV buffer, a [S, S] block mask). Module and parameter names follow Hugging
+Face's ``BitNetForCausalLM`` / ``Qwen3ForCausalLM`` so a training checkpoint's
+``state_dict`` *is* an HF checkpoint.
+
+The projections are pluggable (``linear_cls``):
+
+* ``PackedTernaryLinear`` (runtime): int8 codes + float32 scales, exact integer semantics:
+  ``y = (x_int8 @ codesᵀ) · a_scale · w_scale`` with int8 per-token activations, or
+  ``y = x @ (codes · scale)ᵀ`` for weight-only artifacts;
+* ``LatentTernaryLinear`` (training): latent float weights with the straight-through
+  quantisers below (the numerics of ``kernels_ampere/numerics.py``) — the same numbers in the forward pass.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels_ampere.numerics import (
+    apply_rope,
+    dequantize_ternary,
+    int_matmul,
+    quantize_activations,
+    quantize_rows_int8,
+    rope_cos_sin,
+    ternarize_absmean,
+)
+
+from ..format.config import ModelConfig, QuantConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # As Llama/BitNet/Qwen3 in transformers: normalise in float32, cast, then scale.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class PackedTernaryLinear(nn.Module):
+    """Runtime projection: ternary codes [N, K] int8 with scale [1] | [N] | [N, K/128]."""
+
+    def __init__(self, in_features: int, out_features: int, quant: QuantConfig):
+        super().__init__()
+        self.in_features, self.out_features, self.quant = in_features, out_features, quant
+        self.register_buffer("codes", torch.zeros(out_features, in_features, dtype=torch.int8))
+        n_scale = (out_features, -(-in_features // 128)) if quant.weights == "group128" else (1,)
+        self.register_buffer("scale", torch.ones(n_scale, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)
+        if not self.quant.quantize_activations:
+            w = dequantize_ternary(self.codes, self.scale, torch.float64)
+            return (x2.double() @ w.t()).to(x.dtype).reshape(*shape[:-1], self.out_features)
+        x_int, a_scale = quantize_activations(x2)  # [M, K] int8, [M] float32
+        if self.scale.dim() == 2:
+            w = dequantize_ternary(self.codes, self.scale, torch.float64)
+            y = (x_int.double() @ w.t()) * a_scale.double().unsqueeze(1)
+        else:
+            acc = int_matmul(x_int, self.codes)  # [M, N] int32, exact
+            w_scale = self.scale.double()
+            y = acc.double() * a_scale.double().unsqueeze(1) * (w_scale.unsqueeze(0) if w_scale.numel() > 1 else w_scale)
+        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+
+
+# --- straight-through quantisers for quantisation-aware training ----------------------------
+
+def _ste(value: torch.Tensor, quantized: torch.Tensor) -> torch.Tensor:
+    return value + (quantized - value).detach()
+
+
+def ternary_absmean_ste(w: torch.Tensor) -> torch.Tensor:
+    """Fake-quantised per-tensor ternary weight with a straight-through gradient."""
+    codes, scale = ternarize_absmean(w.detach())
+    return _ste(w, (codes.float() * scale).to(w.dtype))
+
+
+def activations_int8_ste(x: torch.Tensor) -> torch.Tensor:
+    """Fake-quantised per-token int8 activations with a straight-through gradient."""
+    x_int, dq = quantize_activations(x.detach())
+    return _ste(x, (x_int.float() * dq.unsqueeze(-1)).to(x.dtype))
+
+
+class LatentTernaryLinear(nn.Module):
+    """Training projection: latent weight, straight-through ternary + int8 fake quantisation."""
+
+    def __init__(self, in_features: int, out_features: int, quant: QuantConfig):
+        super().__init__()
+        if quant.weights != "per_tensor":
+            raise ValueError("quantisation-aware training supports per_tensor (absmean) weights only")
+        self.in_features, self.out_features, self.quant = in_features, out_features, quant
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quant.quantize_activations:
+            x = activations_int8_ste(x)
+        return F.linear(x, ternary_absmean_ste(self.weight))
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, quant: QuantConfig, linear_cls):
+        super().__init__()
+        self.cfg = cfg
+        h, hq, hkv, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = linear_cls(h, hq * hd, quant)
+        self.k_proj = linear_cls(h, hkv * hd, quant)
+        self.v_proj = linear_cls(h, hkv * hd, quant)
+        self.o_proj = linear_cls(hq * hd, h, quant)
+        if cfg.has_qk_norm:
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        if cfg.has_sub_norms:
+            self.attn_sub_norm = RMSNorm(hq * hd, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, attn_mask, kv_layer=None, write_slots=None):
+        """x [B, S, H]; attn_mask [B, S, S_kv] bool (True = may attend).
+
+        Without ``kv_layer`` the keys are this call's own tokens (training, S_kv = S).
+        With ``kv_layer = (k_buf, v_buf)`` ([Hkv, S_buf, hd] each, B = 1) the new K/V rows are
+        written at ``write_slots`` [S] and the queries attend over the whole buffer.
+        """
+        cfg = self.cfg
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, cfg.num_heads, cfg.head_dim)
+        k = self.k_proj(x).view(b, s, cfg.num_kv_heads, cfg.head_dim)
+        v = self.v_proj(x).view(b, s, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.has_qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, S, hd]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv_layer is not None:
+            k_buf, v_buf = kv_layer
+            k_buf.index_copy_(1, write_slots, k[0].to(k_buf.dtype))
+            v_buf.index_copy_(1, write_slots, v[0].to(v_buf.dtype))
+            k, v = k_buf.unsqueeze(0).to(q.dtype), v_buf.unsqueeze(0).to(q.dtype)
+        groups = cfg.num_heads // cfg.num_kv_heads
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask.unsqueeze(1),
+                                             scale=1.0 / math.sqrt(cfg.head_dim))
+        out = out.transpose(1, 2).reshape(b, s, cfg.num_heads * cfg.head_dim)
+        if cfg.has_sub_norms:
+            out = self.attn_sub_norm(out)
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, quant: QuantConfig, linear_cls):
+        super().__init__()
+        self.cfg = cfg
+        self.gate_proj = linear_cls(cfg.hidden_size, cfg.intermediate_size, quant)
+        self.up_proj = linear_cls(cfg.hidden_size, cfg.intermediate_size, quant)
+        self.down_proj = linear_cls(cfg.intermediate_size, cfg.hidden_size, quant)
+        if cfg.has_sub_norms:
+            self.ffn_sub_norm = RMSNorm(cfg.intermediate_size, cfg.rms_norm_eps)
+
+    def forward(self, x):
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if self.cfg.activation == "relu2":
+            # ReLU² overflows fp16; callers run it in bf16 or fp32 (see docs/artifact.md §Model config).
+            h = torch.relu(gate).square() * up
+        else:
+            h = F.silu(gate) * up
+        if self.cfg.has_sub_norms:
+            h = self.ffn_sub_norm(h)
+        return self.down_proj(h)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, quant: QuantConfig, linear_cls):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, quant, linear_cls)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg, quant, linear_cls)
+
+    def forward(self, x, cos, sin, attn_mask, kv_layer=None, write_slots=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, kv_layer, write_slots)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig, quant: QuantConfig, linear_cls):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, quant, linear_cls) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class TernaryLM(nn.Module):
+    """Decoder-only ternary LM with a 16-bit verify head and an optional int8 draft head."""
+
+    def __init__(self, cfg: ModelConfig, quant: QuantConfig, linear_cls=PackedTernaryLinear):
+        super().__init__()
+        self.cfg, self.quant = cfg, quant
+        self.model = Backbone(cfg, quant, linear_cls)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # The int8 draft head (runtime only, filled from the artifact or by attach_draft_head).
+        self.register_buffer("draft_head_int8", None, persistent=False)
+        self.register_buffer("draft_head_scale", None, persistent=False)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
+
+    def forward(self, input_ids, positions, attn_mask, kv=None, write_slots=None):
+        """input_ids, positions [B, S]; attn_mask [B, S, S_kv] bool -> final-normed hidden [B, S, H].
+
+        ``kv``: a ``KVView`` (``kv.k[layer]``, ``kv.v[layer]`` of [Hkv, S_buf, hd]) with
+        ``write_slots`` [S] (B must be 1), or None for a self-contained sequence.
+        """
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        for i, layer in enumerate(self.model.layers):
+            kv_layer = (kv.k[i], kv.v[i]) if kv is not None else None
+            x = layer(x, cos, sin, attn_mask, kv_layer, write_slots)
+        return self.model.norm(x)
+
+    def verify_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., V] float32 logits with the exact (checkpoint-precision) head."""
+        w = self.head_weight
+        return F.linear(hidden.to(w.dtype) if w.dtype != hidden.dtype else hidden, w).float()
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[M, H] -> [M, V] float32 logits of the int8 draft head (W8A8, per-row scales)."""
+        if self.draft_head_int8 is None:
+            return self.verify_logits(hidden)
+        h_int, h_scale = quantize_activations(hidden)
+        acc = int_matmul(h_int, self.draft_head_int8)
+        return (acc.double() * h_scale.double().unsqueeze(1) * self.draft_head_scale.double()).float()
+
+    def attach_draft_head(self, w_int8: torch.Tensor | None = None, scale: torch.Tensor | None = None) -> None:
+        """Install the int8 draft head (given, or quantised here from the verify head)."""
+        if w_int8 is None:
+            w_int8, scale = quantize_rows_int8(self.head_weight.detach())
+        self.draft_head_int8, self.draft_head_scale = w_int8, scale.float()
