@@ -391,6 +391,42 @@ def _w2a8_lanes_kernel(
 
 
 @triton.jit
+def _mma_chunk(wb, c, c_hi, a_cols, mask_m, rb, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc1, acc2, acc3, asum,
+               facc, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUPED: tl.constexpr,
+               ASUM_BY_DOT: tl.constexpr):
+    """One 128-chunk of ``_w2a8_mma_kernel``: the four lanes of the packed tile ``wb``
+    ([BLOCK_N, 32] uint8) against their activations; group scales applied per chunk."""
+    live = rb * 0 + c < c_hi  # [32]: a step may overshoot the slice
+    if GROUPED:
+        acc0 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+        acc1 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+        acc2 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+        acc3 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+        asum = tl.zeros((16, BLOCK_M), tl.int32)
+    for i in tl.static_range(4):
+        ka = c * 128 + 32 * i + rb
+        a = tl.load(a_cols + c * 128 + 32 * i, mask=mask_m & (live & (ka < K))[:, None], other=0)  # [32, BLOCK_M]
+        if i == 0:
+            acc0 = tl.dot((wb & 0x03).to(tl.int8, bitcast=True), a, acc0, out_dtype=tl.int32)
+        elif i == 1:
+            acc1 = tl.dot((wb & 0x0C).to(tl.int8, bitcast=True), a, acc1, out_dtype=tl.int32)
+        elif i == 2:
+            acc2 = tl.dot((wb & 0x30).to(tl.int8, bitcast=True), a, acc2, out_dtype=tl.int32)
+        else:
+            acc3 = tl.dot(((wb & 0xC0) ^ 0x80).to(tl.int8, bitcast=True), a, acc3, out_dtype=tl.int32)
+        if ASUM_BY_DOT:
+            if i < 3:
+                asum = tl.dot(tl.full((16, 32), -1, tl.int8), a, asum, out_dtype=tl.int32)
+            else:
+                asum = tl.dot(tl.full((16, 32), 1, tl.int8), a, asum, out_dtype=tl.int32)
+    if GROUPED:
+        s = tl.load(w_scale_ptr + rn * stride_sn + c * stride_sg, mask=(rn < N) & (rn * 0 + c < c_hi), other=0.0)
+        chunk = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.max(asum, axis=0)[None, :]
+        facc += chunk.to(tl.float32) * s[:, None]
+    return acc0, acc1, acc2, acc3, asum, facc
+
+
+@triton.jit
 def _w2a8_mma_kernel(
     a_ptr,  # [M, K] int8
     a_scale_ptr,  # [M] float32
@@ -436,47 +472,25 @@ def _w2a8_mma_kernel(
     wb = tl.load(w_rows + c_lo * 32, mask=mask_n & (rn * 0 + c_lo < c_hi)[:, None], other=0)  # constants: before the wait
     gdc_prologue(USE_GDC)
 
-    minus = tl.full((16, 32), -1, tl.int8)
-    plus = tl.full((16, 32), 1, tl.int8)
     acc0 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
     acc1 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
     acc2 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
     acc3 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
     asum = tl.zeros((16, BLOCK_M), tl.int32)  # 16 equal rows: -sum(lanes 0..2) + sum(lane 3)
     facc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-    for c0 in range(c_lo, c_hi, CHUNKS):
+    # The first chunk is peeled off the loop: every chunk's tile is then a fresh load, not a
+    # loop-carried value, so the compiler converts the *packed* tile to the operand layout
+    # once and decodes there (a loop-carried tile would be converted once per lane).
+    acc0, acc1, acc2, acc3, asum, facc = _mma_chunk(
+        wb, c_lo, c_hi, a_cols, mask_m, rb, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc1, acc2, acc3, asum,
+        facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT)
+    for c0 in range(c_lo + 1, c_hi, CHUNKS):
         for cc in tl.static_range(CHUNKS):
             c = c0 + cc
-            live = rb * 0 + c < c_hi  # [32]: the last step may overshoot the slice
-            wb_next = tl.load(w_rows + (c + 1) * 32, mask=mask_n & (rn * 0 + c + 1 < c_hi)[:, None],
-                              other=0)  # in flight meanwhile
-            if GROUPED:
-                acc0 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
-                acc1 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
-                acc2 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
-                acc3 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
-                asum = tl.zeros((16, BLOCK_M), tl.int32)
-            for i in tl.static_range(4):
-                ka = c * 128 + 32 * i + rb
-                a = tl.load(a_cols + c * 128 + 32 * i, mask=mask_m & (live & (ka < K))[:, None], other=0)  # [32, BM]
-                if i == 0:
-                    acc0 = tl.dot((wb & 0x03).to(tl.int8, bitcast=True), a, acc0, out_dtype=tl.int32)
-                elif i == 1:
-                    acc1 = tl.dot((wb & 0x0C).to(tl.int8, bitcast=True), a, acc1, out_dtype=tl.int32)
-                elif i == 2:
-                    acc2 = tl.dot((wb & 0x30).to(tl.int8, bitcast=True), a, acc2, out_dtype=tl.int32)
-                else:
-                    acc3 = tl.dot(((wb & 0xC0) ^ 0x80).to(tl.int8, bitcast=True), a, acc3, out_dtype=tl.int32)
-                if ASUM_BY_DOT:
-                    if i < 3:
-                        asum = tl.dot(minus, a, asum, out_dtype=tl.int32)
-                    else:
-                        asum = tl.dot(plus, a, asum, out_dtype=tl.int32)
-            if GROUPED:
-                s = tl.load(w_scale_ptr + rn * stride_sn + c * stride_sg, mask=(rn < N) & (rn * 0 + c < c_hi), other=0.0)
-                chunk = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.max(asum, axis=0)[None, :]
-                facc += chunk.to(tl.float32) * s[:, None]
-            wb = wb_next
+            wb = tl.load(w_rows + c * 32, mask=mask_n & (rn * 0 + c < c_hi)[:, None], other=0)
+            acc0, acc1, acc2, acc3, asum, facc = _mma_chunk(
+                wb, c, c_hi, a_cols, mask_m, rb, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc1, acc2, acc3,
+                asum, facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT)
 
     if GROUPED:
         y = facc
