@@ -152,6 +152,36 @@ def profile(cfg: LinearConfig, m: int, k: int, arch: int, tmp: Path) -> dict:
             "spill_bytes": res.get("stack", 0), "top": dict(counts.most_common(8))}
 
 
+def project(rows: list[dict], model: str = "bitnet-2b") -> list[str]:
+    """Markdown: the model's ternary-linear step on each Jetson board from these static bounds
+    (``tools/kernel_stack.py``'s formula with r = the bound: an optimistic compute term)."""
+    from kernels_ampere.autotune import MODEL_LAYERS, MODEL_SHAPES
+    from tools.kernel_stack import BOARDS, DRAM_EFFICIENCY, ORIN_LAUNCH_US
+
+    shapes, layers = MODEL_SHAPES[model], MODEL_LAYERS[model]
+    lines = ["", f"## Projected {model} ternary-linear step from these bounds (ms; steps/s)", "",
+             f"Per call `max(bytes / ({DRAM_EFFICIENCY} · BW), weights / (r · SMs · f)) + {ORIN_LAUNCH_US:g} µs`, "
+             f"summed over {layers} layers x {len(shapes)} projections, r = the bound above for the default kernel of "
+             "each generation at that width (v1: gemv / dot, v2: lanes / mma). An upper bound on speed: the "
+             "bound ignores latency and occupancy.", "",
+             "| M | generation | r | " + " | ".join(BOARDS) + " |", "|---|---|---|" + "---|" * len(BOARDS)]
+    v1, v2 = (GEMV, DOT, ROWS), (LANES, MMA)
+    for m in sorted({r["M"] for r in rows if "error" not in r}):
+        for name, kinds in (("v1", v1), ("v2", v2)):
+            got = [r for r in rows if r["M"] == m and r.get("kernel") in kinds and "error" not in r]
+            if not got:
+                continue
+            rate = got[0]["bound_weights_per_sm_clock"]
+            cells = []
+            for sms, mhz, bw in BOARDS.values():
+                t = sum(layers * (max(n * (-(-k // 128) * 32) / (DRAM_EFFICIENCY * bw * 1e9),
+                                      n * k / (rate * sms * mhz * 1e6)) + ORIN_LAUNCH_US * 1e-6)
+                        for _, n, k, _ in shapes)
+                cells.append(f"{t * 1e3:.2f} ({1 / t:.0f})")
+            lines.append(f"| {m} | {name} | {rate} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def default_configs(m: int, n: int, k: int, sms: int) -> list[LinearConfig]:
     return [tuning.default_linear(m, False, n=n, k=k, sms=sms, generation=g) for g in ("v1", "v2")]
 
@@ -203,6 +233,7 @@ def main(argv=None) -> int:
             lines.append(f"| {r['M']} | {r['kernel']} | {r['BLOCK_N']} | {r['CHUNKS']} | {r['warps']} | "
                          f"{r['rows_per_program']} | {r['loop_instructions']} | {r['weights_per_warp_instruction']} | "
                          f"{r['bound_weights_per_sm_clock']} | {r['limiter']} | {r['regs']} | {r['spill_bytes']} |")
+        lines += project(rows)
         args.out.write_text("\n".join(lines) + "\n")
     return 0
 
