@@ -189,22 +189,19 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
             split = max(1, min(_cdiv(128, _cdiv(n, 64)), chunks // 4, 8))
         return LinearConfig(DOT, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split)
     if m <= LANES_MAX_M:
-        # dp4a, decode once for the rows: the narrowest tile (4 rows) on a large GPU, wider
-        # tiles where a few SMs would otherwise run thousands of tiny programs
-        block_n = 16
-        while block_n > 4 and n and _cdiv(n, block_n) < 4 * sms:
-            block_n //= 2
+        # dp4a, decode once for the rows: 16 weight rows x 8 chunks per step (the densest loop,
+        # tools/kernel_sass.py); 8 rows where 16 would leave SMs idle; no K split (its reduce
+        # launch costs more than a small GPU gains)
+        block_n = 16 if not n or _cdiv(n, 16) >= 2 * sms else 8
         step = min(8, 1 << max(chunks - 1, 0).bit_length()) if chunks else 8
-        split = 1
-        while n and chunks and _cdiv(n, block_n) * split < 2 * sms and chunks // (2 * split) >= 2 * step:
-            split *= 2
-        return LinearConfig(LANES, block_n=block_n, block_kb=32 * step, num_warps=4, num_stages=1, split_k=split)
-    # mma: 64 weight rows per program up to 32 activation rows; from 64 rows (four int32
-    # accumulators of [BLOCK_N, BLOCK_M]) 32 weight rows keep them in registers (no spills)
-    block_n = 64 if m <= 32 and (not n or _cdiv(n, 64) >= sms) else 32
+        return LinearConfig(LANES, block_n=block_n, block_kb=32 * step, num_warps=4, num_stages=1)
+    # mma: 64 weight rows per program up to 32 activation rows (the densest loop); from 64
+    # rows the four int32 accumulators need 32 weight rows to stay in registers. K slices
+    # until the tiles cover the SMs twice, two chunks per slice at least.
+    block_n = 64 if m <= 32 else 32
     m_tiles = _cdiv(m, 128)
     split = 1
-    if n and chunks:  # slice K until the tiles cover the SMs twice, two chunks per slice at least
+    if n and chunks:
         split = max(1, min(_cdiv(2 * sms, _cdiv(n, block_n) * m_tiles), chunks // 2, 8))
     return LinearConfig(MMA, block_n=block_n, block_kb=64, num_warps=4, num_stages=1, split_k=split)
 

@@ -306,7 +306,7 @@ def test_untuned_defaults_follow_the_sm_count():
     """An Orin (8-16 SMs) gets wider tiles and no K split where an H200 (132) slices K; the
     narrowest widths run dp4a kernels, wider ones the tensor cores (both generations)."""
     small, big = (default_linear(1, False, n=2560, k=2560, sms=s, generation="v2") for s in (8, 132))
-    assert small.kernel == big.kernel == LANES and small.block_n > big.block_n
+    assert small.kernel == big.kernel == LANES and small.block_n > big.block_n and small.split_k == big.split_k == 1
     orin, h200 = (default_linear(27, False, n=2560, k=6912, sms=s, generation="v2") for s in (8, 132))
     assert orin.kernel == h200.kernel == MMA and orin.split_k == 1 < h200.split_k
     assert default_linear(80, False, n=2560, k=2560, sms=16, generation="v2").kernel == MMA
