@@ -120,7 +120,8 @@ class LinearBench:
         self._ref = None  # the twin's output at this width, computed once
 
     def call(self, i: int, config=None):
-        from . import w2a8_linear, w2a16_linear
+        from .w2a8 import w2a8_linear
+        from .w2a16 import w2a16_linear
 
         packed, w_scale = self.packed[i], self.w_scale[i]
         if self.op == "w2a8_linear":
@@ -130,7 +131,8 @@ class LinearBench:
 
     def check(self, config=None) -> None:
         """Raise unless the kernel matches its twin: exactly for W2A8 with per-row scales."""
-        from . import w2a8_linear_reference, w2a16_linear_reference
+        from .w2a8 import w2a8_linear_reference
+        from .w2a16 import w2a16_linear_reference
 
         out = self.call(0, config)()
         if self._ref is None:
