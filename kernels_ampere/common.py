@@ -81,29 +81,6 @@ def dp4a_unsigned(a, b, c, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def lane_codes(packed, LANE: tl.constexpr, USE_ASM: tl.constexpr):
-    """The 2-bit codes of lane ``LANE`` of a uint8 tile of packed bytes, as int8 (0, 1, 2).
-
-    On a GPU one shift and one mask per four bytes (``pack=4``: the asm sees four bytes in
-    one 32-bit register) instead of a shift, a mask and a convert per byte."""
-    if USE_ASM:
-        if LANE == 0:
-            return tl.inline_asm_elementwise("and.b32 $0, $1, 0x03030303;", "=r,r", [packed],
-                                             dtype=tl.int8, is_pure=True, pack=4)
-        elif LANE == 1:
-            return tl.inline_asm_elementwise("{ .reg .b32 t; shr.b32 t, $1, 2; and.b32 $0, t, 0x03030303; }",
-                                             "=r,r", [packed], dtype=tl.int8, is_pure=True, pack=4)
-        elif LANE == 2:
-            return tl.inline_asm_elementwise("{ .reg .b32 t; shr.b32 t, $1, 4; and.b32 $0, t, 0x03030303; }",
-                                             "=r,r", [packed], dtype=tl.int8, is_pure=True, pack=4)
-        else:
-            return tl.inline_asm_elementwise("{ .reg .b32 t; shr.b32 t, $1, 6; and.b32 $0, t, 0x03030303; }",
-                                             "=r,r", [packed], dtype=tl.int8, is_pure=True, pack=4)
-    else:
-        return ((packed >> (2 * LANE)) & 3).to(tl.int8)
-
-
-@triton.jit
 def bf16_rne(x):
     """float32 rounded to the nearest bfloat16 (ties to even), still as float32.
 

@@ -36,7 +36,7 @@ GEMV = "gemv"  # packed words decoded in registers, dp4a (int8) or FMA (16-bit),
 DOT = "dot"  # tiles unpacked to int8/16-bit and fed to tl.dot (tensor cores), M padded to 16
 ROWS = "rows"  # gemv over up to 16 activation rows per program (w2a8 only): weights decoded once
 LANES = "lanes"  # w2a8: dp4a on lanes masked in place, all rows (<= 8) per program, decode once
-MMA = "mma"  # w2a8: int8 tensor cores, four bytes decoded per instruction, all rows (<= 128) per tile
+MMA = "mma"  # w2a8: int8 tensor cores, one AND per four weights, all rows (<= 128) per tile
 W2A8_ONLY = (ROWS, LANES, MMA)
 
 

@@ -50,8 +50,8 @@ sys.path.insert(0, str(ROOT))
 from kernels_ampere import pack_ternary, tuning  # noqa: E402
 from kernels_ampere.autotune import GraphTimer, precompile  # noqa: E402
 from kernels_ampere.numerics import quantize_activations, quantize_rows_int8  # noqa: E402
-from tools.kernel_stack import (BOARDS, STACK_MODELS, STACK_WIDTHS, Stack, legacy_default, project,  # noqa: E402
-                                scheme_configs, sm_clock_mhz, stack_row, sweep)
+from tools.kernel_stack import (BOARDS, STACK_MODELS, STACK_WIDTHS, Stack, project, scheme_configs,  # noqa: E402
+                                sm_clock_mhz, stack_row, sweep)
 
 STACK_SCHEMES = ("before (tuned table)", "before (untuned)", "untuned", "tuned")
 LEGACY_TABLE = ROOT / "tools" / "results" / "legacy_tuned_nvidia_h200.json"
