@@ -223,7 +223,8 @@ def main(argv=None) -> int:
     if args.out:
         lines = [f"# W2A8 main loops on sm_{args.arch} (static; `{' '.join(['python', *sys.argv])}`)", "",
                  f"Triton {triton.__version__}; projection {n}x{k}; defaults sized for {args.sms} SMs. "
-                 "Bound = weights per SM-clock the loop's instruction mix allows (tools/kernel_sass.py).", "",
+                 "Bound = weights per SM-clock the loop's instruction mix allows (tools/kernel_sass.py), with "
+                 "Ampere's per-SM pipe rates (sm_80 / sm_86 / sm_87; a Hopper SM runs IMMA faster).", "",
                  "| M | kernel | BLOCK_N | CHUNKS | warps | rows/program | instr / iteration | weights / warp-instr "
                  "| bound w / SM-clk | limiter | regs | spill B |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
