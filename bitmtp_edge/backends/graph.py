@@ -39,7 +39,7 @@ from ..format.segments import KVPlan
 from ..runtime.kv import KVStore
 from ..runtime.masks import draft_in_place_mask, history_step_mask, prefill_mask
 from ..runtime.replay import ReplayState
-from .base import PREFILL_CHUNK, DraftResult, StepLog, VerifyResult, check_pending
+from .base import PREFILL_CHUNK, DraftResult, StepLog, VerifyResult, check_pending, flag_non_finite
 from .fast_model import FastModel
 
 
@@ -189,10 +189,11 @@ class GraphBackend:
         st, cap = self.static, self.plan.segments[seg].capacity
         mask = history_step_mask(cap, self.kv.workspace, st.history_len, 1, self.device)
         x = self._forward(seg, st.ar_token, st.history_len, st.history_len, mask, 1)
-        top, _ = self.fast.verify_top1(x)
+        top, conf = self.fast.verify_top1(x)
+        top = flag_non_finite(x, top, conf)  # read with the token: no extra sync
         st.history_len += 1
         st.ar_out.copy_(top)
-        st.ar_token.copy_(top)
+        st.ar_token.copy_(top.clamp_min(0))  # a flagged row must not index the embedding
 
     def _draft_body(self, seg: int, k: int) -> None:
         st, d, cap = self.static, self.block_size, self.plan.segments[seg].capacity
@@ -203,12 +204,13 @@ class GraphBackend:
         mask = draft_in_place_mask(cap, self.kv.workspace, L, k, d, self.device)
         x = self._forward(seg, tokens, L + st.draft_offsets[k], slots, mask, k)
         top, conf = self.fast.draft_top1(x[k:])
+        top = flag_non_finite(x[k:], top, conf)
         L += k
         st.readback[2:2 + d].copy_(top)
         st.readback[2 + d:].copy_(conf)
         if self.opts.hoist_verify:  # M3: the verifier's inputs are ready before the host looks
             st.verify_tokens[:1].copy_(pending[-1:])
-            st.verify_tokens[1:].copy_(top)
+            st.verify_tokens[1:].copy_(top.clamp_min(0))
 
     def _verify_body(self, seg: int) -> None:
         st, d, cap = self.static, self.block_size, self.plan.segments[seg].capacity
@@ -216,12 +218,13 @@ class GraphBackend:
         mask = history_step_mask(cap, self.kv.workspace, first, d + 1, self.device)
         positions = first + st.workspace_rows[: d + 1]
         x = self._forward(seg, st.verify_tokens, positions, positions, mask, d)
-        greedy, _ = self.fast.verify_top1(x)  # [D + 1]
+        greedy, conf = self.fast.verify_top1(x)  # [D + 1]
+        greedy = flag_non_finite(x, greedy, conf)
         accepted, verifier = accept_on_device(st.verify_tokens, greedy)
         st.history_len += accepted  # d_1..d_a are already at their slots
         st.readback[0:1].copy_(accepted)
         st.readback[1:2].copy_(verifier)
-        st.pending[:1].copy_(verifier)
+        st.pending[:1].copy_(verifier.clamp_min(0))
 
     def _body(self, state: ReplayState):
         d = self.block_size or 0
@@ -360,7 +363,7 @@ class GraphBackend:
     def verify_step(self, anchor: int, draft: DraftResult) -> VerifyResult:
         d, st = self.block_size, self.static
         if not self.opts.hoist_verify:  # Generic: prepare the verifier's inputs after the branch
-            self._upload(st.verify_tokens, [anchor] + list(draft.tokens))
+            self._upload(st.verify_tokens, [anchor] + [max(t, 0) for t in draft.tokens])
         self._replay(ReplayState(d + 1, self.kv.segment, "verify"))
         values = self._slice_out(st.readback)  # a, v, drafts, confidences: one transfer
         accepted, verifier = int(values[0]), int(values[1])

@@ -16,7 +16,7 @@ from ..runtime.kv import KVStore, KVView
 from ..runtime.masks import draft_in_place_mask, history_step_mask, prefill_mask
 from ..runtime.model import TernaryLM
 from ..runtime.replay import ReplayState
-from .base import PREFILL_CHUNK, DraftResult, StepLog, VerifyResult, check_pending
+from .base import PREFILL_CHUNK, DraftResult, StepLog, VerifyResult, check_pending, flag_non_finite
 
 
 class ReferenceBackend:
@@ -74,7 +74,7 @@ class ReferenceBackend:
         self._record(1, "verify")
         self.kv.advance(1)  # the row sits at its own slot: materialising = moving L
         self.log.host_syncs += 1
-        return int(self.model.verify_logits(hidden).argmax(-1)[0])
+        return int(self._greedy(hidden)[0])
 
     def draft_step(self, pending: list[int], block_size: int) -> DraftResult:
         if self.mask_token_id is None:
@@ -94,6 +94,7 @@ class ReferenceBackend:
         self._record(k + block_size, "draft")
         probs = torch.softmax(self.model.draft_logits(hidden[k:]), dim=-1)
         conf, top = probs.max(dim=-1)
+        top = flag_non_finite(hidden[k:], top, conf)
         self.kv.advance(k)  # materialise the pending rows
         self.log.host_syncs += 1
         return DraftResult(top.tolist(), conf.tolist())
@@ -111,13 +112,20 @@ class ReferenceBackend:
         kv = self.kv.view()  # the draft step reserved the slots of d_1..d_D
         mask = history_step_mask(kv.capacity, kv.workspace, first, width, self.device)
         slots = torch.arange(first, first + width, device=self.device)
-        hidden = self._run(kv, [anchor] + drafts, list(range(first, first + width)), mask, slots)
+        hidden = self._run(kv, [anchor] + [max(t, 0) for t in drafts], list(range(first, first + width)), mask, slots)
         self._record(width, "verify")
         self.log.host_syncs += 1
-        greedy = self.model.verify_logits(hidden).argmax(-1).tolist()
+        greedy = self._greedy(hidden).tolist()
         a = accepted_prefix(drafts, greedy)
         self.kv.advance(a)  # promote d_1..d_a
         return VerifyResult(a, greedy[a])
+
+    def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Greedy tokens of the verify head; ``NON_FINITE_TOKEN`` where a row is NaN/Inf
+        (argmax over NaN logits would pick token 0 and decode garbage silently)."""
+        logits = self.model.verify_logits(hidden)
+        top_value, top = logits.max(-1)  # max propagates NaN: one NaN logit flags its row
+        return flag_non_finite(hidden, top, top_value)
 
     @torch.no_grad()
     def logits(self, token_ids: torch.Tensor) -> torch.Tensor:
