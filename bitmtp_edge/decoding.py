@@ -11,6 +11,9 @@ Vocabulary used throughout:
   prefix with d_j == the verifier's greedy token of row j-1; the **verifier token** v =
   the greedy token of row a.
 
+With sampling (``DecodeOptions.sampling``, temperature > 0 or penalties) "greedy token"
+reads "sampled token", and a verify accepts by speculative sampling (``runtime/sampling.py``).
+
 Policies: ``ar`` (one token per width-1 verify step), ``confidence`` (commit max(h, 1)),
 ``speculative`` (always verify: lossless), ``hybrid`` (commit h if h ≥ m, else verify).
 The same loop drives every backend.
@@ -20,10 +23,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .backends.base import Backend
 from .decoding_rules import accepted_prefix, confident_prefix  # noqa: F401  (re-exported)
+from .runtime.sampling import SamplingParams, SamplingState
 
 POLICIES = ("ar", "confidence", "speculative", "hybrid")
 
@@ -40,6 +44,7 @@ class DecodeOptions:
     tau: float = 0.9
     min_prefix: int = 3
     stop_token_ids: frozenset[int] = frozenset()
+    sampling: SamplingParams | None = None  # None or plain greedy: argmax, the original path
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -67,6 +72,7 @@ class DecodeStats:
     host_syncs: int = 0
     segment_growths: int = 0
     finish_reason: str = ""
+    seed: int | None = None  # the sampling seed used (None: greedy), to reproduce a sampled text
 
     @property
     def tokens_per_iteration(self) -> float:
@@ -89,15 +95,17 @@ class DecodeStats:
             "accepted_histogram": {str(k): v for k, v in sorted(self.accepted_histogram.items())},
             "prefill_s": self.prefill_s, "decode_s": self.decode_s, "host_syncs": self.host_syncs,
             "segment_growths": self.segment_growths, "finish_reason": self.finish_reason,
+            "seed": self.seed,
         }
 
 
 def decode(backend: Backend, prompt_ids: list[int], opts: DecodeOptions, stats: DecodeStats,
-           check_alignment: bool = True) -> Iterator[list[int]]:
+           check_alignment: bool = True, cancelled: Callable[[], bool] | None = None) -> Iterator[list[int]]:
     """Generate after ``prompt_ids``; yield each iteration's committed tokens.
 
     Stops at a stop token (it and anything after it in the block are dropped), at
-    ``max_new_tokens``, or when the largest KV segment is full.
+    ``max_new_tokens``, when the largest KV segment is full, or (finish reason
+    ``cancelled``) when ``cancelled()`` turns true, checked before every iteration.
     """
     if not prompt_ids:
         raise DecodingError("the prompt is empty; give at least one token")
@@ -108,6 +116,10 @@ def decode(backend: Backend, prompt_ids: list[int], opts: DecodeOptions, stats: 
             f"the prompt has {len(prompt_ids)} tokens but the largest KV segment holds "
             f"{backend.max_context} (with {reserve} slots for decoding); shorten it or re-export with a larger --max-context"
         )
+    sampler = None
+    if opts.sampling is not None and not opts.sampling.plain_greedy:
+        sampler = SamplingState(opts.sampling, prompt_ids, backend.vocab_size, backend.device)
+        stats.seed = sampler.seed
     backend.reset()
     stats.prompt_tokens = len(prompt_ids)
     t0 = time.perf_counter()
@@ -118,11 +130,16 @@ def decode(backend: Backend, prompt_ids: list[int], opts: DecodeOptions, stats: 
     t_start = time.perf_counter()
     try:
         while True:
+            if cancelled is not None and cancelled():
+                stats.finish_reason = "cancelled"
+                return
             if backend.history_length + len(pending) + reserve > backend.max_context:
                 stats.finish_reason = "context_full"
                 return
-            committed, pending = _iterate(backend, pending, opts, stats)
+            committed, pending = _iterate(backend, pending, opts, stats, sampler)
             stats.iterations += 1
+            if sampler is not None:
+                sampler.commit(committed)
             stop_at = next((i for i, t in enumerate(committed) if t in opts.stop_token_ids), None)
             chunk = committed if stop_at is None else committed[:stop_at]
             chunk = chunk[: opts.max_new_tokens - produced]
@@ -145,21 +162,26 @@ def decode(backend: Backend, prompt_ids: list[int], opts: DecodeOptions, stats: 
         stats.segment_growths = backend.log.segment_growths
 
 
-def _iterate(backend: Backend, pending: list[int], opts: DecodeOptions,
-             stats: DecodeStats) -> tuple[list[int], list[int]]:
-    """One iteration: returns (committed tokens, new pending)."""
+def _iterate(backend: Backend, pending: list[int], opts: DecodeOptions, stats: DecodeStats,
+             sampler: SamplingState | None = None) -> tuple[list[int], list[int]]:
+    """One iteration: returns (committed tokens, new pending).
+
+    With a ``sampler`` the steps sample instead of taking the argmax: drafts d_j ~ q_j
+    (confidence = q_j(d_j)), and a verify is speculative sampling, so verified tokens are
+    distributed exactly as AR sampling's. Without one, the calls are the greedy ones."""
+    extra = () if sampler is None else (sampler,)
     if opts.policy == "ar":
-        nxt = backend.ar_step(pending[-1])  # AR always holds exactly one pending token
+        nxt = backend.ar_step(pending[-1], *extra)  # AR always holds exactly one pending token
         stats.verifier_calls += 1
         return [nxt], [nxt]
-    draft = backend.draft_step(pending, opts.block_size)
+    draft = backend.draft_step(pending, opts.block_size, *extra)
     stats.draft_calls += 1
     if opts.policy in ("confidence", "hybrid"):  # speculative never reads h: no host sync here
         h = confident_prefix(draft.confidences, opts.tau)
         if opts.policy == "confidence" or h >= opts.min_prefix:
             n = max(h, 1)
             return draft.tokens[:n], draft.tokens[:n]
-    verified = backend.verify_step(pending[-1], draft)
+    verified = backend.verify_step(pending[-1], draft, *extra)
     stats.verifier_calls += 1
     a, v = verified.accepted, verified.verifier_token
     return list(draft.tokens[:a]) + [v], [v]

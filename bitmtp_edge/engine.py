@@ -4,6 +4,8 @@
     eng = Engine.load("OUT/", backend="reference", device="cpu")
     res = eng.generate("def add(a, b):", max_new_tokens=128, policy="hybrid")
     res.text, res.token_ids, res.stats
+    eng.generate("def add(a, b):", temperature=0.8, top_p=0.95, seed=7)  # sampled, reproducible
+    eng.chat([{"role": "user", "content": "hi"}])  # models with a chat template
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from .backends.graph import GraphBackend, RuntimeOptions
 from .backends.ops import Ops, kernel_ops_available
 from .backends.reference import ReferenceBackend
 from .decoding import DecodeOptions, DecodeStats, DecodingError, decode
+from .runtime.chat_template import ChatTemplate, ChatTemplateError, load_chat_template
+from .runtime.detokenize import TextStream
+from .runtime.sampling import SamplingParams
 
 BACKENDS = ("auto", "reference", "ampere", "server")
 
@@ -50,6 +55,7 @@ def _resolve_device(device: str | torch.device) -> torch.device:
 class Engine:
     def __init__(self, path: Path, manifest: Manifest, backend, tokenizer, device: torch.device):
         self.path, self.manifest, self.backend, self.tokenizer, self.device = path, manifest, backend, tokenizer, device
+        self._chat_template: ChatTemplate | None | bool = False  # False: not read yet
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None, backend: str = "auto", device: str = "auto",
@@ -103,7 +109,22 @@ class Engine:
     def decode_ids(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
-    def _options(self, policy, max_new_tokens, block_size, tau, min_prefix) -> DecodeOptions:
+    @property
+    def chat_template(self) -> ChatTemplate | None:
+        """The artifact's chat template (None: a completion model)."""
+        if self._chat_template is False:
+            self._chat_template = load_chat_template(self.path)
+        return self._chat_template
+
+    def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """Messages [{"role", "content"}] -> prompt text, through the model's chat template."""
+        template = self.chat_template
+        if template is None:
+            raise ChatTemplateError(f"{self.path} has no chat template (no chat_template.jinja, no chat_template in "
+                                    "tokenizer_config.json): it is a completion model; send a plain prompt instead")
+        return template.render(list(messages), add_generation_prompt=add_generation_prompt)
+
+    def _options(self, policy, max_new_tokens, block_size, tau, min_prefix, sampling=None) -> DecodeOptions:
         mtp = self.manifest.mtp
         if policy != "ar" and mtp is None:
             raise DecodingError(f"policy {policy!r} needs an MTP-trained model; {self.path} is AR-only, use policy='ar'")
@@ -117,7 +138,7 @@ class Engine:
             block_size=mtp.block_size if mtp else None,
             tau=tau if tau is not None else (mtp.tau if mtp else 0.9),
             min_prefix=min_prefix if min_prefix is not None else (mtp.min_prefix if mtp else 1),
-            stop_token_ids=self.eos_token_ids,
+            stop_token_ids=self.eos_token_ids, sampling=sampling,
         )
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
@@ -133,56 +154,67 @@ class Engine:
         return ids
 
     def stream_ids(self, prompt, *, max_new_tokens=128, policy="hybrid", block_size=None, tau=None,
-                   min_prefix=None, stats: DecodeStats | None = None) -> Iterator[list[int]]:
-        """Yield each iteration's committed token ids."""
-        opts = self._options(policy, max_new_tokens, block_size, tau, min_prefix)
+                   min_prefix=None, stats: DecodeStats | None = None, sampling: SamplingParams | None = None,
+                   cancelled=None, **sampling_kw) -> Iterator[list[int]]:
+        """Yield each iteration's committed token ids.
+
+        Sampling: ``sampling=SamplingParams(...)`` or its fields as keywords
+        (``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``frequency_penalty``,
+        ``presence_penalty``, ``seed``); temperature 0 (the default) is greedy.
+        ``cancelled()``: checked before every iteration; true ends the generation."""
+        opts = self._options(policy, max_new_tokens, block_size, tau, min_prefix, _sampling(sampling, sampling_kw))
         ids = self._prompt_ids(prompt)
-        yield from decode(self.backend, ids, opts, stats if stats is not None else DecodeStats())
+        yield from decode(self.backend, ids, opts, stats if stats is not None else DecodeStats(),
+                          cancelled=cancelled)
 
     def stream(self, prompt, *, max_new_tokens=128, policy="hybrid", block_size=None, tau=None,
                min_prefix=None, stop: Sequence[str] | None = None,
-               stats: DecodeStats | None = None) -> Iterator[str]:
-        """Yield text pieces as tokens are committed (decoded incrementally, stop strings honoured)."""
-        out: list[int] = []
-        emitted = ""
-        for chunk in self.stream_ids(prompt, max_new_tokens=max_new_tokens, policy=policy, block_size=block_size,
-                                     tau=tau, min_prefix=min_prefix, stats=stats):
-            out.extend(chunk)
-            text = self.decode_ids(out)
-            cut = _find_stop(text, stop)
-            if cut is not None:
-                text = text[:cut]
-            # A byte-level BPE may end mid-character; hold back a trailing replacement char.
-            safe = text[:-1] if text.endswith("\ufffd") and cut is None else text
-            if len(safe) > len(emitted) and safe.startswith(emitted):
-                yield safe[len(emitted):]
-                emitted = safe
-            if cut is not None:
-                if stats is not None:
-                    stats.finish_reason = "stop"
+               stats: DecodeStats | None = None, **kw) -> Iterator[str]:
+        """Yield text pieces as tokens are committed: decoded incrementally (O(1) per token,
+        never a partial character), stop strings honoured (held back until they cannot
+        start one). Joined, the pieces equal ``generate(...).text``."""
+        stats = stats if stats is not None else DecodeStats()
+        text = TextStream(self.tokenizer, stop)
+        chunks = self.stream_ids(prompt, max_new_tokens=max_new_tokens, policy=policy, block_size=block_size,
+                                 tau=tau, min_prefix=min_prefix, stats=stats, **kw)
+        for chunk in chunks:
+            piece = text.push(chunk)
+            if piece:
+                yield piece
+            if text.stopped:
+                chunks.close()  # ends decode() here: its finally records the timings
+                stats.finish_reason = "stop"
                 return
-        final = self.decode_ids(out)
-        cut = _find_stop(final, stop)
-        final = final if cut is None else final[:cut]
-        if len(final) > len(emitted) and final.startswith(emitted):
-            yield final[len(emitted):]
+        tail = text.finish()
+        if tail:
+            yield tail
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, policy: str = "hybrid",
                  block_size: int | None = None, tau: float | None = None, min_prefix: int | None = None,
-                 stop: Sequence[str] | None = None) -> GenerationResult:
+                 stop: Sequence[str] | None = None, **kw) -> GenerationResult:
+        """Generate after ``prompt``; ``kw``: sampling (see ``stream_ids``) and ``cancelled``."""
         stats = DecodeStats()
         ids: list[int] = []
-        for chunk in self.stream_ids(prompt, max_new_tokens=max_new_tokens, policy=policy, block_size=block_size,
-                                     tau=tau, min_prefix=min_prefix, stats=stats):
+        text = TextStream(self.tokenizer, stop)
+        chunks = self.stream_ids(prompt, max_new_tokens=max_new_tokens, policy=policy, block_size=block_size,
+                                 tau=tau, min_prefix=min_prefix, stats=stats, **kw)
+        for chunk in chunks:
             ids.extend(chunk)
-            if stop and _find_stop(self.decode_ids(ids), stop) is not None:
-                stats.finish_reason = "stop"
-                break
-        text = self.decode_ids(ids)
-        cut = _find_stop(text, stop)
-        if cut is not None:
-            text = text[:cut]
-        return GenerationResult(text=text, token_ids=ids, stats=stats)
+            if stop:
+                text.push(chunk)
+                if text.stopped:
+                    chunks.close()
+                    stats.finish_reason = "stop"
+                    return GenerationResult(text=text.text, token_ids=ids, stats=stats)
+        return GenerationResult(text=self.decode_ids(ids) if not stop else text.text + text.finish(),
+                                token_ids=ids, stats=stats)
+
+    def chat(self, messages: Sequence[dict], max_new_tokens: int = 128, policy: str = "hybrid",
+             add_generation_prompt: bool = True, **kw) -> GenerationResult:
+        """Answer a conversation [{"role": "system"|"user"|"assistant", "content": ...}] with the
+        model's chat template (a ChatTemplateError for a model without one); ``kw`` as generate."""
+        return self.generate(self.render_chat(messages, add_generation_prompt), max_new_tokens=max_new_tokens,
+                             policy=policy, **kw)
 
     @torch.no_grad()
     def logits(self, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
@@ -193,11 +225,16 @@ class Engine:
         return self.backend.logits(ids).cpu()
 
 
-def _find_stop(text: str, stop: Sequence[str] | None) -> int | None:
-    if not stop:
-        return None
-    hits = [text.find(s) for s in stop if s and s in text]
-    return min(hits) if hits else None
+def _sampling(sampling: SamplingParams | None, fields: dict) -> SamplingParams | None:
+    if not fields:
+        return sampling
+    if sampling is not None:
+        raise TypeError(f"give sampling=SamplingParams(...) or its fields ({', '.join(fields)}), not both")
+    known = set(SamplingParams.__dataclass_fields__)
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise TypeError(f"unknown argument(s) {', '.join(unknown)}; sampling fields are {', '.join(sorted(known))}")
+    return SamplingParams(**fields)
 
 
 def choose_backend(backend: str, device: torch.device) -> str:

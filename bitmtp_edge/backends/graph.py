@@ -21,6 +21,13 @@ the verifier token into the width-1 pending buffer, an AR token into the AR inpu
 the draft, so a verify replays with no preparation after the branch. Outputs land in one
 ``readback`` buffer the host reads once per decision.
 
+**Sampling.** A sampled step (``sampler`` given) replays its own graph, captured on first
+use, so the greedy graphs captured at load stay exactly as they were. Its random numbers,
+sampling parameters and penalty counts are static device inputs the host fills before the
+replay (a few bytes of uniforms per step); inside, the graph runs the pure functions of
+``runtime/sampling.py`` on the head logits: drafts d_j ~ q_j (q kept on the device for
+the verify) and speculative sampling in the verify, with the same readback layout.
+
 Ablation switches (``RuntimeOptions``): ``specialize`` (M1: width-specialised kernel
 configs and the cheap draft head), ``graphs`` (M2: capture + replay instead of eager
 launches), ``hoist_verify`` (M3). Generic = none of them, Full = all three.
@@ -35,6 +42,7 @@ import torch
 
 from ..masks import draft_in_place_mask, history_step_mask, prefill_mask
 from ..replay import ReplayState
+from ..runtime.sampling import filtered_probs, inverse_cdf, penalize, sample_drafts, speculative_accept, target_probs
 from ..segments import KVPlan
 from .base import DraftResult, StepLog, VerifyResult
 from .fast_model import FastModel
@@ -103,6 +111,10 @@ class GraphBackend:
         self.L_host = 0
         self.log = StepLog()
         self.graphs: dict[ReplayState, torch.cuda.CUDAGraph] = {}
+        # Sampled steps: graphs keyed by (state, penalized), static inputs made on first use.
+        self.sample_graphs: dict[tuple[ReplayState, bool], torch.cuda.CUDAGraph] = {}
+        self._sample_inputs: dict[str, torch.Tensor] | None = None
+        self._staged_sampler = None
         self.pool = torch.cuda.graph_pool_handle() if options.graphs else None
         self.capture_s = 0.0
         self.graph_pool_bytes = 0
@@ -118,6 +130,10 @@ class GraphBackend:
     @property
     def max_context(self) -> int:
         return self.plan.segments[-1].capacity
+
+    @property
+    def vocab_size(self) -> int:
+        return self.fast.cfg.vocab_size
 
     def _capacity(self, seg: int) -> int:
         return self.plan.segments[seg].capacity
@@ -150,16 +166,25 @@ class GraphBackend:
         return self.fast.forward(tokens, positions, k, v, write_slots, mask, self.hist32,
                                  capacity=self._capacity(seg))
 
-    def _ar_body(self, seg: int) -> None:
+    def _ar_body(self, seg: int, sampled: bool | None = None) -> None:
+        """``sampled``: None = greedy; else sample (True: with penalty counts)."""
         cap = self._capacity(seg)
         mask = history_step_mask(cap, self.workspace, self.L, 1, self.device)
         x = self._forward(seg, self.ar_token, self.L, self.L, mask, 1)
-        top, _ = self.fast.verify_top1(x)
+        if sampled is None:
+            top, _ = self.fast.verify_top1(x)
+        else:
+            s = self._sample_inputs
+            temperature, top_k, top_p, rep, freq, pres = self._sample_params()
+            logits = self.fast.verify_sample_logits(x)  # [1, V]
+            if sampled:
+                logits = penalize(logits, s["seen"], s["generated"], rep, freq, pres)
+            top = inverse_cdf(filtered_probs(logits, temperature, top_k, top_p), s["u_ar"])
         self.L += 1
         self.ar_out.copy_(top)
         self.ar_token.copy_(top)
 
-    def _draft_body(self, seg: int, k: int) -> None:
+    def _draft_body(self, seg: int, k: int, sampled: bool | None = None) -> None:
         d, cap = self.block_size, self._capacity(seg)
         pending = self.pending[k]
         tokens = torch.cat([pending, pending[-1:], self.mask_ids])
@@ -167,7 +192,13 @@ class GraphBackend:
         slots = torch.cat([self.L + self._ws_rows[:k], cap + self._ws_rows[:d]])
         mask = draft_in_place_mask(cap, self.workspace, self.L, k, d, self.device)
         x = self._forward(seg, tokens, self.L + self._draft_off[k], slots, mask, k)
-        top, conf = self.fast.draft_top1(x[k:])
+        if sampled is None:
+            top, conf = self.fast.draft_top1(x[k:])
+        else:
+            s = self._sample_inputs
+            top, q, conf = sample_drafts(self.fast.draft_sample_logits(x[k:]), s["seen"], s["generated"],
+                                         self._sample_params(), s["u_draft"], sampled)
+            s["q"].copy_(q)  # the verify compares against these very distributions
         self.L += k
         self.readback[2:2 + d].copy_(top)
         self.readback[2 + d:].copy_(conf)
@@ -175,28 +206,67 @@ class GraphBackend:
             self.verify_tokens[:1].copy_(pending[-1:])
             self.verify_tokens[1:].copy_(top)
 
-    def _verify_body(self, seg: int) -> None:
+    def _verify_body(self, seg: int, sampled: bool | None = None) -> None:
         d, cap = self.block_size, self._capacity(seg)
         first = self.L - 1  # the anchor's own slot; its row is recomputed bit for bit
         mask = history_step_mask(cap, self.workspace, first, d + 1, self.device)
         positions = first + self._ws_rows[: d + 1]
         x = self._forward(seg, self.verify_tokens, positions, positions, mask, d)
-        greedy, _ = self.fast.verify_top1(x)  # [D + 1]
-        match = (self.verify_tokens[1:] == greedy[:-1]).long()
-        accepted = match.cumprod(0).sum().view(1)
-        verifier = greedy.gather(0, accepted)
+        if sampled is None:
+            greedy, _ = self.fast.verify_top1(x)  # [D + 1]
+            match = (self.verify_tokens[1:] == greedy[:-1]).long()
+            accepted = match.cumprod(0).sum().view(1)
+            verifier = greedy.gather(0, accepted)
+        else:
+            s = self._sample_inputs
+            drafts = self.verify_tokens[1:]
+            p = target_probs(self.fast.verify_sample_logits(x), drafts, s["seen"], s["generated"],
+                             self._sample_params(), sampled)
+            accepted, verifier = speculative_accept(p, s["q"], drafts, s["u_verify"][:d], s["u_verify"][d:])
         self.L += accepted  # d_1..d_a are already at their slots
         self.readback[0:1].copy_(accepted)
         self.readback[1:2].copy_(verifier)
         self.pending[1].copy_(verifier)
 
-    def _body(self, state: ReplayState):
+    def _body(self, state: ReplayState, sampled: bool | None = None):
         d = self.block_size or 0
         if state.role == "verify" and state.width == 1:
-            return lambda: self._ar_body(state.segment)
+            return lambda: self._ar_body(state.segment, sampled)
         if state.role == "verify":
-            return lambda: self._verify_body(state.segment)
-        return lambda: self._draft_body(state.segment, state.width - d)
+            return lambda: self._verify_body(state.segment, sampled)
+        return lambda: self._draft_body(state.segment, state.width - d, sampled)
+
+    # -- sampling inputs -------------------------------------------------------------------------
+    def _sample_params(self):
+        s = self._sample_inputs
+        return s["temperature"], s["top_k"], s["top_p"], s["repetition"], s["frequency"], s["presence"]
+
+    def _stage(self, sampler, uniforms_key: str) -> bool:
+        """Fill the sampled graphs' static inputs for one step; returns ``penalized``."""
+        if self._sample_inputs is None:
+            d, v, dev = self.block_size or 0, self.vocab_size, self.device
+
+            def zeros(*shape):
+                return torch.zeros(*shape, dtype=torch.float32, device=dev)
+
+            self._sample_inputs = {
+                **{name: zeros(()) for name in ("temperature", "top_k", "top_p", "repetition", "frequency",
+                                                "presence")},
+                "seen": zeros(v), "generated": zeros(v), "q": zeros(max(d, 1), v),
+                "u_ar": zeros(1), "u_draft": zeros(max(d, 1)), "u_verify": zeros(d + 1),
+            }
+        s = self._sample_inputs
+        if self._staged_sampler is not sampler:  # a new request: its parameters, once
+            for name, value in zip(("temperature", "top_k", "top_p", "repetition", "frequency", "presence"),
+                                   sampler.values):
+                s[name].fill_(float(value))
+            self._staged_sampler = sampler
+        if sampler.penalized:  # counts change every iteration (device to device)
+            s["seen"].copy_(sampler.seen)
+            s["generated"].copy_(sampler.generated)
+        u = s[uniforms_key]
+        u.copy_(sampler.uniforms(u.numel()))
+        return sampler.penalized
 
     # -- capture / replay ------------------------------------------------------------------
     def _snapshot(self) -> list[torch.Tensor]:
@@ -205,13 +275,13 @@ class GraphBackend:
     def _state_tensors(self) -> list[torch.Tensor]:
         return [self.L, self.ar_token, self.verify_tokens, self.readback, self.ar_out, *self.pending.values()]
 
-    def _capture(self, state: ReplayState) -> None:
+    def _capture(self, state: ReplayState, sampled: bool | None = None) -> None:
         """Capture one state. Warm-up runs mutate L and the chained inputs, so those are
         restored afterwards. Their KV writes land at or past slot L - 1; mid-stream (lazy
         capture) the step's inputs are already staged, so slot L - 1 gets the very row the
         real step writes, and everything past L is invisible."""
         saved = self._snapshot()
-        body = self._body(state)
+        body = self._body(state, sampled)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -233,7 +303,10 @@ class GraphBackend:
             t.copy_(s)
         torch.cuda.synchronize(self.device)
         self.graph_pool_bytes += max(torch.cuda.memory_reserved(self.device) - before, 0)
-        self.graphs[state] = graph
+        if sampled is None:
+            self.graphs[state] = graph
+        else:
+            self.sample_graphs[(state, sampled)] = graph
 
     def capture_all(self, progress=None) -> None:
         t0 = time.perf_counter()
@@ -244,15 +317,17 @@ class GraphBackend:
                 progress(i + 1, len(states))
         self.capture_s = time.perf_counter() - t0
 
-    def _run(self, state: ReplayState) -> None:
+    def _run(self, state: ReplayState, sampled: bool | None = None) -> None:
         self.log.states.append(state)
         if not self.opts.graphs:
-            self._body(state)()
+            self._body(state, sampled)()
             return
-        graph = self.graphs.get(state)
+        graphs = self.graphs if sampled is None else self.sample_graphs
+        key = state if sampled is None else (state, sampled)
+        graph = graphs.get(key)
         if graph is None:
-            self._capture(state)
-            graph = self.graphs[state]
+            self._capture(state, sampled)
+            graph = graphs[key]
         graph.replay()
 
     def _read(self, t: torch.Tensor) -> list:
@@ -265,6 +340,7 @@ class GraphBackend:
         self.L_host, self.segment = 0, 0
         self.log = StepLog()
         self._chain = ()
+        self._staged_sampler = None
 
     def prefill(self, token_ids: list[int]) -> None:
         from kernels_ampere import small_width_attention_reference
@@ -289,17 +365,18 @@ class GraphBackend:
     def _upload(buf: torch.Tensor, values: list[int]) -> None:
         buf.copy_(torch.tensor(values, dtype=torch.long))
 
-    def ar_step(self, token: int) -> int:
+    def ar_step(self, token: int, sampler=None) -> int:
         self._ensure(self.L_host + 1)
         if self._chain != ("ar", token):  # the last AR graph already wrote it otherwise
             self._upload(self.ar_token, [token])
-        self._run(ReplayState(1, self.segment, "verify"))
+        sampled = None if sampler is None else self._stage(sampler, "u_ar")
+        self._run(ReplayState(1, self.segment, "verify"), sampled)
         self.L_host += 1
         nxt = int(self._read(self.ar_out)[0])
         self._chain = ("ar", nxt)
         return nxt
 
-    def draft_step(self, pending: list[int], block_size: int) -> DraftResult:
+    def draft_step(self, pending: list[int], block_size: int, sampler=None) -> DraftResult:
         if self.mask_token_id is None:
             raise RuntimeError("this artifact has no MTP block (AR-only); use policy='ar'")
         if block_size != self.block_size:
@@ -312,7 +389,8 @@ class GraphBackend:
             self.pending[k].copy_(self.readback[2:2 + k].long())  # device to device
         else:
             self._upload(self.pending[k], pending)
-        self._run(ReplayState(k + d, self.segment, "draft"))
+        sampled = None if sampler is None else self._stage(sampler, "u_draft")
+        self._run(ReplayState(k + d, self.segment, "draft"), sampled)
         self.L_host += k
 
         def load():
@@ -324,11 +402,12 @@ class GraphBackend:
         self._chain = ()
         return DraftResult(loader=load)
 
-    def verify_step(self, anchor: int, draft: DraftResult) -> VerifyResult:
+    def verify_step(self, anchor: int, draft: DraftResult, sampler=None) -> VerifyResult:
         d = self.block_size
         if not self.opts.hoist_verify:  # Generic: prepare the verifier's inputs after the branch
             self._upload(self.verify_tokens, [anchor] + list(draft.tokens))
-        self._run(ReplayState(d + 1, self.segment, "verify"))
+        sampled = None if sampler is None else self._stage(sampler, "u_verify")
+        self._run(ReplayState(d + 1, self.segment, "verify"), sampled)
         values = self._read(self.readback)  # a, v, drafts, confidences: one transfer
         accepted, verifier = int(values[0]), int(values[1])
         if draft._tokens is None:

@@ -39,6 +39,10 @@ class ReferenceBackend:
     def max_context(self) -> int:
         return self.kv.max_capacity
 
+    @property
+    def vocab_size(self) -> int:
+        return self.model.cfg.vocab_size
+
     def reset(self) -> None:
         self.kv.reset()
         self.log = StepLog()
@@ -66,7 +70,7 @@ class ReferenceBackend:
             self._run(chunk, list(range(self.kv.length, self.kv.length + len(chunk))), mask, slots)
             self.kv.advance(len(chunk))
 
-    def ar_step(self, token: int) -> int:
+    def ar_step(self, token: int, sampler=None) -> int:
         length = self.kv.length
         self._ensure(length + 1)
         mask = history_step_mask(self.kv.capacity, self.kv.buffer.workspace, length, 1, self.device)
@@ -74,9 +78,10 @@ class ReferenceBackend:
         self._record(1, "verify")
         self.kv.advance(1)  # the row sits at its own slot: materialising = moving L
         self.log.host_syncs += 1
-        return int(self.model.verify_logits(hidden).argmax(-1)[0])
+        logits = self.model.verify_logits(hidden)  # [1, V]
+        return int(logits.argmax(-1)[0]) if sampler is None else sampler.next_token(logits)
 
-    def draft_step(self, pending: list[int], block_size: int) -> DraftResult:
+    def draft_step(self, pending: list[int], block_size: int, sampler=None) -> DraftResult:
         if self.mask_token_id is None:
             raise RuntimeError("this artifact has no MTP block (AR-only); use policy='ar'")
         k = len(pending)
@@ -91,13 +96,16 @@ class ReferenceBackend:
         mask = draft_in_place_mask(cap, self.kv.buffer.workspace, length, k, block_size, self.device)
         hidden = self._run(tokens, positions, mask, slots)
         self._record(k + block_size, "draft")
-        probs = torch.softmax(self.model.draft_logits(hidden[k:]), dim=-1)
-        conf, top = probs.max(dim=-1)
+        logits = self.model.draft_logits(hidden[k:])  # [D, V]
         self.kv.advance(k)  # materialise the pending rows
         self.log.host_syncs += 1
+        if sampler is not None:
+            drafts, q, conf = sampler.draft(logits)
+            return DraftResult(drafts.tolist(), conf.tolist(), probs=q)
+        conf, top = torch.softmax(logits, dim=-1).max(dim=-1)
         return DraftResult(top.tolist(), conf.tolist())
 
-    def verify_step(self, anchor: int, draft: DraftResult) -> VerifyResult:
+    def verify_step(self, anchor: int, draft: DraftResult, sampler=None) -> VerifyResult:
         drafts = list(draft.tokens)
         length = self.kv.length
         if length == 0:
@@ -112,7 +120,14 @@ class ReferenceBackend:
         hidden = self._run([anchor] + drafts, list(range(first, first + width)), mask, slots)
         self._record(width, "verify")
         self.log.host_syncs += 1
-        greedy = self.model.verify_logits(hidden).argmax(-1).tolist()
+        logits = self.model.verify_logits(hidden)  # [D + 1, V]
+        if sampler is not None:
+            if draft.probs is None:
+                raise RuntimeError("a sampled verify needs the draft distributions; draft with the same sampler")
+            a, v = sampler.verify(logits, torch.tensor(drafts, device=self.device), draft.probs)
+            self.kv.advance(a)
+            return VerifyResult(a, v)
+        greedy = logits.argmax(-1).tolist()
         a = accepted_prefix(drafts, greedy)
         self.kv.advance(a)  # promote d_1..d_a
         return VerifyResult(a, greedy[a])

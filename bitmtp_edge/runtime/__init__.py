@@ -1,0 +1,1 @@
+"""The on-device runtime: decoding, sampling, detokenisation."""
