@@ -479,20 +479,40 @@ def doctor(artifact, as_json):
 @backend_option
 @device_option
 @runtime_option
+@click.option("--host", default=None, help="Serve the OpenAI-compatible HTTP API on this address [default with "
+                                           "--port: 127.0.0.1; 0.0.0.0 for every interface].")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="Serve the OpenAI-compatible HTTP API on this port (see bitmtp_edge/app/http_server.py).")
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False), default=None,
-              help="Listen on this UNIX socket [default: JSON lines on stdin, replies on stdout].")
+              help="Listen on this UNIX socket (JSON lines) [default without --port/--socket: JSON lines on "
+                   "stdin, replies on stdout].")
 @click.option("--policy", type=click.Choice(POLICY_NAMES), default=None,
               help="Default policy of requests [default: hybrid, or ar for an AR-only model].")
 @click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True,
-              help="Default max_new_tokens of requests.")
+              help="Default max_new_tokens (HTTP: max_tokens) of requests.")
+@click.option("--model-name", default=None, help="HTTP: the model id clients send [default: the artifact folder's "
+                                                 "name, bitmtp-embedded for the embedded model].")
+@click.option("--max-queue", type=click.IntRange(min=0), default=16, show_default=True,
+              help="HTTP: requests that may wait behind the running one; more get 503.")
+@click.option("--monitor", type=click.Choice(["none", *MONITOR_CHOICES]), default="none", show_default=True,
+              help="HTTP: a power source for /metrics (watts, joules per token).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True, help="One log line per request at info.")
 @click.option("--no-warmup", is_flag=True, help="Skip the warm-up generations at start.")
-def serve(artifact, backend, device, runtime, socket_path, policy, max_new_tokens, no_warmup):
-    """Keep one model loaded (graphs captured, kernels warm) and answer JSON-lines requests:
-    {"prompt": ..., "max_new_tokens": 64, "policy": "hybrid", "stream": false}. See
-    bitmtp_edge/serve.py for the protocol."""
+def serve(artifact, backend, device, runtime, host, port, socket_path, policy, max_new_tokens, model_name, max_queue,
+          monitor, log_level, no_warmup):
+    """Keep one model loaded (graphs captured, kernels warm) and answer requests: with
+    --port, the OpenAI HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
+    /health, /metrics); else JSON lines {"prompt": ..., "max_new_tokens": 64} on a
+    --socket or stdin (bitmtp_edge/serve.py has the protocol)."""
     from .posture import read_posture
     from .serve import ServeDefaults, UnixServer, info, serve_lines, warm_up
 
+    if port is not None and socket_path is not None:
+        raise click.UsageError("give --port (HTTP) or --socket (JSON lines), not both")
+    if host is not None and port is None:
+        raise click.UsageError("--host needs --port (e.g. --host 0.0.0.0 --port 8000)")
+    logging.getLogger("bitmtp_edge").setLevel(log_level.upper())
     posture = read_posture()
     for w in posture.warnings if posture.on_jetson else ():
         click.echo(f"warning: power posture: {w}", err=True)
@@ -500,7 +520,12 @@ def serve(artifact, backend, device, runtime, socket_path, policy, max_new_token
     eng = _load_engine(artifact, backend, device, runtime)
     if not no_warmup:
         warm_up(eng)
-    defaults = ServeDefaults(policy=policy or ("hybrid" if eng.manifest.mtp else "ar"), max_new_tokens=max_new_tokens)
+    default_policy = policy or ("hybrid" if eng.manifest.mtp else "ar")
+    if port is not None:
+        _serve_http(eng, host or "127.0.0.1", port, default_policy, max_new_tokens, model_name, max_queue, monitor,
+                    log_level, artifact is None, t0)
+        return
+    defaults = ServeDefaults(policy=default_policy, max_new_tokens=max_new_tokens)
     where = socket_path or "stdin"
     click.echo(f"bitmtp serve: {json.dumps(info(eng))} ready in {time.perf_counter() - t0:.1f} s on {where}", err=True)
     if socket_path is None:
@@ -526,6 +551,35 @@ def serve(artifact, backend, device, runtime, socket_path, policy, max_new_token
         pass
     finally:
         server.server_close()
+
+
+def _serve_http(eng, host, port, policy, max_new_tokens, model_name, max_queue, monitor, log_level, embedded, t0):
+    from .app.http_server import ServerConfig, create_app, generation_defaults, make_server
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    http_log = logging.getLogger("bitmtp_edge.http")
+    http_log.addHandler(handler)
+    http_log.propagate = False  # the CLI's warning handler would print each request line twice
+    sampler = None
+    if monitor != "none":
+        from .monitor import Sampler
+
+        try:
+            sampler = Sampler(monitor).start()
+        except Exception as e:
+            raise click.ClickException(f"--monitor {monitor}: {e}; choose another source or --monitor none") from None
+    name = model_name or ("bitmtp-embedded" if embedded else eng.path.name)
+    config = ServerConfig(model_name=name, policy=policy, max_tokens=max_new_tokens, max_queue=max_queue,
+                          sampling_defaults=generation_defaults(eng))
+    server = make_server(create_app(eng, config, sampler), host, port, log_level)
+    click.echo(f"bitmtp serve: model {name!r} ({eng.backend.name}/{eng.device}) ready in "
+               f"{time.perf_counter() - t0:.1f} s on http://{host}:{port}/v1", err=True)
+    try:
+        server.run()
+    finally:
+        if sampler is not None:
+            sampler.stop()
 
 
 # ----------------------------------------------------------------------------- export

@@ -99,6 +99,20 @@ class DecodeStats:
         }
 
 
+def check_prompt_fits(prompt_tokens: int, opts: DecodeOptions, max_context: int) -> int:
+    """Refuse a prompt the largest KV segment cannot hold with room to decode; returns the
+    slots decoding keeps free (1 for AR, 2·D for draft blocks)."""
+    if prompt_tokens < 1:
+        raise DecodingError("the prompt is empty; give at least one token")
+    reserve = 1 if opts.policy == "ar" else 2 * (opts.block_size or 0)
+    if prompt_tokens + reserve > max_context:
+        raise DecodingError(
+            f"the prompt has {prompt_tokens} tokens but the largest KV segment holds "
+            f"{max_context} (with {reserve} slots for decoding); shorten it or re-export with a larger --max-context"
+        )
+    return reserve
+
+
 def decode(backend: Backend, prompt_ids: list[int], opts: DecodeOptions, stats: DecodeStats,
            check_alignment: bool = True, cancelled: Callable[[], bool] | None = None) -> Iterator[list[int]]:
     """Generate after ``prompt_ids``; yield each iteration's committed tokens.
@@ -107,15 +121,7 @@ def decode(backend: Backend, prompt_ids: list[int], opts: DecodeOptions, stats: 
     ``max_new_tokens``, when the largest KV segment is full, or (finish reason
     ``cancelled``) when ``cancelled()`` turns true, checked before every iteration.
     """
-    if not prompt_ids:
-        raise DecodingError("the prompt is empty; give at least one token")
-    d = opts.block_size or 0
-    reserve = 1 if opts.policy == "ar" else 2 * d
-    if len(prompt_ids) + reserve > backend.max_context:
-        raise DecodingError(
-            f"the prompt has {len(prompt_ids)} tokens but the largest KV segment holds "
-            f"{backend.max_context} (with {reserve} slots for decoding); shorten it or re-export with a larger --max-context"
-        )
+    reserve = check_prompt_fits(len(prompt_ids), opts, backend.max_context)
     sampler = None
     if opts.sampling is not None and not opts.sampling.plain_greedy:
         sampler = SamplingState(opts.sampling, prompt_ids, backend.vocab_size, backend.device)

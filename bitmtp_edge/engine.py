@@ -23,7 +23,7 @@ from .backends.fp8_head import fp8_supported
 from .backends.graph import GraphBackend, RuntimeOptions
 from .backends.ops import Ops, kernel_ops_available
 from .backends.reference import ReferenceBackend
-from .decoding import DecodeOptions, DecodeStats, DecodingError, decode
+from .decoding import DecodeOptions, DecodeStats, DecodingError, check_prompt_fits, decode
 from .runtime.chat_template import ChatTemplate, ChatTemplateError, load_chat_template
 from .runtime.detokenize import TextStream
 from .runtime.sampling import SamplingParams
@@ -123,6 +123,16 @@ class Engine:
             raise ChatTemplateError(f"{self.path} has no chat template (no chat_template.jinja, no chat_template in "
                                     "tokenizer_config.json): it is a completion model; send a plain prompt instead")
         return template.render(list(messages), add_generation_prompt=add_generation_prompt)
+
+    def check_request(self, prompt_ids: Sequence[int], max_new_tokens: int = 128, policy: str = "hybrid",
+                      tau: float | None = None, min_prefix: int | None = None,
+                      sampling: SamplingParams | None = None) -> DecodeOptions:
+        """Everything a generation would refuse, checked up front (a server answers 400
+        before queueing): policy, τ, m, max_new_tokens, token ids, prompt length."""
+        opts = self._options(policy, max_new_tokens, None, tau, min_prefix, sampling)
+        ids = self._prompt_ids(list(prompt_ids))
+        check_prompt_fits(len(ids), opts, self.backend.max_context)
+        return opts
 
     def _options(self, policy, max_new_tokens, block_size, tau, min_prefix, sampling=None) -> DecodeOptions:
         mtp = self.manifest.mtp

@@ -9,6 +9,7 @@ Request, one JSON object per line::
 
     {"id": 7, "prompt": "def add(a, b):\\n", "max_new_tokens": 64, "policy": "hybrid",
      "tau": 0.9, "min_prefix": 3, "stop": ["\\n\\n"], "stream": false}
+    {"id": 9, "prompt": "def f(x):", "temperature": 0.8, "top_p": 0.95, "seed": 1}  (sampled)
     {"id": 8, "op": "info"}
 
 Only ``prompt`` is required (text, or a list of token ids). Responses::
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REQUEST_KEYS = {"id", "op", "prompt", "max_new_tokens", "policy", "tau", "min_prefix", "stop", "stream"}
+SAMPLING_KEYS = {"temperature", "top_p", "top_k", "repetition_penalty", "frequency_penalty", "presence_penalty", "seed"}
+REQUEST_KEYS = {"id", "op", "prompt", "max_new_tokens", "policy", "tau", "min_prefix", "stop", "stream"} | SAMPLING_KEYS
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ def warm_up(engine: Engine) -> None:
     ids = engine.encode("def f(x):\n") or [0]
     for policy in policies:
         engine.generate(ids, max_new_tokens=8, policy=policy)
+        engine.generate(ids, max_new_tokens=8, policy=policy, temperature=1.0, seed=0)  # the sampled graphs
 
 
 def info(engine: Engine) -> dict:
@@ -90,7 +93,8 @@ def handle(engine: Engine, request: Any, defaults: ServeDefaults = ServeDefaults
         if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
             raise ValueError("\"stop\" must be a list of strings")
         kw = {"max_new_tokens": n, "policy": request.get("policy", defaults.policy), "tau": request.get("tau"),
-              "min_prefix": request.get("min_prefix"), "stop": stop}
+              "min_prefix": request.get("min_prefix"), "stop": stop,
+              **{k: request[k] for k in SAMPLING_KEYS if request.get(k) is not None}}
         if request.get("stream"):
             stats = DecodeStats()
             text = []
