@@ -19,6 +19,15 @@ from tests.helpers import fast_backend, random_model, reference_backend
 PROMPT = [1, 5, 7, 9, 11]
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Thousands of ops on tiny tensors: intra-op threads only add synchronisation."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def run(backend, prompt, policy, n=24, block_size=4, sampling=None, **kw):
     stats = DecodeStats()
     opts = DecodeOptions(policy, n, block_size=None if policy == "ar" else block_size, sampling=sampling, **kw)
@@ -257,8 +266,8 @@ def chi_square_p_value(observed: Counter, law: dict, n: int) -> tuple[float, flo
     return 0.5 * math.erfc(z / math.sqrt(2)), tv
 
 
-SAMPLES = 3000
-CASES = [SamplingParams(temperature=2.0), SamplingParams(temperature=2.5, top_k=12, top_p=0.9,
+SAMPLES = 2000
+CASES = [SamplingParams(temperature=3.0), SamplingParams(temperature=4.0, top_k=12, top_p=0.95,
                                                          repetition_penalty=1.5, presence_penalty=0.5)]
 
 
@@ -274,9 +283,9 @@ def test_speculative_sampling_draws_ar_samplings_distribution(params):
     law = exact_pair_distribution(backend, prompt, params)
     assert 10 < len(law) < 600  # a law spread over many pairs, and a test with power
 
-    def pairs(policy, **kw):
+    def pairs(policy, samples=SAMPLES, **kw):
         seen = Counter()
-        for seed in range(SAMPLES):
+        for seed in range(samples):
             sampling = SamplingParams(**{**params.__dict__, "seed": seed})
             out, _ = run(backend, prompt, policy, n=2, sampling=sampling, **kw)
             seen[tuple(out)] += 1
@@ -285,5 +294,5 @@ def test_speculative_sampling_draws_ar_samplings_distribution(params):
     for policy in ("ar", "speculative"):
         p_value, tv = chi_square_p_value(pairs(policy), law, SAMPLES)
         assert p_value > 1e-3 and tv < 0.1, (policy, p_value, tv)
-    p_value, tv = chi_square_p_value(pairs("confidence", tau=0.01, min_prefix=1), law, SAMPLES)
+    p_value, tv = chi_square_p_value(pairs("confidence", SAMPLES // 2, tau=0.01, min_prefix=1), law, SAMPLES // 2)
     assert p_value < 1e-6, (p_value, tv)
