@@ -109,12 +109,17 @@ m_help = "Hybrid: commit without verifying when h ≥ m [default: the model's]."
 
 
 def decoding_options(command):
-    """--policy, --max-new-tokens, --tau, --min-prefix: one decode's settings (generate, chat)."""
+    """--policy, --max-new-tokens, --tau, --min-prefix and sampling: one decode's settings (generate, chat)."""
     for option in reversed((
         click.option("--policy", type=click.Choice(POLICY_NAMES), default="hybrid", show_default=True),
         click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True),
         click.option("--tau", type=click.FloatRange(0, 1, min_open=True), default=None, help=tau_help),
         click.option("--min-prefix", "-m", type=click.IntRange(min=1), default=None, help=m_help),
+        click.option("--temperature", "-t", type=click.FloatRange(min=0), default=0.0, show_default=True,
+                     help="0 = greedy; above 0 samples (speculative/hybrid verify by speculative sampling)."),
+        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True),
+        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off."),
+        click.option("--seed", type=click.IntRange(min=0), default=None, help="Same seed, same text."),
     )):
         command = option(command)
     return command
@@ -138,14 +143,16 @@ def main() -> None:
 @decoding_options
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, stats).")
-def generate(prompt, artifact, backend, device, policy, max_new_tokens, tau, min_prefix, stop, as_json):
+def generate(prompt, artifact, backend, device, policy, max_new_tokens, tau, min_prefix, temperature, top_p, top_k,
+             seed, stop, as_json):
     """Complete PROMPT with the chosen decoding policy."""
     from .decoding import DecodingError
 
     eng = _load_engine(artifact, backend, device)
     try:
         res = eng.generate(prompt, max_new_tokens=max_new_tokens, policy=policy, tau=tau,
-                           min_prefix=min_prefix, stop=list(stop) or None)
+                           min_prefix=min_prefix, stop=list(stop) or None,
+                           sampling=_sampling(temperature, top_p, top_k, seed))
     except DecodingError as e:
         raise click.ClickException(str(e)) from None
     if as_json:
@@ -189,7 +196,8 @@ def demo(artifact, backend, device, max_new_tokens, policy, as_json):
 @decoding_options
 @click.option("--no-history", is_flag=True, help="Answer each turn alone (no running transcript).")
 @click.pass_context
-def chat(ctx, artifact, backend, device, policy, max_new_tokens, tau, min_prefix, no_history):
+def chat(ctx, artifact, backend, device, policy, max_new_tokens, tau, min_prefix, temperature, top_p, top_k, seed,
+         no_history):
     """Interactive session: type text, watch the model continue it (streamed), with live
     tok/s and tokens per iteration. Commands: /quit, /policy [NAME], /reset, /help."""
     from .chat import COMMANDS, ChatSession, parse_command
@@ -200,6 +208,7 @@ def chat(ctx, artifact, backend, device, policy, max_new_tokens, tau, min_prefix
         policy = "ar"
     try:
         session = ChatSession(eng, policy=policy, max_new_tokens=max_new_tokens, tau=tau, min_prefix=min_prefix,
+                              sampling=_sampling(temperature, top_p, top_k, seed),
                               keep_history=not no_history)
     except DecodingError as e:
         raise click.ClickException(str(e)) from None
@@ -241,6 +250,15 @@ def chat(ctx, artifact, backend, device, policy, max_new_tokens, tau, min_prefix
                     click.echo(f"error: {e}", err=True)
                     continue
             click.echo(f"policy: {session.policy} (choices: {', '.join(POLICY_NAMES)})", err=True)
+
+
+def _sampling(temperature, top_p, top_k, seed):
+    from .runtime.sampling import SamplingError, SamplingParams
+
+    try:
+        return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    except SamplingError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 def _reply_plain(session, line: str) -> None:
