@@ -296,3 +296,41 @@ def test_speculative_sampling_draws_ar_samplings_distribution(params):
         assert p_value > 1e-3 and tv < 0.1, (policy, p_value, tv)
     p_value, tv = chi_square_p_value(pairs("confidence", SAMPLES // 2, tau=0.01, min_prefix=1), law, SAMPLES // 2)
     assert p_value < 1e-6, (p_value, tv)
+
+
+# --- on a GPU: sampled graphs (captured on first use) ----------------------------------------------
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("backend", ["ampere", "server"])
+def test_gpu_sampled_graphs_replay_the_eager_samples_and_leave_greedy_alone(tmp_path, backend):
+    """The captured sampled graphs draw what eager launches of the same bodies draw (same
+    seeds, same uniforms), on every policy, across segment growth; and a greedy run after
+    sampled ones still gives the greedy tokens from before (the load-time graphs are
+    untouched)."""
+    from bitmtp_edge import Engine
+    from bitmtp_edge.backends.fp8_head import fp8_supported
+    from tests.helpers import write_test_artifact
+
+    if backend == "server" and not fp8_supported(torch.device("cuda")):
+        pytest.skip("no FP8 tensor cores")
+    model = random_model(9, vocab=256, hidden=256)
+    art = write_test_artifact(model, tmp_path / "art", max_context=256, smallest=16)
+    sampled = [SamplingParams(temperature=1.0, seed=s) for s in range(3)]
+    sampled.append(SamplingParams(temperature=0.7, top_k=20, top_p=0.9, repetition_penalty=1.2,
+                                  frequency_penalty=0.3, seed=4))
+    runs = {}
+    for runtime in ("m1", "full"):  # same kernels and bodies; eager launches vs captured graphs
+        eng = Engine.load(art, backend=backend, device="cuda", runtime=runtime)
+        greedy = eng.generate(PROMPT, max_new_tokens=80, policy="speculative").token_ids
+        runs[runtime] = [eng.generate(PROMPT, max_new_tokens=80, policy=p, tau=0.3, min_prefix=2,
+                                      sampling=s).token_ids for p in ("ar", "confidence", "speculative", "hybrid")
+                         for s in sampled]
+        assert eng.generate(PROMPT, max_new_tokens=80, policy="speculative").token_ids == greedy
+        assert eng.generate(PROMPT, max_new_tokens=80, policy="ar").token_ids == greedy
+    assert runs["m1"] == runs["full"]
+    assert len({tuple(r) for r in runs["full"]}) > 4  # the seeds and parameters matter
