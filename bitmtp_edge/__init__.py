@@ -1,6 +1,15 @@
 """BitMTP Edge: multi-token decoding for ternary LLMs on Jetson and server GPUs.
 
-The public names load lazily, so ``import bitmtp_edge.posture`` (or the CLI's ``doctor``)
+The subpackages, from the bottom up (each imports only those above it in this list):
+
+* ``format``   the artifact contract: manifest, configs, KV capacity segments, tensor names,
+  draft-head kinds, roles and their step widths;
+* ``runtime``  the reference model, masks, decoding policies, replay state, the KV store and
+  the ``Engine``; ``backends``: the reference and the CUDA-graph backends it drives;
+* ``jetson``   boards, power posture and monitoring (tegrastats, jtop, NVML, psutil);
+* ``app``      the ``bitmtp`` command line, chat, demo, serve, bench and doctor.
+
+The public names load lazily, so ``import bitmtp_edge.jetson.posture`` (or the CLI's ``doctor``)
 does not pay for torch until something needs it.
 """
 
@@ -11,10 +20,10 @@ import importlib
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Engine": "engine", "GenerationResult": "engine",
-    "ArtifactError": "artifact", "Manifest": "artifact",
-    "ModelConfig": "config", "MTPConfig": "config", "QuantConfig": "config",
-    "POLICIES": "decoding", "DecodeStats": "decoding", "DecodingError": "decoding",
+    "Engine": "runtime.engine", "GenerationResult": "runtime.engine",
+    "ArtifactError": "format.manifest", "Manifest": "format.manifest",
+    "ModelConfig": "format.config", "MTPConfig": "format.config", "QuantConfig": "format.config",
+    "POLICIES": "runtime.decoding", "DecodeStats": "runtime.decoding", "DecodingError": "runtime.decoding",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -11,6 +11,10 @@ folder is opened, before any conversion work:
 * every shard the index names exists, is a readable safetensors file, and holds exactly the
   tensors the index maps to it: no key missing, none stored twice;
 * ``tokenizer.json`` exists and loads with ``tokenizers``;
+* the tokenizer files the artifact will carry are regular files inside the checkpoint: a
+  link that leaves it (``chat_template.jinja -> /etc/passwd``) is refused, since the file
+  would be copied into an artifact that gets shared. Links into the Hugging Face cache's
+  ``blobs/`` folder of the same model (``snapshots/<rev>/x -> ../../blobs/<sha>``) are fine;
 * pickle (``*.bin``) weights are refused, never unpickled.
 
 Tensors are then read lazily, one at a time (``safe_open`` memory-maps each shard), so a
@@ -27,7 +31,7 @@ from typing import Any
 
 import torch
 
-from bitmtp_edge.artifact import TOKENIZER_FILES
+from bitmtp_edge.format.manifest import TOKENIZER_FILES
 
 from .errors import ExportError
 
@@ -138,6 +142,8 @@ def open_checkpoint(folder: str | Path) -> Checkpoint:
                            fix="fix generation_config.json or remove it")
     weight_files, index_file, tensors = _find_weights(folder)
     _check_tokenizer(folder / TOKENIZER)
+    for name in TOKENIZER_FILES:
+        _check_stays_inside(folder, folder / name)
     return Checkpoint(folder=folder, config=config, bitmtp=bitmtp, generation=generation,
                       weight_files=weight_files, index_file=index_file, tensors=tensors)
 
@@ -249,6 +255,22 @@ def _read_header(path: Path) -> dict[str, TensorInfo]:
         s = handle.get_slice(key)
         out[key] = TensorInfo(shape=tuple(int(d) for d in s.get_shape()), dtype=str(s.get_dtype()), file=path)
     return out
+
+
+def _check_stays_inside(folder: Path, path: Path) -> None:
+    """Refuse a file that is a link out of the checkpoint, or not a regular file at all."""
+    if not path.is_symlink() and not path.exists():
+        return
+    if path.is_symlink():
+        target = path.resolve()
+        roots = [folder.resolve()]
+        if folder.resolve().parent.name == "snapshots":  # the Hugging Face hub cache layout
+            roots.append(folder.resolve().parent.parent / "blobs")
+        if not any(target.is_relative_to(r) for r in roots):
+            raise ExportError(path, f"is a link to {target}, outside the checkpoint folder (the artifact would "
+                              "carry a copy of it)", "replace the link with the file itself")
+    if not path.is_file():
+        raise ExportError(path, "is not a regular file", "replace it with the file the tokenizer needs")
 
 
 def _check_tokenizer(path: Path) -> None:

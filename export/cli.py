@@ -5,6 +5,7 @@ wrong>; <what to do>``, and no OUT/ written); click's own usage errors also exit
 3 (``--onnx`` only) the artifact was exported but its ONNX graphs could not be written
 (the artifact is complete and usable; the stderr line says why). ``--onnx-from OUT/``
 adds the ONNX graphs to an existing artifact: 0 written, 2 refused (nothing written).
+Interrupted (Ctrl-C: 130, SIGTERM: 143): the temporary folder is removed, OUT/ is unchanged.
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ from pathlib import Path
 
 import click
 
-from bitmtp_edge.segments import DEVICE_KV_BUDGET_MIB, MIB
+from bitmtp_edge.format.segments import DEVICE_KV_BUDGET_MIB, MIB
 
 from .errors import ExportError
+from .out_folder import Terminated
 from .writer import EXPORTER_VERSION, ExportOptions, export_checkpoint
 
 EXIT_BAD_INPUT = 2
 EXIT_ONNX_NOT_WRITTEN = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 # Below this many tensors an export takes well under a second; a bar would only flicker.
 PROGRESS_MIN_TENSORS = 64
 
@@ -58,17 +62,20 @@ class _RichProgress:
 @click.argument("out", type=click.Path(path_type=Path), required=False)
 @click.option("--max-context", type=click.IntRange(min=2), default=None,
               help="Longest context the KV segments cover [default: min(max_position_embeddings, 4096)].")
-@click.option("--device", type=click.Choice(list(DEVICE_KV_BUDGET_MIB)), default=None,
-              help="Target whose KV memory budget bounds the segments.")
+@click.option("--board", type=click.Choice(list(DEVICE_KV_BUDGET_MIB)), default=None,
+              help="Target board whose KV memory budget bounds the segments.")
+@click.option("--device", "old_device", default=None, hidden=True, expose_value=True,
+              help="Renamed --board (every other --device in BitMTP is a torch device).")
 @click.option("--kv-budget-mib", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="KV memory budget in MiB (instead of --device).")
-@click.option("--overwrite", is_flag=True, help="Replace OUT/ if it exists.")
+              help="KV memory budget in MiB (instead of --board).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace OUT/ if it is an artifact (anything else is refused, never deleted).")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
 @click.option("--onnx", is_flag=True, help="Also write the decode step as ONNX (model.onnx, model_draft.onnx).")
 @click.option("--onnx-from", type=click.Path(path_type=Path), default=None, metavar="OUT/",
               help="Only write the ONNX graphs into the existing artifact folder OUT/ (no CKPT/OUT arguments).")
 @click.version_option(EXPORTER_VERSION, prog_name="bitmtp-export")
-def main(ckpt: Path | None, out: Path | None, max_context: int | None, device: str | None,
+def main(ckpt: Path | None, out: Path | None, max_context: int | None, board: str | None, old_device: str | None,
          kv_budget_mib: float | None, overwrite: bool, quiet: bool, onnx: bool, onnx_from: Path | None) -> None:
     """Export the Hugging Face checkpoint folder CKPT into the BitMTP artifact folder OUT.
 
@@ -76,6 +83,9 @@ def main(ckpt: Path | None, out: Path | None, max_context: int | None, device: s
     (latent/online or packed/offline) or a ternary group-128 Qwen3 checkpoint
     (Ternary-Bonsai -unpacked); single-file or sharded safetensors, with tokenizer.json.
     """
+    if old_device is not None:
+        raise click.UsageError(f"--device was renamed --board (e.g. --board {old_device}): it names the target "
+                               "board whose memory bounds the KV segments, while --device elsewhere is a torch device")
     if onnx_from is not None:
         if ckpt is not None or out is not None:
             raise click.UsageError("--onnx-from OUT/ takes no CKPT or OUT argument")
@@ -86,13 +96,18 @@ def main(ckpt: Path | None, out: Path | None, max_context: int | None, device: s
 
     console = Console(stderr=True)
     progress = None if quiet or not console.is_terminal else _RichProgress(console)
-    options = ExportOptions(max_context=max_context, device=device, kv_budget_mib=kv_budget_mib, overwrite=overwrite)
+    options = ExportOptions(max_context=max_context, board=board, kv_budget_mib=kv_budget_mib, overwrite=overwrite)
+    note = (lambda message: None) if quiet else (lambda message: click.echo(f"note: {message}", err=True))
     t0 = time.perf_counter()
     try:
-        result = export_checkpoint(ckpt, out, options, progress=progress)
+        result = export_checkpoint(ckpt, out, options, progress=progress, note=note)
     except ExportError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt as e:
+        how = "stopped by SIGTERM" if isinstance(e, Terminated) else "interrupted"
+        click.echo(f"{how}: {out} is as it was (the temporary folder was removed)", err=True)
+        sys.exit(EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED)
     finally:
         if progress is not None:
             progress.stop()

@@ -1,24 +1,32 @@
 """From a checkpoint's JSON files to the artifact's configs.
 
-``config.json`` comes in two transformers dialects and both are read:
+``config.json`` is read by transformers' own config class for its architecture
+(``AutoConfig.for_model``: BitNetConfig, Qwen3Config), so an omitted key takes the default
+``from_pretrained`` would give it and both dialects read alike (v4: top-level ``rope_theta``
+and ``rope_scaling``; v5: ``rope_parameters``). What transformers cannot decide stays here:
 
-* v4: top-level ``rope_theta``, ``rope_scaling`` (null for default RoPE), ``torch_dtype``;
-* v5: ``rope_parameters: {"rope_theta": …, "rope_type": "default"}``, ``dtype``.
-
-A key the file leaves out takes the transformers class default of its architecture
-(``FAMILY_DEFAULTS``), as ``from_pretrained`` would. BitNet's ``quantization_config``
-decides what a stored ``weight_scale`` means (formats.md §1.4, pitfall #1):
-``linear_class: "autobitlinear"`` multiplies, ``"bitlinear"`` (the default when the key is
-absent) divides, and the pre-release ``{"offline_quantization": true}`` reads as
-autobitlinear (multiplies). ``bitmtp.json`` carries the MTP block (``MTPConfig``).
+* sizes checked against the safetensors headers *before* anything is sized by them
+  (``num_hidden_layers: 1000000`` must not build a million-layer inventory first);
+* the five dimensions that define a model are required (a class default for
+  ``hidden_size`` would describe some other model), and every value is type-checked with an
+  error naming the key (transformers 4.x checks no types);
+* what this runtime implements: the stock activation, no biases, full attention, default RoPE;
+* token ids only as the files state them (the class defaults are Llama-3's ids), merged with
+  ``generation_config.json``;
+* BitNet's ``quantization_config``, which decides what a stored ``weight_scale`` means
+  (formats.md §1.4, pitfall #1): ``linear_class: "autobitlinear"`` multiplies, ``"bitlinear"``
+  (the default when the key is absent) divides, and the pre-release
+  ``{"offline_quantization": true}`` reads as autobitlinear (multiplies);
+* ``bitmtp.json``, the MTP block (``MTPConfig``).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from bitmtp_edge.config import ConfigError, ModelConfig, MTPConfig, QuantConfig
+from bitmtp_edge.format.config import ConfigError, ModelConfig, MTPConfig, QuantConfig
 from kernels_ampere.packing import CHUNK_K
 
 from .checkpoint import Checkpoint
@@ -26,23 +34,10 @@ from .errors import ExportError
 
 ARCHITECTURES = {"BitNetForCausalLM": "bitnet", "Qwen3ForCausalLM": "qwen3"}
 MODEL_TYPES = {"bitnet": "BitNetForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-
-
-@dataclass(frozen=True)
-class FamilyDefaults:
-    """transformers' class defaults (BitNetConfig / Qwen3Config, v5.2x) for omitted keys."""
-
-    hidden_act: str
-    rope_theta: float
-    rms_norm_eps: float
-    max_position_embeddings: int
-    head_dim: int | None  # None: hidden_size // num_attention_heads
-
-
-FAMILY_DEFAULTS = {
-    "bitnet": FamilyDefaults("relu2", 500000.0, 1e-5, 2048, None),
-    "qwen3": FamilyDefaults("silu", 10000.0, 1e-6, 32768, 128),
-}
+# The activation the runtime implements for each family (the architectures' stock one).
+STOCK_ACTIVATION = {"bitnet": "relu2", "qwen3": "silu"}
+REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -107,12 +102,9 @@ def _architecture(cfg: dict[str, Any], where) -> str:
 
 def _model_config(cfg: dict[str, Any], family: str, ckpt: Checkpoint) -> ModelConfig:
     where = ckpt.config_path
-    d = FAMILY_DEFAULTS[family]
     fix = "config.json does not describe a complete model: re-save it with transformers"
 
-    def integer(key: str, default: int | None = None) -> int:
-        v = cfg.get(key)
-        v = default if v is None else v  # transformers reads an explicit null as "use the default"
+    def integer(key: str, v: Any) -> int:
         if v is None:
             raise ExportError(where, f"missing {key!r}", fix)
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
@@ -124,43 +116,47 @@ def _model_config(cfg: dict[str, Any], family: str, ckpt: Checkpoint) -> ModelCo
             raise ExportError(where, f"{key!r} must be a positive number, got {value!r}", fix)
         return float(value)
 
-    hidden, heads = integer("hidden_size"), integer("num_attention_heads")
-    kv_heads = integer("num_key_value_heads", heads)
-    head_dim = integer("head_dim", d.head_dim if d.head_dim is not None else hidden // heads)
-    act = cfg.get("hidden_act", d.hidden_act)
-    if act != d.hidden_act:
-        raise ExportError(where, f"hidden_act {act!r} but {family} models use {d.hidden_act!r}",
+    for key in REQUIRED:
+        integer(key, cfg.get(key))
+    _check_sizes_against_weights(cfg, ckpt)
+    hf = _transformers_config(cfg, family, where)
+    hidden, heads = integer("hidden_size", hf.hidden_size), integer("num_attention_heads", hf.num_attention_heads)
+    kv_heads = integer("num_key_value_heads", getattr(hf, "num_key_value_heads", None) or heads)
+    head_dim = integer("head_dim", getattr(hf, "head_dim", None) or hidden // heads)
+    act = hf.hidden_act
+    if act != STOCK_ACTIVATION[family]:
+        raise ExportError(where, f"hidden_act {act!r} but {family} models use {STOCK_ACTIVATION[family]!r}",
                           "this runtime implements only the stock activation of each architecture")
     for key in ("attention_bias", "mlp_bias"):
-        if cfg.get(key):
+        if getattr(hf, key, False):
             raise ExportError(where, f"{key} is true (the runtime's projections have no bias)",
                               "export a checkpoint without biases")
-    if cfg.get("use_sliding_window"):
+    if getattr(hf, "use_sliding_window", False):
         raise ExportError(where, "use_sliding_window is true (the runtime implements full attention only)",
                           "set use_sliding_window to false if the model was trained without it")
-    theta = number("rope_theta", _rope_theta(cfg, where, d.rope_theta))
+    theta = number("rope_theta", _rope_theta(hf, where))
     eos = _token_ids(cfg.get("eos_token_id"), where, "eos_token_id")
     bos = _token_ids(cfg.get("bos_token_id"), where, "bos_token_id")
     if ckpt.generation is not None:
         gpath = ckpt.folder / "generation_config.json"
         eos += [t for t in _token_ids(ckpt.generation.get("eos_token_id"), gpath, "eos_token_id") if t not in eos]
         bos = bos or _token_ids(ckpt.generation.get("bos_token_id"), gpath, "bos_token_id")
-    tie = cfg.get("tie_word_embeddings", False)
+    tie = hf.tie_word_embeddings
     if not isinstance(tie, bool):
         raise ExportError(where, f"tie_word_embeddings must be true or false, got {tie!r}", fix)
     try:
         model = ModelConfig(
             family=family,
-            vocab_size=integer("vocab_size"),
+            vocab_size=integer("vocab_size", hf.vocab_size),
             hidden_size=hidden,
-            intermediate_size=integer("intermediate_size"),
-            num_layers=integer("num_hidden_layers"),
+            intermediate_size=integer("intermediate_size", hf.intermediate_size),
+            num_layers=integer("num_hidden_layers", hf.num_hidden_layers),
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
             rope_theta=theta,
-            rms_norm_eps=number("rms_norm_eps", cfg.get("rms_norm_eps", d.rms_norm_eps)),
-            max_position_embeddings=integer("max_position_embeddings", d.max_position_embeddings),
+            rms_norm_eps=number("rms_norm_eps", hf.rms_norm_eps),
+            max_position_embeddings=integer("max_position_embeddings", hf.max_position_embeddings),
             tie_word_embeddings=tie,
             bos_token_id=bos[0] if bos else None,
             eos_token_ids=tuple(eos),
@@ -181,23 +177,52 @@ def _model_config(cfg: dict[str, Any], family: str, ckpt: Checkpoint) -> ModelCo
     return model
 
 
-def _rope_theta(cfg: dict[str, Any], where, default: float) -> Any:
+def _check_sizes_against_weights(cfg: dict[str, Any], ckpt: Checkpoint) -> None:
+    """The sizes that everything else is built from, against the safetensors headers, first:
+    a config that says a million layers or an 8-million-token vocabulary is refused here,
+    before a tensor inventory, a KV plan or a transformers config is sized by it."""
+    where, fix = ckpt.config_path, "config.json does not belong to these weights: use the checkpoint's own"
+    layers = {int(m.group(1)) for name in ckpt.tensors if (m := _LAYER_RE.match(name))}
+    n = cfg["num_hidden_layers"]
+    if n != len(layers):
+        held = f"layers 0-{max(layers)}" if layers else "no model.layers.* tensors"
+        raise ExportError(where, f"num_hidden_layers = {n} but the weights hold {len(layers)} ({held})", fix)
+    embed = ckpt.tensors.get("model.embed_tokens.weight")
+    if embed is not None and len(embed.shape) == 2:
+        for key, size in (("vocab_size", embed.shape[0]), ("hidden_size", embed.shape[1])):
+            if cfg[key] != size:
+                raise ExportError(where, f"{key} = {cfg[key]} but model.embed_tokens.weight is "
+                                  f"{list(embed.shape)}", fix)
+
+
+def _transformers_config(cfg: dict[str, Any], family: str, where):
+    """transformers' config object for the family, from config.json's keys."""
+    from transformers import AutoConfig
+
+    # An explicit null means "the default" to transformers 4.x; 5.x refuses it. Read it as 4.x does.
+    keys = {k: v for k, v in cfg.items() if v is not None and k not in ("model_type", "auto_map")}
+    try:
+        return AutoConfig.for_model(family, **keys)
+    except Exception as e:  # 5.x: huggingface_hub's StrictDataclassFieldValidationError, 4.x: ValueError...
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise ExportError(where, f"transformers cannot read it ({first})", "fix the value in the file") from None
+
+
+def _rope_theta(hf, where) -> Any:
+    """RoPE base of a transformers config, v5 (``rope_parameters``) or v4 (``rope_theta`` +
+    ``rope_scaling``); anything but default RoPE is refused."""
     unsupported = "the runtime implements default RoPE only: export a model trained without RoPE scaling"
-    scaling = cfg.get("rope_scaling")  # v4 dialect
-    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) != "default":
-        raise ExportError(where, f"rope_scaling {scaling!r} is not supported", unsupported)
-    params = cfg.get("rope_parameters")  # v5 dialect
+    params = getattr(hf, "rope_parameters", None)
     if params is not None and not isinstance(params, dict):
         raise ExportError(where, f"rope_parameters must be an object, got {params!r}",
                           "re-save the config with transformers")
-    if isinstance(params, dict) and params.get("rope_type", "default") != "default":
-        raise ExportError(where, f"rope_parameters.rope_type {params.get('rope_type')!r} is not supported",
-                          unsupported)
-    if cfg.get("rope_theta") is not None:
-        return cfg["rope_theta"]
+    scaling = params if params is not None else getattr(hf, "rope_scaling", None)
+    rope_type = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
+    if rope_type != "default":
+        raise ExportError(where, f"RoPE type {rope_type!r} is not supported", unsupported)
     if isinstance(params, dict) and params.get("rope_theta") is not None:
         return params["rope_theta"]
-    return default
+    return getattr(hf, "rope_theta", None)
 
 
 def _token_ids(value: Any, where, key: str) -> list[int]:

@@ -28,12 +28,12 @@ One step, both graphs (batch 1; ``S`` rows this step, ``P`` materialised history
     draft_confidences [D]              float32 (draft graph) max softmax of those rows
     draft_logits    [D, V]             float32 (draft graph) the int8 head's logits
 
-The masks are the runtime's own (``bitmtp_edge.masks`` with capacity = P, workspace = S):
+The masks are the runtime's own (``bitmtp_edge.runtime.masks`` with capacity = P, workspace = S):
 ``causal_step_mask`` for prefill / AR / verify (the verifier hides the repeated anchor's
 history row by clearing its column), ``draft_step_mask`` for a draft step whose S = k + D
 rows are k pending tokens then the block ``[anchor, mask × (D-1)]``.
 
-Numerics, as ``bitmtp_edge.model`` defines them, in float32: RMSNorm; per-token int8
+Numerics, as ``bitmtp_edge.runtime.model`` defines them, in float32: RMSNorm; per-token int8
 activations ``round(x * 127 / max|x|)`` clamped to [-128, 127] (ONNX ``Round`` is half to
 even, as ``torch.round``); ternary codes as int8 initialisers ``[K, N]``; ``MatMulInteger``
 -> int32 (exact), then ``Cast`` and ``Mul`` by the activation and weight scales. Weight-only
@@ -59,7 +59,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bitmtp_edge.artifact import (
+from bitmtp_edge.format.manifest import (
     MANIFEST,
     WEIGHTS,
     ArtifactError,
@@ -97,7 +97,7 @@ _DOCS = {
     "past_key": "[layers, Hkv, P, head_dim] float32: materialised history K, positions 0..P-1 in order (P may be 0).",
     "past_value": "[layers, Hkv, P, head_dim] float32: materialised history V.",
     "attention_mask": "[S, P+S] bool: True where row i may attend slot j; slots 0..P-1 are history, "
-                      "P..P+S-1 this step's rows (bitmtp_edge.masks with capacity=P, workspace=S).",
+                      "P..P+S-1 this step's rows (bitmtp_edge.runtime.masks with capacity=P, workspace=S).",
     "logits": "[S, V] float32: verify-role logits (exact checkpoint-precision head) of every row.",
     "present_key": "[layers, Hkv, P+S, head_dim] float32: past_key with this step's K rows appended; "
                    "the caller keeps the rows that become history (all for prefill/AR, accepted ones after verify).",
@@ -551,12 +551,12 @@ def build_step_model(manifest: Manifest, weights: _Weights, role: str):
 def _graph_doc(manifest: Manifest, role: str) -> str:
     if role == "verify":
         what = ("Verify-role step (prefill, AR, verify): S rows over P history rows, causal mask from "
-                "bitmtp_edge.masks.causal_step_mask(P, S, P, S); logits from the exact verify head.")
+                "bitmtp_edge.runtime.masks.causal_step_mask(P, S, P, S); logits from the exact verify head.")
     else:
         d = manifest.mtp.block_size
         what = (f"Draft-role step at D={d}: S = k + {d} rows, k pending tokens then the block [anchor, "
                 f"mask_token_id={manifest.mtp.mask_token_id} x {d - 1}] (the anchor repeated at its own position), "
-                f"mask from bitmtp_edge.masks.draft_step_mask(P, S, P, k, {d}); outputs the argmax and max softmax "
+                f"mask from bitmtp_edge.runtime.masks.draft_step_mask(P, S, P, k, {d}); outputs the argmax and max softmax "
                 "of the last D rows through the int8 W8A8 draft head. Keep only the k pending rows of present_*.")
     return (what + " Ternary projections: int8 codes [K, N] and float32 scales, int8 per-token activations "
             "(round(x*127/max|x|), clamp [-128, 127]), MatMulInteger -> int32 -> Cast -> Mul by scales. "

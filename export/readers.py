@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-from bitmtp_edge.artifact import PROJECTIONS
-from bitmtp_edge.config import ModelConfig
-from bitmtp_edge.quant import GROUP_SIZE, dequantize_ternary, ternarize_absmean, ternarize_group_absmax
+from bitmtp_edge.format.config import ModelConfig
+from bitmtp_edge.format.tensors import PROJECTIONS
+from kernels_ampere.numerics import GROUP_SIZE, dequantize_ternary, ternarize_absmean, ternarize_group_absmax
 from kernels_ampere.packing import unpack_hf_bitnet
 
 from .checkpoint import FLOAT_DTYPES, UINT8, Checkpoint

@@ -4,8 +4,9 @@ The steps, each able to refuse the input with an ``ExportError`` before anything
 written: check OUT/, open and validate the checkpoint (``checkpoint``), read its configs
 (``hf_config``), validate the tensor inventory and convert every tensor (``readers``), pack
 the codes (``kernels_ampere.packing``), quantise the int8 draft head, plan the KV segments,
-and hand everything to ``bitmtp_edge.artifact.write_artifact``, which writes a temporary
-sibling folder and renames it into place, so a failure never leaves a half-written OUT/.
+and write everything (``bitmtp_edge.format.manifest.write_artifact_files``) into a temporary
+sibling folder that is renamed into place (``out_folder``), so a failure never leaves a
+half-written OUT/ and ``--overwrite`` replaces only an artifact.
 """
 
 from __future__ import annotations
@@ -19,15 +20,17 @@ from typing import Any, Protocol
 
 import torch
 
-from bitmtp_edge.artifact import Manifest, write_artifact
-from bitmtp_edge.config import ConfigError, ModelConfig
-from bitmtp_edge.quant import quantize_rows_int8
-from bitmtp_edge.segments import DEVICE_KV_BUDGET_MIB, MIB, KVPlan, plan_segments
+from bitmtp_edge.format.config import ConfigError, ModelConfig
+from bitmtp_edge.format.manifest import Manifest, write_artifact_files
+from bitmtp_edge.format.roles import step_widths
+from bitmtp_edge.format.segments import DEVICE_KV_BUDGET_MIB, MIB, KVPlan, plan_segments
+from kernels_ampere.numerics import quantize_rows_int8
 from kernels_ampere.packing import pack_ternary
 
 from .checkpoint import Checkpoint, open_checkpoint
 from .errors import ExportError
 from .hf_config import SourceSpec, read_spec
+from .out_folder import Note, check_out, clean_leftovers, staged_folder
 from .readers import EMBED, LM_HEAD, Dense, Ternary, detect_format, read_tensors, source_tensors
 
 EXPORTER_VERSION = "0.1.0"
@@ -38,8 +41,8 @@ KV_DTYPE = "float16"
 @dataclass(frozen=True)
 class ExportOptions:
     max_context: int | None = None  # default: min(max_position_embeddings, DEFAULT_MAX_CONTEXT)
-    device: str | None = None  # a DEVICE_KV_BUDGET_MIB preset
-    kv_budget_mib: float | None = None  # explicit KV budget; exclusive with device
+    board: str | None = None  # a DEVICE_KV_BUDGET_MIB preset (``--board``)
+    kv_budget_mib: float | None = None  # explicit KV budget; exclusive with board
     overwrite: bool = False
 
 
@@ -58,13 +61,17 @@ class ExportResult:
 
 
 def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, options: ExportOptions = ExportOptions(),
-                      progress: ProgressSink | None = None) -> ExportResult:
-    """Export one checkpoint folder into an artifact folder; raises ``ExportError`` on bad input."""
+                      progress: ProgressSink | None = None, note: Note | None = None) -> ExportResult:
+    """Export one checkpoint folder into an artifact folder; raises ``ExportError`` on bad input.
+
+    ``note`` hears about leftovers of killed exports found beside OUT/ (default: ignored)."""
     ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir)
+    note = note or (lambda message: None)
+    clean_leftovers(out_dir, note)
     _check_out(ckpt_dir, out_dir, options.overwrite)
     with open_checkpoint(ckpt_dir) as ckpt:
         spec = read_spec(ckpt)
-        widths = Manifest.widths_for(spec.mtp)
+        widths = step_widths(spec.mtp)
         kv = _kv_plan(spec.model, ckpt, widths, options)
         fmt = detect_format(ckpt, spec)
         names = source_tensors(ckpt, spec, fmt)
@@ -79,19 +86,18 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, options: Export
     )
     if progress is not None:
         progress.phase("writing")
+    check_out(out_dir, options.overwrite)  # again: OUT/ may have appeared during the conversion
     try:
-        out = write_artifact(out_dir, manifest, tensors, ckpt.tokenizer_files(), overwrite=options.overwrite)
-    except FileExistsError:
-        raise ExportError(out_dir, "already exists", "pass --overwrite to replace it, or choose another OUT/") from None
+        with staged_folder(out_dir, note) as tmp:
+            manifest = write_artifact_files(tmp, manifest, tensors, ckpt.tokenizer_files())
     except OSError as e:
         raise ExportError(out_dir, f"cannot write the artifact ({e.strerror or e})",
                           "check the disk space and permissions of the destination") from None
-    return ExportResult(out=out, manifest=manifest)
+    return ExportResult(out=out_dir, manifest=manifest)
 
 
 def _check_out(ckpt_dir: Path, out_dir: Path, overwrite: bool) -> None:
-    if out_dir.exists() and not overwrite:
-        raise ExportError(out_dir, "already exists", "pass --overwrite to replace it, or choose another OUT/")
+    check_out(out_dir, overwrite)
     src, dst = ckpt_dir.resolve(), out_dir.resolve()
     if src == dst or src in dst.parents or dst in src.parents:
         raise ExportError(out_dir, f"overlaps the checkpoint folder {ckpt_dir}",
@@ -104,13 +110,13 @@ def _kv_plan(cfg: ModelConfig, ckpt: Checkpoint, widths: dict[str, list[int]], o
     if max_context > limit:
         raise ExportError("--max-context", f"{max_context} exceeds max_position_embeddings {limit} of "
                           f"{ckpt.config_path}", f"pass --max-context {limit} or less")
-    if options.device is not None and options.kv_budget_mib is not None:
-        raise ExportError("--kv-budget-mib", "given together with --device", "pass one of them")
-    if options.device is not None:
-        if options.device not in DEVICE_KV_BUDGET_MIB:
-            raise ExportError("--device", f"unknown device {options.device!r}",
+    if options.board is not None and options.kv_budget_mib is not None:
+        raise ExportError("--kv-budget-mib", "given together with --board", "pass one of them")
+    if options.board is not None:
+        if options.board not in DEVICE_KV_BUDGET_MIB:
+            raise ExportError("--board", f"unknown board {options.board!r}",
                               f"pick one of {', '.join(DEVICE_KV_BUDGET_MIB)}")
-        budget, flag = DEVICE_KV_BUDGET_MIB[options.device] * MIB, "--device"
+        budget, flag = DEVICE_KV_BUDGET_MIB[options.board] * MIB, "--board"
     elif options.kv_budget_mib is not None:
         budget, flag = int(options.kv_budget_mib * MIB), "--kv-budget-mib"
     else:
@@ -142,12 +148,13 @@ def _convert(ckpt: Checkpoint, spec: SourceSpec, fmt: str, names: list[str],
 
 
 def _source_info(ckpt: Checkpoint, spec: SourceSpec, fmt: str, dtypes: dict[str, str]) -> dict[str, Any]:
-    from bitmtp_edge.artifact import sha256_file
+    from bitmtp_edge.format.manifest import sha256_file
 
     files = {p.name: sha256_file(p) for p in ckpt.source_files()}
     combined = hashlib.sha256("".join(f"{n}\0{h}\n" for n, h in sorted(files.items())).encode()).hexdigest()
     info: dict[str, Any] = {
-        "path": str(ckpt.folder.resolve()),
+        # The checkpoint's own folder name: where it lay on the exporting machine is nobody's business.
+        "name": ckpt.folder.resolve().name,
         "kind": "bitmtp" if spec.mtp is not None else fmt,
         "weights_format": fmt,
         "architecture": spec.architecture,

@@ -9,7 +9,7 @@ the int8 row and its scale. Everything is float32 whatever the input dtype:
     h = w * (h * rsqrt(mean(h**2) + eps))  (the RMSNorm, when the op has one: not act_quant)
     q = 127 / max(max|h|, 1e-5);  x_int8 = clamp(round_half_even(h * q), -128, 127);  a_scale = 1 / q
 
-The quantisation is ``bitmtp_edge.quant.quantize_activations`` step for step: ``q`` and
+The quantisation is ``kernels_ampere.numerics.quantize_activations`` step for step: ``q`` and
 ``1/q`` are correctly rounded divisions (``div_rn``), ``rsqrt`` is ``1 / sqrt_rn`` as
 torch's CPU rsqrt computes it. The only differences from the twins are the float32
 summation order of ``mean(h**2)`` and, for SiLU, the GPU's ``exp``; each can move an
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from bitmtp_edge.quant import ACT_QMAX, SCALE_EPS, quantize_activations
+from .numerics import ACT_QMAX, SCALE_EPS, quantize_activations
 
 from .common import bf16_rne, check_dtype, check_launchable, gdc_prologue, next_pow2, pdl_options, round_half_even
 

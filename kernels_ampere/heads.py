@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bitmtp_edge.quant import int_matmul
+from .numerics import int_matmul
 
 from .common import bf16_dot_upcast, check_dtype, check_launchable, gdc_prologue, next_pow2, pdl_options
 from .tuning import HeadConfig, default_head, lookup

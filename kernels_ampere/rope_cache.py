@@ -10,7 +10,7 @@ are rotated (K only) and stored straight into ``k_buf[h, slot[m]]`` / ``v_buf[h,
 Unfused, the same work is ~15 launches per layer (norms, ``rotate_half``'s cat, the
 multiplies, two ``index_copy_``, dtype casts); at batch 1 each costs more than its bytes.
 
-RoPE is the half-split (``rotate_half``) convention of ``bitmtp_edge.model.apply_rope``:
+RoPE is the half-split (``rotate_half``) convention of ``numerics.apply_rope``:
 ``y[i] = x[i]·cos[i] - x[i + hd/2]·sin[i]`` for the first half, ``x[i]·cos[i] + x[i - hd/2]·sin[i]``
 for the second. The twin computes ``x·cos`` and ``rotate_half(x)·sin`` as separate float32
 roundings and then adds; the kernel does the same (FMA contraction off), so both write the
@@ -25,6 +25,7 @@ import triton.language as tl
 
 from .common import bf16_rne, check_dtype, check_launchable, gdc_prologue, next_pow2, pdl_options
 from .fused_quant import rms_norm_reference
+from .numerics import apply_rope
 
 KV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -140,8 +141,6 @@ def rope_qkv_to_cache(
 def rope_qkv_to_cache_reference(qkv, cos, sin, k_buf, v_buf, write_slots, *, num_heads, q_norm=None,
                                 k_norm=None, eps=1e-6):
     """The pure-PyTorch twin (same arguments, same in-place writes, same returned Q)."""
-    from bitmtp_edge.model import apply_rope
-
     hkv = k_buf.shape[0]
     m, hd = _check(qkv, cos, sin, k_buf, v_buf, write_slots, num_heads, hkv, "rope_qkv_to_cache_reference")
     q, k, v = qkv.split([num_heads * hd, hkv * hd, hkv * hd], dim=-1)

@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bitmtp_edge.quant import int_matmul
+from .numerics import int_matmul
 
 from .common import (check_dtype, check_launchable, check_packed_weight, check_residual, dp4a, gdc_prologue,
                      is_interpreted, next_pow2, pdl_options, scale_strides, split_k_chunks, split_k_reduce)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from bitmtp_edge.backends.reference import ReferenceBackend
-from bitmtp_edge.config import ModelConfig, QuantConfig
-from bitmtp_edge.model import TernaryLM
-from bitmtp_edge.segments import plan_segments
+from bitmtp_edge.format.config import ModelConfig, QuantConfig
+from bitmtp_edge.format.segments import plan_segments
+from bitmtp_edge.runtime.model import TernaryLM
 
 # Kernel tests run compiled on a GPU and under the Triton interpreter without one
 # (tests/__init__.py switches it on before triton is first imported).
@@ -45,7 +45,7 @@ def reference_backend(model: TernaryLM, max_context: int = 512, block_size: int 
                       smallest: int | None = None, dtype=torch.float64) -> ReferenceBackend:
     plan = plan_segments(model.cfg, max_context, workspace=2 * block_size + 1)
     if smallest is not None:  # force small segments to exercise growth
-        from bitmtp_edge.segments import CapacitySegment, KVPlan
+        from bitmtp_edge.format.segments import CapacitySegment, KVPlan
 
         caps, c = [], smallest
         while c < max_context:
@@ -73,11 +73,12 @@ def artifact_tensors(model: TernaryLM) -> dict[str, torch.Tensor]:
 
 
 def manifest_for(model: TernaryLM, block_size: int, plan):
-    from bitmtp_edge.artifact import Manifest
-    from bitmtp_edge.config import MTPConfig
+    from bitmtp_edge.format.manifest import Manifest
+    from bitmtp_edge.format.roles import step_widths
+    from bitmtp_edge.format.config import MTPConfig
 
     mtp = MTPConfig(block_size=block_size, mask_token_id=model.cfg.vocab_size - 1)
-    return Manifest(model=model.cfg, quant=model.quant, kv=plan, mtp=mtp, widths=Manifest.widths_for(mtp))
+    return Manifest(model=model.cfg, quant=model.quant, kv=plan, mtp=mtp, widths=step_widths(mtp))
 
 
 def fast_backend(model: TernaryLM, block_size: int = 4, max_context: int = 512, smallest: int | None = None,
@@ -103,7 +104,7 @@ def write_test_artifact(model: TernaryLM, out, block_size: int = 4, max_context:
 
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders
 
-    from bitmtp_edge.artifact import write_artifact
+    from bitmtp_edge.format.manifest import write_artifact
 
     vocab = {f"t{i}": i for i in range(model.cfg.vocab_size)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))

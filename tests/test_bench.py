@@ -1,4 +1,4 @@
-"""``bitmtp bench`` and the library under it (bitmtp_edge.bench), on the CPU.
+"""``bitmtp bench`` and the library under it (bitmtp_edge.app.bench), on the CPU.
 
 A one-layer random model written as a real artifact (tests/helpers.py) keeps every run to
 milliseconds; what is checked is the protocol and the report, not the speed: the files
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bitmtp_edge import bench as B
-from bitmtp_edge.cli import main
-from bitmtp_edge.monitor import PollingSource, Sample, Sampler
+from bitmtp_edge.app import bench as B
+from bitmtp_edge.app.cli import main
+from bitmtp_edge.jetson.monitor import PollingSource, Sample, Sampler
 from tests.helpers import random_model, write_test_artifact
 from tests.test_monitor_sampler import fake_tegrastats  # noqa: F401  (a fixture)
 
@@ -40,7 +40,7 @@ def artifact(model, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(artifact):
-    from bitmtp_edge.engine import Engine
+    from bitmtp_edge.runtime.engine import Engine
 
     return Engine.load(artifact, backend="reference", device="cpu")
 
@@ -90,7 +90,7 @@ def test_load_prompts_missing_or_empty_file(tmp_path):
 def test_builtin_prompts_are_the_held_out_file_beside_the_artifact_else_the_fallback(tmp_path):
     from types import SimpleNamespace
 
-    from bitmtp_edge.demo import FALLBACK_PROMPTS
+    from bitmtp_edge.app.demo import FALLBACK_PROMPTS
 
     prompts, source = B.builtin_prompts(SimpleNamespace(path=tmp_path))
     assert [p.text for p in prompts] == list(FALLBACK_PROMPTS) and "FALLBACK_PROMPTS" in source
@@ -237,7 +237,7 @@ def test_bench_drives_the_graph_backend_like_the_engine_does(model, engine):
     import torch
 
     from bitmtp_edge.backends.graph import RuntimeOptions
-    from bitmtp_edge.engine import Engine
+    from bitmtp_edge.runtime.engine import Engine
     from tests.helpers import fast_backend
 
     backend = fast_backend(model, block_size=4, max_context=128,
@@ -286,7 +286,7 @@ def test_bench_with_nvml_reports_power_and_energy_per_token(monkeypatch, artifac
 
 
 def _fixture_posture(monkeypatch, name: str):
-    from bitmtp_edge import posture
+    from bitmtp_edge.jetson import posture
     from tests.test_board_posture import board
 
     root, runner = board(name)

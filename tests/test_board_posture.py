@@ -15,7 +15,7 @@ from typing import Sequence
 
 import pytest
 
-from bitmtp_edge.board import (
+from bitmtp_edge.jetson.board import (
     CommandResult,
     detect_board,
     jetpack_for_l4t,
@@ -23,7 +23,7 @@ from bitmtp_edge.board import (
     parse_compatible,
     parse_nv_tegra_release,
 )
-from bitmtp_edge.posture import (
+from bitmtp_edge.jetson.posture import (
     NvpmodelConf,
     PostureError,
     check_posture,
@@ -173,7 +173,7 @@ def test_parse_cpu_list():
 
 
 @pytest.mark.parametrize(
-    "name, pnumber, module, soc, l4t, jetpack, ram_mb, export_device",
+    "name, pnumber, module, soc, l4t, jetpack, ram_mb, export_board",
     [
         ("orin-nano-super", "p3767-0005", "Jetson Orin Nano 8GB (devkit)", "tegra234", "36.4.7", "6.2.1", 7620, "orin-nano-8gb"),
         ("orin-nx-16gb", "p3767-0000", "Jetson Orin NX 16GB", "tegra234", "36.4.3", "6.2", 15656, "orin-nx-16gb"),
@@ -181,12 +181,12 @@ def test_parse_cpu_list():
         ("agx-thor", "p3834-0008", "Jetson AGX Thor (T5000)", "tegra264", "38.2.0", "7.0", 125749, None),
     ],
 )
-def test_detect_board(name, pnumber, module, soc, l4t, jetpack, ram_mb, export_device):
+def test_detect_board(name, pnumber, module, soc, l4t, jetpack, ram_mb, export_board):
     root, runner = board(name)
     b = detect_board(root, runner)
     assert b.on_jetson
     assert (b.module_pnumber, b.module, b.soc, b.l4t, b.jetpack) == (pnumber, module, soc, l4t, jetpack)
-    assert b.ram_total_mb == ram_mb and b.export_device == export_device
+    assert b.ram_total_mb == ram_mb and b.export_board == export_board
     assert b.model and "\0" not in b.model
     assert runner.calls == []  # detection reads files only
     json.dumps(b.to_dict())
@@ -203,6 +203,34 @@ def test_detect_board_falls_back_to_dpkg_when_release_file_is_missing(tmp_path):
     b = detect_board(root, runner)
     assert b.on_jetson and b.l4t == "36.4.4" and b.jetpack == "6.2.1"
     assert any("dpkg-query" in n for n in b.notes)
+
+
+@pytest.mark.parametrize("pnumber, module, preset", [
+    ("p3767-0001", "Jetson Orin NX 8GB", "orin-nx-8gb"),
+    ("p3767-0004", "Jetson Orin Nano 4GB", "orin-nano-4gb"),
+])
+def test_every_orin_nx_and_nano_module_has_an_export_preset(tmp_path, pnumber, module, preset):
+    """The 8 GB NX and the 4 GB Nano were detected but had no --board preset: the doctor's
+    hint and detect_board().export_board came back empty on exactly the smallest boards."""
+    from bitmtp_edge.format.segments import DEVICE_KV_BUDGET_MIB
+
+    root = tmp_path / "root"
+    shutil.copytree(BOARDS / "orin-nx-16gb" / "root", root)
+    (root / "proc" / "device-tree" / "compatible").write_bytes(
+        f"nvidia,p3768-0000+{pnumber}\0nvidia,{pnumber}\0nvidia,tegra234\0".encode())
+    b = detect_board(root, FixtureRunner(BOARDS / "orin-nx-16gb"))
+    assert (b.module_pnumber, b.module, b.export_board) == (pnumber, module, preset)
+    assert preset in DEVICE_KV_BUDGET_MIB
+    # the smaller board never gets a larger KV budget than its bigger sibling
+    bigger = {"orin-nx-8gb": "orin-nx-16gb", "orin-nano-4gb": "orin-nano-8gb"}[preset]
+    assert DEVICE_KV_BUDGET_MIB[preset] <= DEVICE_KV_BUDGET_MIB[bigger]
+
+
+def test_every_export_preset_of_a_module_is_a_board_the_exporter_knows():
+    from bitmtp_edge.jetson.board import EXPORT_PRESETS
+    from bitmtp_edge.format.segments import DEVICE_KV_BUDGET_MIB
+
+    assert set(EXPORT_PRESETS.values()) <= set(DEVICE_KV_BUDGET_MIB)
 
 
 def test_posture_orin_nano_super_maxn_super_locked_is_ready():

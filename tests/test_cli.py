@@ -1,4 +1,4 @@
-"""The ``bitmtp`` command line through click's CliRunner: doctor, chat, serve, export,
+"""The ``bitmtp`` command line through click's CliRunner: doctor, chat, serve,
 generate and the friendly errors (``bench`` has tests/test_bench.py)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bitmtp_edge import cli
-from bitmtp_edge.cli import main
+from bitmtp_edge.app import cli
+from bitmtp_edge.app.cli import main
 from tests.helpers import random_model, write_test_artifact
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +28,7 @@ def artifact(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(artifact):
-    from bitmtp_edge.engine import Engine
+    from bitmtp_edge.runtime.engine import Engine
 
     return Engine.load(artifact, backend="reference", device="cpu")
 
@@ -42,8 +42,8 @@ def invoke(*args, input: str | None = None):
 
 def test_option_choices_match_the_library():
     from bitmtp_edge.backends.graph import RuntimeOptions
-    from bitmtp_edge.decoding import POLICIES
-    from bitmtp_edge.engine import BACKENDS
+    from bitmtp_edge.runtime.decoding import POLICIES
+    from bitmtp_edge.runtime.engine import BACKENDS
 
     assert cli.POLICY_NAMES == POLICIES
     assert cli.BACKEND_NAMES == BACKENDS
@@ -52,14 +52,14 @@ def test_option_choices_match_the_library():
 
 def test_importing_the_cli_does_not_import_torch():
     # doctor must be able to report a broken torch install instead of dying on the import
-    code = "import sys, bitmtp_edge.cli; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, bitmtp_edge.app.cli; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
 def test_help_lists_every_command():
     res = invoke("--help")
     assert res.exit_code == 0
-    for name in ("generate", "demo", "chat", "bench", "doctor", "serve", "export"):
+    for name in ("generate", "demo", "chat", "bench", "doctor", "serve"):
         assert name in res.output
 
 
@@ -153,7 +153,7 @@ def test_chat_ends_at_end_of_input(artifact):
 
 
 def test_chat_session_keeps_and_trims_the_transcript(engine):
-    from bitmtp_edge.chat import ChatSession, parse_command
+    from bitmtp_edge.app.chat import ChatSession, parse_command
 
     s = ChatSession(engine, policy="hybrid", max_new_tokens=4)
     reply = "".join(piece for piece, _ in s.reply("t1 t2"))
@@ -199,7 +199,7 @@ def test_serve_answers_json_lines_on_stdin(artifact):
 
 
 def test_serve_on_a_unix_socket(engine, tmp_path):
-    from bitmtp_edge.serve import UnixServer
+    from bitmtp_edge.app.serve import UnixServer
 
     path = tmp_path / "s.sock"
     server = UnixServer(path, engine)
@@ -228,24 +228,12 @@ def test_serve_on_a_unix_socket(engine, tmp_path):
     UnixServer(path, engine).server_close()
 
 
-# --------------------------------------------------------------------------- export
-
-
-def test_export_delegates_to_bitmtp_export(tmp_path):
-    res = invoke("export", "--help")
-    assert res.exit_code == 0 and "Usage: bitmtp export [OPTIONS]" in res.output and "CKPT" in res.output
-    assert "--max-context" in res.output and "--kv-budget-mib" in res.output
-    res = invoke("export", tmp_path / "no-checkpoint", tmp_path / "out", "--quiet")
-    assert res.exit_code == 2 and "error: " in res.output and "no-checkpoint" in res.output
-    assert not (tmp_path / "out").exists()
-
-
 def test_capture_progress_bar_counts_the_graphs():
     import io
 
     from rich.console import Console
 
-    from bitmtp_edge.cli import CaptureProgress
+    from bitmtp_edge.app.cli import CaptureProgress
 
     out = io.StringIO()
     bar = CaptureProgress(Console(file=out, force_terminal=True, width=80))

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from bitmtp_edge.backends.base import DraftResult, StepLog, VerifyResult
-from bitmtp_edge.decoding import (
+from bitmtp_edge.runtime.decoding import (
     DecodeOptions, DecodeStats, DecodingError, accepted_prefix, confident_prefix, decode,
 )
-from bitmtp_edge.kv import SegmentedKV
-from bitmtp_edge.masks import prefill_mask
-from bitmtp_edge.segments import plan_segments
+from bitmtp_edge.format.segments import plan_segments
+from bitmtp_edge.runtime.kv import SegmentedKV
+from bitmtp_edge.runtime.masks import prefill_mask
 from tests.helpers import random_model, reference_backend
 
 PROMPTS = [[1, 5, 7, 9, 11], [3], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31]]

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from bitmtp_edge.engine import embedded_artifact_path
+from bitmtp_edge.runtime.engine import embedded_artifact_path
 from bitmtp_edge.runtime import detokenize
 from bitmtp_edge.runtime.detokenize import TextStream, _WindowDecoder
 
@@ -63,7 +63,7 @@ def test_any_chunking_with_stops_equals_cutting_the_full_text(tokenizer, cuts, s
 
 
 def test_engine_stream_equals_generate_with_stop_strings(tmp_path):
-    from bitmtp_edge.engine import Engine
+    from bitmtp_edge.runtime.engine import Engine
     from tests.helpers import random_model, write_test_artifact
 
     engine = Engine.load(write_test_artifact(random_model(13), tmp_path / "a"), backend="reference", device="cpu")

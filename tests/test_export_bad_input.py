@@ -305,8 +305,8 @@ def test_kv_budget_too_small(tmp_path):
 
 def test_device_and_kv_budget_together(tmp_path):
     out = tmp_path / "out"
-    assert_refused(run_cli(copy_ckpt("bitnet-online", tmp_path / "ckpt"), out, "--device", "h200",
-                           "--kv-budget-mib", "64"), out, "--kv-budget-mib", "--device")
+    assert_refused(run_cli(copy_ckpt("bitnet-online", tmp_path / "ckpt"), out, "--board", "h200",
+                           "--kv-budget-mib", "64"), out, "--kv-budget-mib", "--board")
 
 
 def test_untied_config_without_lm_head_says_how_to_tie(tmp_path):
@@ -331,3 +331,47 @@ def test_offline_float_weights_that_are_not_ternary(tmp_path):
     out = tmp_path / "out"
     assert_refused(run_cli(ckpt, out), out, str(ckpt / "model.safetensors"), name, "[4, 2] = 0.5",
                    "ternary values {-1, 0, 1}")
+
+
+# --- sizes are checked against the weights before anything is sized by them ----------------
+
+@pytest.mark.parametrize("key, value, needles", [
+    ("num_hidden_layers", 10**6, ("num_hidden_layers = 1000000", "the weights hold 2 (layers 0-1)")),
+    ("vocab_size", 8_000_000, ("vocab_size = 8000000", "model.embed_tokens.weight is [")),
+    ("hidden_size", 2**20, ("hidden_size = 1048576", "model.embed_tokens.weight is [")),
+])
+def test_absurd_sizes_are_refused_before_any_allocation(tmp_path, key, value, needles):
+    """num_hidden_layers: 10**6 once reached 3.8 GB before the refusal; now the config is held
+    against the safetensors header first, and the whole refusal stays within a few MB."""
+    import tracemalloc
+
+    from export import ExportError, export_checkpoint
+
+    ckpt = copy_ckpt("bitnet-online", tmp_path / "ckpt")
+    edit_config(ckpt, **{key: value})
+    out = tmp_path / "out"
+    assert_refused(run_cli(ckpt, out), out, str(ckpt / "config.json"), *needles)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ExportError):
+            export_checkpoint(ckpt, out)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 * 2**20, f"{peak / 2**20:.0f} MiB allocated before refusing"
+
+
+@pytest.mark.parametrize("value", ["256", 256.0, True, -4])
+def test_a_dimension_of_the_wrong_type_names_the_key(tmp_path, value):
+    ckpt = copy_ckpt("qwen3-fp16", tmp_path / "ckpt")
+    edit_config(ckpt, hidden_size=value)
+    out = tmp_path / "out"
+    assert_refused(run_cli(ckpt, out), out, str(ckpt / "config.json"), "'hidden_size' must be a positive integer",
+                   repr(value))
+
+
+def test_a_value_transformers_refuses_is_one_clear_line(tmp_path):
+    ckpt = copy_ckpt("bitnet-online", tmp_path / "ckpt")
+    edit_config(ckpt, rms_norm_eps="tiny")
+    out = tmp_path / "out"
+    assert_refused(run_cli(ckpt, out), out, str(ckpt / "config.json"), "rms_norm_eps")

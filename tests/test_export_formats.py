@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bitmtp_edge.artifact import WEIGHTS, read_manifest, sha256_file, verify_files
-from bitmtp_edge.config import MTPConfig, QuantConfig
-from bitmtp_edge.quant import dequantize_ternary, quantize_rows_int8, ternarize_absmean
-from bitmtp_edge.segments import DEVICE_KV_BUDGET_MIB, MIB
+from bitmtp_edge.format.config import MTPConfig, QuantConfig
+from bitmtp_edge.format.manifest import WEIGHTS, read_manifest, sha256_file, verify_files
+from bitmtp_edge.format.segments import DEVICE_KV_BUDGET_MIB, MIB
 from export import ExportOptions, export_checkpoint
+from kernels_ampere.numerics import dequantize_ternary, quantize_rows_int8, ternarize_absmean
 from kernels_ampere.packing import unpack_hf_bitnet, unpack_ternary
 from tests.export_fixtures import checkpoint, copy_ckpt, run_cli
 from tools import fake_checkpoints as fc
@@ -245,7 +245,7 @@ def test_kv_segments_follow_max_context_and_budget(tmp_path):
     # 1 KiB per slot: the 4096 segment (+ the 2048 one it grows from) does not fit in 5 MiB.
     m, _ = export(ckpt, tmp_path / "budget", kv_budget_mib=5)
     assert m.kv.segments[-1].capacity == 2048 and m.kv.budget_bytes == 5 * MIB
-    m, _ = export(ckpt, tmp_path / "device", device="orin-nano-8gb")
+    m, _ = export(ckpt, tmp_path / "board", board="orin-nano-8gb")
     assert m.kv.budget_bytes == DEVICE_KV_BUDGET_MIB["orin-nano-8gb"] * MIB
 
 
@@ -253,7 +253,7 @@ def test_kv_segments_follow_max_context_and_budget(tmp_path):
 
 def test_cli_exports_prints_a_summary_and_overwrites_on_request(tmp_path):
     ckpt, out = checkpoint("bitmtp"), tmp_path / "out"
-    result = run_cli(ckpt, out, "--device", "orin-nano-8gb")
+    result = run_cli(ckpt, out, "--board", "orin-nano-8gb")
     assert result.exit_code == 0, result.output
     assert f"-> {out}" in result.output and "D=4" in result.output and "budget 512 MiB" in result.output
     assert read_manifest(out).mtp.block_size == 4
@@ -267,7 +267,7 @@ def test_cli_exports_prints_a_summary_and_overwrites_on_request(tmp_path):
 def test_cli_help_lists_the_options():
     result = run_cli("--help")
     assert result.exit_code == 0
-    for opt in ("--max-context", "--device", "orin-nano-8gb", "--kv-budget-mib", "--overwrite", "--quiet"):
+    for opt in ("--max-context", "--board", "orin-nano-8gb", "--kv-budget-mib", "--overwrite", "--quiet"):
         assert opt in result.output
     assert "--block-size" not in result.output
 
@@ -278,8 +278,8 @@ def test_training_checkpoints_of_tools_hf_checkpoint_export(tmp_path):
     """Both forms tools.train saves (latent/online and compact/offline) export to the same
     codes; the compact (release) form stores its scales in bfloat16 (tools/hf_checkpoint.py
     says why), so its scales are the latent ones rounded to bfloat16."""
-    from bitmtp_edge.config import ModelConfig
-    from bitmtp_edge.model import LatentTernaryLinear, TernaryLM
+    from bitmtp_edge.format.config import ModelConfig
+    from bitmtp_edge.runtime.model import LatentTernaryLinear, TernaryLM
     from tools.hf_checkpoint import save_compact, save_latent
 
     ids = fc.write_tokenizer(tmp_path / "tok")
@@ -315,3 +315,24 @@ def test_demo_artifact_runs_every_policy(tmp_path):
     prompt = "def add(a, b):"
     runs = {p: eng.generate(prompt, max_new_tokens=12, policy=p).token_ids for p in POLICIES}
     assert runs["speculative"] == runs["ar"]  # lossless: a sanity check that the artifact is coherent
+
+
+@pytest.mark.parametrize("kind", ["bitnet-online", "qwen3-fp16"])
+def test_omitted_or_null_keys_take_transformers_class_defaults(tmp_path, kind):
+    """config.json is read by transformers' own config class, so what a checkpoint leaves out
+    (or sets to null) gets exactly the default from_pretrained would give it."""
+    from transformers import AutoConfig
+
+    family = {"bitnet-online": "bitnet", "qwen3-fp16": "qwen3"}[kind]
+    ckpt = copy_ckpt(kind, tmp_path / "ckpt")
+    cfg = json.loads((ckpt / "config.json").read_text())
+    for key in ("rms_norm_eps", "hidden_act", "rope_parameters", "rope_theta", "rope_scaling"):
+        cfg.pop(key, None)
+    cfg["max_position_embeddings"] = None
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    m, _ = export(ckpt, tmp_path / "out")
+    stock = AutoConfig.for_model(family)
+    theta = stock.rope_parameters["rope_theta"] if getattr(stock, "rope_parameters", None) else stock.rope_theta
+    assert m.model.rms_norm_eps == stock.rms_norm_eps
+    assert m.model.rope_theta == theta
+    assert m.model.max_position_embeddings == stock.max_position_embeddings

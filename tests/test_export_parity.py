@@ -24,9 +24,9 @@ import pytest
 import torch
 
 from bitmtp_edge import Engine
-from bitmtp_edge.model import PackedTernaryLinear
-from bitmtp_edge.quant import ACT_QMAX, SCALE_EPS, quantize_activations
+from bitmtp_edge.runtime.model import PackedTernaryLinear
 from export import export_checkpoint
+from kernels_ampere.numerics import ACT_QMAX, SCALE_EPS, quantize_activations
 from tests.export_fixtures import checkpoint
 from tools import fake_checkpoints as fc
 

@@ -19,7 +19,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from bitmtp_edge.app.http_server import ServerConfig, create_app, make_server  # noqa: E402
-from bitmtp_edge.engine import Engine  # noqa: E402
+from bitmtp_edge.runtime.engine import Engine  # noqa: E402
 from tests.helpers import artifact_tensors, manifest_for, random_model, reference_backend  # noqa: E402
 
 MODEL = "tiny-chat"
@@ -39,7 +39,7 @@ def write_tiny_artifact(out: Path, template: str | None, seed: int = 11, max_con
     a chat template in tokenizer_config.json (as the exporter copies it)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    from bitmtp_edge.artifact import write_artifact
+    from bitmtp_edge.format.manifest import write_artifact
 
     model = random_model(seed)
     vocab = model.cfg.vocab_size

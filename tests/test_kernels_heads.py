@@ -12,8 +12,8 @@ import torch
 
 pytest.importorskip("triton")  # the interpreter is set up by tests/__init__.py without CUDA
 
+from kernels_ampere.numerics import quantize_activations, quantize_rows_int8  # noqa: E402
 from tests.helpers import DEVICE, needs_gpu  # noqa: E402
-from bitmtp_edge.quant import quantize_activations, quantize_rows_int8  # noqa: E402
 from kernels_ampere.heads import (  # noqa: E402
     f16_head_argmax,
     f16_head_argmax_reference,

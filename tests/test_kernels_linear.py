@@ -14,12 +14,12 @@ import torch
 
 pytest.importorskip("triton")  # the interpreter is set up by tests/__init__.py without CUDA
 
-from tests.helpers import DEVICE, ON_GPU, needs_gpu  # noqa: E402
-from bitmtp_edge.quant import int_matmul, quantize_activations  # noqa: E402
 from kernels_ampere import pack_ternary  # noqa: E402
+from kernels_ampere.numerics import int_matmul, quantize_activations  # noqa: E402
 from kernels_ampere.tuning import DOT, GEMV, ROWS, LinearConfig  # noqa: E402
-from kernels_ampere.w2a8 import w2a8_linear, w2a8_linear_reference  # noqa: E402
 from kernels_ampere.w2a16 import w2a16_linear, w2a16_linear_reference  # noqa: E402
+from kernels_ampere.w2a8 import w2a8_linear, w2a8_linear_reference  # noqa: E402
+from tests.helpers import DEVICE, ON_GPU, needs_gpu  # noqa: E402
 
 
 WIDTHS = (1, 2, 3, 5, 9, 17)

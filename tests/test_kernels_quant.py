@@ -12,8 +12,8 @@ import torch
 
 pytest.importorskip("triton")  # the interpreter is set up by tests/__init__.py without CUDA
 
+from kernels_ampere.numerics import SCALE_EPS  # noqa: E402
 from tests.helpers import DEVICE, needs_gpu  # noqa: E402
-from bitmtp_edge.quant import SCALE_EPS  # noqa: E402
 from kernels_ampere.fused_quant import (  # noqa: E402
     relu2_mul_rmsnorm_quant,
     relu2_mul_rmsnorm_quant_reference,

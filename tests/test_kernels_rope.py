@@ -11,9 +11,9 @@ import torch
 
 pytest.importorskip("triton")  # the interpreter is set up by tests/__init__.py without CUDA
 
-from tests.helpers import DEVICE  # noqa: E402
-from bitmtp_edge.model import rope_cos_sin  # noqa: E402
+from kernels_ampere.numerics import rope_cos_sin  # noqa: E402
 from kernels_ampere.rope_cache import rope_qkv_to_cache, rope_qkv_to_cache_reference  # noqa: E402
+from tests.helpers import DEVICE  # noqa: E402
 
 
 def inputs(m, hq, hkv, hd, slots, kv_dtype, seed):

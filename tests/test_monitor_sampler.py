@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from bitmtp_edge.board import detect_board
-from bitmtp_edge.monitor import (
+from bitmtp_edge.jetson.board import detect_board
+from bitmtp_edge.jetson.monitor import (
     JtopSource,
     NvmlSource,
     Sample,

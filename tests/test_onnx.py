@@ -26,12 +26,12 @@ import torch
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-import bitmtp_edge.model as model_module
-from bitmtp_edge.artifact import MANIFEST, read_manifest, sha256_file
 from bitmtp_edge.backends.base import DraftResult
-from bitmtp_edge.decoding_rules import accepted_prefix
-from bitmtp_edge.engine import Engine, embedded_artifact_path
-from bitmtp_edge.masks import causal_step_mask, draft_step_mask
+from bitmtp_edge.format.manifest import MANIFEST, read_manifest, sha256_file
+from bitmtp_edge.runtime.decoding_rules import accepted_prefix
+from bitmtp_edge.runtime.engine import Engine, embedded_artifact_path
+from bitmtp_edge.runtime.masks import causal_step_mask, draft_step_mask
+import bitmtp_edge.runtime.model as model_module
 from export import export_checkpoint
 from export.onnx_export import (
     DRAFT_OUTPUTS,

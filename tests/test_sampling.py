@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bitmtp_edge.backends.base import DraftResult, StepLog, VerifyResult
-from bitmtp_edge.decoding import DecodeOptions, DecodeStats, DecodingError, decode
+from bitmtp_edge.runtime.decoding import DecodeOptions, DecodeStats, DecodingError, decode
 from bitmtp_edge.runtime.sampling import (
     SamplingError, SamplingParams, filtered_probs, inverse_cdf, penalize, speculative_accept,
 )

@@ -1,11 +1,11 @@
-"""parse_tegrastats against every verbatim line of shared/reference/jetson.md §1.3.
+"""parse_tegrastats against every recorded line of tests/fixtures/jetson/tegrastats/.
 
-Each line is copied here verbatim (so the test runs without shared/) with its expected
-values written out by hand. A guard test re-reads jetson.md when it is present and fails if
-it holds a tegrastats line that this file does not cover. Lines jetson.md withholds are
-described only by its grammar table; the ``GRAMMAR_*`` lines below are constructed from that
-table (not recordings) to pin each variant: runs of spaces, negative rails, JP7 three-value
-power and cur/max temps, Thor's load-less GPU and EMC, unknown tokens.
+Each recorded line (public sources in that folder's README.md) is checked against its
+expected values, written out by hand below; a guard test fails when a file there holds a
+line without expected values here. Variants no recording covers are pinned by ``GRAMMAR_*``
+lines constructed from the format description in docs/jetson.md §tegrastats (not
+recordings): runs of spaces, negative rails, JP7 three-value power and cur/max temps,
+Thor's load-less GPU and EMC, unknown tokens.
 """
 
 from __future__ import annotations
@@ -18,32 +18,27 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bitmtp_edge.monitor import TegrastatsParseError, TegrastatsSample, parse_tegrastats
+from bitmtp_edge.jetson.monitor import TegrastatsParseError, TegrastatsSample, parse_tegrastats
 
-# --------------------------------------------------------------------------- verbatim lines
+# --------------------------------------------------------------------------- recorded lines
 
-# A. Orin Nano 8GB, JP6, root (henrygd/beszel agent/gpu_test.go)
-A_NANO_JP6_ROOT = "11-15-2024 08:38:09 RAM 6185/7620MB (lfb 8x2MB) SWAP 851/3810MB (cached 1MB) CPU [15%@729,11%@729,14%@729,13%@729,11%@729,8%@729] EMC_FREQ 43%@2133 GR3D_FREQ 63%@[621] NVDEC off NVJPG off NVJPG1 off VIC off OFA off APE 200 cpu@53.968C soc2@52.437C soc0@50.75C gpu@53.343C tj@53.968C soc1@51.656C VDD_IN 12479mW/12479mW VDD_CPU_GPU_CV 4667mW/4667mW VDD_SOC 2817mW/2817mW"
-# B. Orin Nano 8GB, JP6, non-root
-B_NANO_JP6_USER = "06-18-2025 11:25:24 RAM 3452/7620MB (lfb 25x4MB) SWAP 1518/16384MB (cached 174MB) CPU [1%@1420,2%@1420,0%@1420,2%@1420,2%@729,1%@729] GR3D_FREQ 0% cpu@50.031C soc2@49.031C soc0@50C gpu@49.031C tj@50.25C soc1@50.25C VDD_IN 4824mW/4824mW VDD_CPU_GPU_CV 518mW/518mW VDD_SOC 1475mW/1475mW"
-# C. Orin Nano Super, 25W, idle: jetson_clocks off, then on
-C1_NANO_SUPER_UNLOCKED = "04-27-2026 14:59:41 RAM 775/7620MB (lfb 3x4MB) SWAP 0/3810MB (cached 0MB) CPU [1%@729,0%@729,0%@729,0%@729,0%@729,0%@729] GR3D_FREQ 0% cpu@48.468C soc2@47.531C soc0@48.062C gpu@48.562C tj@49.156C soc1@49.156C VDD_IN 4761mW/4778mW VDD_CPU_GPU_CV 515mW/501mW VDD_SOC 1428mW/1428mW"
-C2_NANO_SUPER_LOCKED = "04-27-2026 15:00:54 RAM 779/7620MB (lfb 2x4MB) SWAP 0/3810MB (cached 0MB) CPU [0%@1344,0%@1344,0%@1344,0%@1344,0%@1344,0%@1344] GR3D_FREQ 0% cpu@50.125C soc2@49.125C soc0@49.25C gpu@50.562C tj@50.562C soc1@50.437C VDD_IN 6626mW/6625mW VDD_CPU_GPU_CV 1228mW/1230mW VDD_SOC 2380mW/2380mW"
-# D. Orin NX 16GB, JP6.2, non-root: idle, loaded
-D1_NX_IDLE = "07-16-2026 13:03:45 RAM 1224/15656MB (lfb 8x4MB) SWAP 0/7828MB (cached 0MB) CPU [1%@729,0%@729,0%@729,0%@729,0%@729,0%@729,0%@729,0%@729] GR3D_FREQ 0% cv0@41.156C cpu@45.843C soc2@39.593C soc0@42.562C cv1@42.156C gpu@43.406C tj@45.843C soc1@40.25C cv2@38.593C VDD_IN 4304mW/4304mW VDD_CPU_GPU_CV 573mW/573mW VDD_SOC 1218mW/1218mW"
-D2_NX_LOADED = "08-21-2026 18:23:24 RAM 6238/15656MB (lfb 65x4MB) SWAP 3109/7828MB (cached 5MB) CPU [23%@1984,9%@1984,20%@1984,10%@1984,7%@1984,7%@1984,8%@1984,100%@1984] GR3D_FREQ 7% cv0@54.375C cpu@56.531C soc2@53.906C soc0@55.062C cv1@54.062C gpu@54C tj@56.531C soc1@56.281C cv2@54.343C VDD_IN 8820mW/8217mW VDD_CPU_GPU_CV 3159mW/3123mW VDD_SOC 2175mW/1933mW"
-# E. Orin NX 16GB, JP5, root, 4 cores offline (DataDog voltageUnitSample)
-E_NX_JP5 = "RAM 6334/15388MB (lfb 1770x4MB) SWAP 491/7694MB (cached 0MB) CPU [6%@729,9%@729,5%@729,16%@729,off,off,off,off] EMC_FREQ 0%@2133 GR3D_FREQ 0%@611 VIC_FREQ 729 APE 174 CV0@45.812C CPU@47.937C SOC2@46.093C SOC0@46.968C CV1@46.406C GPU@45.875C tj@48.875C SOC1@48.875C CV2@45.75C VDD_IN 5299mW/5299mW VDD_CPU_GPU_CV 773mW/773mW VDD_SOC 1424mW/1424mW"
-# G. AGX Orin 64GB, root: JP5-style upper-case temps with GR3D array; then L4T R36.4.4
-G1_AGX_JP5 = "04-11-2025 10:36:27 RAM 4321/62801MB (lfb 1759x4MB) SWAP 19/31400MB (cached 0MB) CPU [0%@729,0%@729,0%@729,0%@729,0%@729,0%@729,0%@729,0%@729,0%@729,0%@729,0%@729,0%@729] EMC_FREQ 0%@2133 GR3D_FREQ 0%@[0,0] VIC_FREQ 729 APE 174 CV0@-256C CPU@44.562C Tboard@32C SOC2@40.093C Tdiode@33C SOC0@41.093C CV1@-256C GPU@-256C tj@44.343C SOC1@41.25C CV2@-256C VDD_GPU_SOC 2340mW/2340mW VDD_CPU_CV 390mW/390mW VIN_SYS_5V0 4025mW/4025mW NC 0mW/0mW VDDQ_VDD2_1V8AO 301mW/301mW NC 0mW/0mW"
-G2_AGX_R3644 = "05-09-2026 18:42:06 RAM 18207/62841MB (lfb 466x4MB) SWAP 86/31420MB (cached 0MB) CPU [14%@2188,5%@2112,8%@2035,14%@2201,46%@1267,47%@1267,2%@1267,10%@1267,4%@1036,5%@1036,6%@1036,10%@1036] EMC_FREQ 3%@2133 GR3D_FREQ 0%@[0,0] NVENC 79%@166 NVDEC off NVJPG off NVJPG1 off VIC 36%@115 OFA off NVDLA0 off NVDLA1 off PVA0_FREQ off APE 174 cpu@52.562C soc2@48.437C soc0@49.093C tj@52.562C soc1@49.656C VDD_GPU_SOC 2412mW/2412mW VDD_CPU_CV 1607mW/1607mW VIN_SYS_5V0 4707mW/4707mW"
-# H. AGX Orin 64GB, JP6, non-root (DataDog orinSample)
-H_AGX_JP6_USER = "RAM 2448/62840MB (lfb 2x4MB) SWAP 0/31420MB (cached 0MB) CPU [0%@2201,0%@2201,0%@2201,0%@2201,0%@2201,0%@2201,0%@2201,0%@2201,0%@2201,0%@2201,0%@2201,0%@2201] GR3D_FREQ 0% cpu@42C soc2@37.843C soc0@39.187C gpu@37.75C tj@42C soc1@37.937C VDD_GPU_SOC 4940mW/4940mW VDD_CPU_CV 988mW/988mW VIN_SYS_5V0 4442mW/4442mW"
-# I. jetson_stats emulator template: shell placeholders left in ($RAND_GPU, "...%@729 x12")
-I_EMULATOR_TEMPLATE = "01-03-2023 16:07:54 RAM 2257/30536MB (lfb 5392x4MB) SWAP 0/15268MB (cached 0MB) CPU [...%@729 x12] EMC_FREQ 0%@204 GR3D_FREQ $RAND_GPU%@0 GR3D2_FREQ $RAND_GPU2%@0 NVJPG1 729 VIC_FREQ 115 APE 233 CV0@-256C CPU@41.437C Tboard@29C SOC2@39.062C Tdiode@30.75C SOC0@39.031C CV1@-256C GPU@-256C tj@41.656C SOC1@38.937C CV2@-256C VDD_GPU_SOC 2390mW/2390mW VDD_CPU_CV 796mW/796mW VIN_SYS_5V0 3522mW/3522mW NC 0mW/0mW VDDQ_VDD2_1V8AO 301mW/301mW NC 0mW/0mW"
-# L. Older formats: TX2 (JP4, no unit on power) and Xavier NX
-L1_TX2 = "RAM 2020/7852MB (lfb 1164x4MB) CPU [9%@345,21%@345,25%@345,3%@345,1%@345,1%@345] EMC_FREQ 0% GR3D_FREQ 0% PLL@42.5C MCPU@42.5C PMIC@100C Tboard@40C GPU@41C BCPU@42.5C thermal@41.9C Tdiode@41.25C VDD_SYS_GPU 153/158 VDD_SYS_SOC 536/547 VDD_4V0_WIFI 633/527 VDD_IN 3140/3208 VDD_SYS_CPU 536/590 VDD_SYS_DDR 557/601"
-L2_XAVIER_NX = "RAM 4412/7772MB (lfb 237x4MB) SWAP 139/3886MB (cached 2MB) CPU [9%@1190,6%@1190,6%@1190,5%@1190,4%@1190,8%@1267] EMC_FREQ 10%@1600 GR3D_FREQ 62%@306 APE 150 MTS fg 0% bg 0% AO@41.5C GPU@43C PMIC@100C AUX@41.5C CPU@43.5C thermal@42.55C VDD_IN 4067/4067 VDD_CPU_GPU_CV 738/738 VDD_SOC 1353/1353"
+RECORDINGS = Path(__file__).parent / "fixtures" / "jetson" / "tegrastats"
+
+
+def recorded_lines(name: str) -> list[str]:
+    """The lines of one recording file (blank and '#' lines are comments, as bin/tegrastats reads them)."""
+    text = (RECORDINGS / name).read_text()
+    return [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+A_NANO_JP6_ROOT, B_NANO_JP6_USER, C1_NANO_SUPER_UNLOCKED, C2_NANO_SUPER_LOCKED = recorded_lines("orin_nano_jp6.txt")
+D1_NX_IDLE, D2_NX_LOADED = recorded_lines("orin_nx_16gb_jp6.txt")
+(E_NX_JP5,) = recorded_lines("orin_nx_16gb_jp5.txt")
+(G1_AGX_JP5,) = recorded_lines("agx_orin_64gb_jp5.txt")
+G2_AGX_R3644, H_AGX_JP6_USER = recorded_lines("agx_orin_64gb_jp6.txt")
+(I_EMULATOR_TEMPLATE,) = recorded_lines("agx_orin_32gb_jp5_emulator.txt")  # shell placeholders left in
+(L1_TX2,) = recorded_lines("tx2_jp4.txt")
+(L2_XAVIER_NX,) = recorded_lines("xavier_nx_jp4.txt")
 
 NANO_TEMPS_A = {"cpu": 53.968, "soc2": 52.437, "soc0": 50.75, "gpu": 53.343, "tj": 53.968, "soc1": 51.656}
 
@@ -195,27 +190,17 @@ def test_verbatim_line(line):
     assert_fields(parse_tegrastats(line), EXPECTED[line])
 
 
-def _jetson_md() -> Path | None:
-    repo = Path(__file__).resolve().parents[1]
-    for base in (repo / "shared", repo.parent / "shared"):
-        if (base / "reference" / "jetson.md").is_file():
-            return base / "reference" / "jetson.md"
-    return None
-
-
-def test_every_verbatim_line_in_jetson_md_is_covered():
-    path = _jetson_md()
-    if path is None:
-        pytest.skip("shared/reference/jetson.md not present")
-    pattern = re.compile(r"^(\d{2}-\d{2}-\d{4} \d{2}:\d{2}:\d{2} )?RAM \d+/\d+MB")
-    lines = [ln for ln in path.read_text().splitlines() if pattern.match(ln)]
+def test_every_recorded_line_has_expected_values():
+    files = sorted(RECORDINGS.glob("*.txt"))
+    assert len(files) >= 8, f"recordings missing from {RECORDINGS}"
+    lines = [ln for f in files for ln in recorded_lines(f.name)]
     assert len(lines) >= 13
     missing = [ln[:60] for ln in lines if ln not in EXPECTED]
-    assert not missing, f"jetson.md lines without expected values here: {missing}"
+    assert not missing, f"recorded lines without expected values in this file: {missing}"
 
 
 # --------------------------------------------------------------------------- grammar variants
-# Constructed from jetson.md §1.2's grammar table (NOT recordings): one line per variant.
+# Constructed from the format table in docs/jetson.md §tegrastats (NOT recordings): one line per variant.
 
 GRAMMAR_AGX_JP6_MULTISPACE = (
     "05-09-2026 18:42:06 RAM 2448/30536MB (lfb 2x4MB)  SWAP 0/15268MB (cached 0MB) "
@@ -316,10 +301,27 @@ def test_grammar_fragments(fragment, field_name, want):
     ["", "   ", "hello world", "NV Power Mode: MAXN_SUPER", "VDD_IN 4761mW/4778mW",
      '{"ram": 1}', "Error: Run this script(/usr/bin/jetson_clocks) as a root user"],
 )
-def test_not_tegrastats_raises_a_value_error_subclass(text):
-    with pytest.raises(TegrastatsParseError, match="not a tegrastats line") as info:
+def test_not_tegrastats_names_the_missing_fields_and_quotes_the_text(text):
+    with pytest.raises(TegrastatsParseError) as info:
         parse_tegrastats(text)
-    assert isinstance(info.value, ValueError)
+    message = str(info.value)
+    # What is wrong (none of the fields that make a line tegrastats), what was given, what to feed.
+    assert message.startswith("not a tegrastats line")
+    for field_name in ("RAM a/bMB", "CPU [..]", "GR3D_FREQ"):
+        assert field_name in message
+    assert repr(text.strip()) in message
+    assert "tegrastats --interval N" in message
+
+
+def test_parse_error_is_caught_as_value_error():
+    # Callers (the tegrastats source, the CLI) catch ValueError for any unusable input.
+    assert issubclass(TegrastatsParseError, ValueError)
+
+
+def test_a_valid_line_followed_by_noise_is_not_rejected():
+    # Only a line with none of the known fields is an error: unknown tokens never are.
+    s = parse_tegrastats(E_NX_JP5 + " SOMETHING_NEW 7%@[1,2] ###")
+    assert s.ram_used_mb == 6334 and s.total_power_mw == 5299
 
 
 def test_derived_values():

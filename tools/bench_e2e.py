@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from bitmtp_edge import Engine  # noqa: E402
 from bitmtp_edge.backends.base import DraftResult  # noqa: E402
-from bitmtp_edge.decoding import DecodeOptions, DecodeStats, decode  # noqa: E402
+from bitmtp_edge.runtime.decoding import DecodeOptions, DecodeStats, decode  # noqa: E402
 
 BITNET_2B = dict(vocab_size=128256, hidden_size=2560, intermediate_size=6912, num_hidden_layers=30,
                  num_attention_heads=20, num_key_value_heads=5, max_position_embeddings=4096)
@@ -304,7 +304,7 @@ def part_baselines(work: Path, args, dims: dict, progress) -> dict:
 
 
 def part_trained(args) -> dict:
-    from bitmtp_edge.demo import demo_prompts
+    from bitmtp_edge.app.demo import demo_prompts
 
     out = {}
     for art in args.artifact:

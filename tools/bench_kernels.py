@@ -47,8 +47,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bitmtp_edge.quant import quantize_activations, quantize_rows_int8  # noqa: E402
 from kernels_ampere import pack_ternary, tuning  # noqa: E402
+from kernels_ampere.numerics import quantize_activations, quantize_rows_int8  # noqa: E402
 
 WIDTHS = (1, 5, 9, 17)
 QUICK_WIDTHS = (1, 17)

@@ -46,7 +46,7 @@ def free_port() -> int:
 
 
 def start_server(args, port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "bitmtp_edge.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, "-m", "bitmtp_edge.app.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--model-name", MODEL, "--backend", args.backend, "--device", args.device, "--log-level", "warning",
            "--max-new-tokens", str(args.tokens)]
     if args.artifact:
@@ -174,8 +174,8 @@ def main() -> None:
     import httpx
     import torch
 
-    from bitmtp_edge.engine import Engine
-    from bitmtp_edge.serve import warm_up
+    from bitmtp_edge.runtime.engine import Engine
+    from bitmtp_edge.app.serve import warm_up
 
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",

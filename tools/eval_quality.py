@@ -65,7 +65,7 @@ def runtime(path: str, device: str, max_context: int = 2048):
     key = (path, device)
     if key not in _CACHE:
         from bitmtp_edge.backends.reference import ReferenceBackend
-        from bitmtp_edge.segments import plan_segments
+        from bitmtp_edge.format.segments import plan_segments
         from tools.hf_checkpoint import load_runtime_model
 
         model, ck = load_runtime_model(path, torch.float64, device)
@@ -104,7 +104,7 @@ def heldout_loss(path: str, tokens: np.ndarray, window: int, max_windows: int, d
 def run_task(task: DecodeTask, prompts: list[Prompt], data: str, device: str, max_new_tokens: int,
              tau: float, min_prefix: int) -> dict:
     """Greedy completions of the task's prompts under one policy; per-prompt records."""
-    from bitmtp_edge.decoding import DecodeOptions, DecodeStats, decode
+    from bitmtp_edge.runtime.decoding import DecodeOptions, DecodeStats, decode
 
     if device != "cpu":
         torch.set_num_threads(1)  # several workers share the host; the work is on the GPU

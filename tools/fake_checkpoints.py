@@ -219,7 +219,7 @@ def make_bitnet_packed(online: str | Path, folder: str | Path, *, linear_class: 
     (weight_scale = 1/mean|W|, divides) or ``"legacy"`` (the pre-release
     ``{"offline_quantization": true}`` config, which multiplies).
     """
-    from bitmtp_edge.quant import ternarize_absmean
+    from kernels_ampere.numerics import ternarize_absmean
     from kernels_ampere.packing import pack_hf_bitnet
 
     online, folder = Path(online), Path(folder)
@@ -252,7 +252,7 @@ def make_qwen3_group128(folder: str | Path, *, dims: TinyDims = TinyDims(head_di
     """
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from bitmtp_edge.quant import GROUP_SIZE, dequantize_ternary
+    from kernels_ampere.numerics import GROUP_SIZE, dequantize_ternary
 
     folder = Path(folder)
     ids = write_tokenizer(folder, dims.vocab_size)

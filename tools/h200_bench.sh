@@ -17,7 +17,7 @@ ART_ARGS=""
 for a in ${ARTIFACTS:-bitmtp_edge/embedded/model}; do ART_ARGS="$ART_ARGS --artifact $a"; done
 timeout ${T_E2E:-230} python tools/bench_e2e.py --parts 2b,trained --configs "${E2E_CONFIGS:-full-nopdl,full}" $ART_ARGS \
   --tokens 128 --repeats 2 --prompts 4 --out "$OUT/e" 2>&1 | tail -60
-timeout ${T_BENCH:-80} python -m bitmtp_edge.cli bench --backend ampere --device cuda --monitor nvml -n 256 \
+timeout ${T_BENCH:-80} python -m bitmtp_edge.app.cli bench --backend ampere --device cuda --monitor nvml -n 256 \
   --num-prompts 4 --repeats 2 -q --out "$OUT/b" 2>&1 | tail -25
 timeout ${T_BASE:-150} python tools/bench_e2e.py --parts baselines --baseline-tokens 32 --out "$OUT/x" 2>&1 | tail -12
 tar czf "$OUT/bench_h200.tgz" -C "$OUT" b x

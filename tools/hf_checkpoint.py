@@ -33,9 +33,9 @@ from pathlib import Path
 
 import torch
 
-from bitmtp_edge.config import ModelConfig, MTPConfig, QuantConfig
-from bitmtp_edge.model import LatentTernaryLinear, PackedTernaryLinear, TernaryLM
-from bitmtp_edge.quant import ternarize_absmean
+from bitmtp_edge.format.config import ModelConfig, MTPConfig, QuantConfig
+from bitmtp_edge.runtime.model import LatentTernaryLinear, PackedTernaryLinear, TernaryLM
+from kernels_ampere.numerics import ternarize_absmean
 from kernels_ampere.packing import pack_hf_bitnet, unpack_hf_bitnet
 
 CONFIG = "config.json"

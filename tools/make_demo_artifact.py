@@ -32,7 +32,7 @@ MEANINGLESS = "random weights: the generated text is meaningless (interim demo u
 
 
 def default_out() -> Path:
-    from bitmtp_edge.engine import embedded_artifact_path
+    from bitmtp_edge.runtime.engine import embedded_artifact_path
 
     return embedded_artifact_path()
 
@@ -43,12 +43,12 @@ def default_out() -> Path:
 @click.option("--block-size", type=click.IntRange(2, 16), default=4, show_default=True,
               help="MTP block size D recorded in bitmtp.json.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--device", type=click.Choice(["orin-nano-8gb", "orin-nx-16gb", "agx-orin", "rtx3090", "h20", "h200"]),
+@click.option("--board", type=click.Choice(["orin-nano-8gb", "orin-nx-16gb", "agx-orin", "rtx3090", "h20", "h200"]),
               default="orin-nano-8gb", show_default=True, help="KV budget preset for the export.")
 @click.option("--keep-checkpoint", type=click.Path(path_type=Path), default=None,
               help="Also keep the source checkpoint folder here (default: a temporary folder).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
-def main(out: Path | None, preset: str, block_size: int, seed: int, device: str, keep_checkpoint: Path | None,
+def main(out: Path | None, preset: str, block_size: int, seed: int, board: str, keep_checkpoint: Path | None,
          overwrite: bool) -> None:
     """Write a random-weight BitMTP artifact to OUT (default: the embedded model folder)."""
     from export import ExportError, ExportOptions, export_checkpoint
@@ -59,7 +59,7 @@ def main(out: Path | None, preset: str, block_size: int, seed: int, device: str,
         ckpt = keep_checkpoint or Path(tmp) / "checkpoint"
         fc.make_bitmtp(ckpt, block_size=block_size, min_prefix=min(3, block_size), dims=PRESETS[preset], seed=seed)
         try:
-            result = export_checkpoint(ckpt, out, ExportOptions(device=device, overwrite=overwrite))
+            result = export_checkpoint(ckpt, out, ExportOptions(board=board, overwrite=overwrite))
         except ExportError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(2)

@@ -6,9 +6,9 @@
     # the SFT baseline: the same command with the MTP term off, same steps as the run above
     python -m tools.train --data runs/data --out runs/sft --mtp-weight 0 --steps-from runs/d8/plan.json
 
-The model is ``bitmtp_edge.model.TernaryLM`` with ``LatentTernaryLinear``: latent float
+The model is ``bitmtp_edge.runtime.model.TernaryLM`` with ``LatentTernaryLinear``: latent float
 weights, ternary absmean weights and int8 per-token activations with straight-through
-gradients — the quantisers of ``bitmtp_edge.quant``, which the exporter and runtime use.
+gradients — the quantisers of ``kernels_ampere.numerics``, which the exporter and runtime use.
 Each row is the SDLM layout of ``tools.blocks``: the loss is NTP cross-entropy on the clean
 causal stream plus ``mtp_weight`` × the cross-entropy of the mask blocks.
 
@@ -32,8 +32,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bitmtp_edge.config import ModelConfig, MTPConfig, QuantConfig
-from bitmtp_edge.model import LatentTernaryLinear, TernaryLM
+from bitmtp_edge.format.config import ModelConfig, MTPConfig, QuantConfig
+from bitmtp_edge.runtime.model import LatentTernaryLinear, TernaryLM
 from tools.blocks import IGNORE, BlockLayout, build_rows, clean_mask, sample_anchors
 from tools.corpus import CorpusIndex, load_split
 from tools.hf_checkpoint import load_latent_model, save_compact, save_latent

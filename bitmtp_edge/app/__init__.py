@@ -1,1 +1,3 @@
-"""User-facing applications over the Engine: the HTTP server and its OpenAI schema."""
+"""What users run: the ``bitmtp`` command line (``cli``), the programs behind its commands
+(``chat``, ``demo``, ``serve``, ``bench`` + ``bench_report``, ``doctor``) and the OpenAI-compatible
+HTTP server (``http_server``, ``openai_schema``)."""

@@ -33,8 +33,8 @@ from fastapi import Request  # at module level: FastAPI resolves the handlers' a
 from . import openai_schema as oa
 
 if TYPE_CHECKING:
-    from ..engine import Engine
-    from ..monitor import Sampler
+    from ..runtime.engine import Engine
+    from ..jetson.monitor import Sampler
 
 log = logging.getLogger("bitmtp_edge.http")
 
@@ -151,7 +151,7 @@ class Worker:
                 self.running = None
 
     def _generate(self, job: Job) -> None:
-        from ..decoding import DecodeStats, DecodingError
+        from ..runtime.decoding import DecodeStats, DecodingError
         from ..runtime.detokenize import TextStream
 
         stats = DecodeStats()
@@ -338,7 +338,7 @@ def create_app(engine: Engine, config: ServerConfig, sampler: Sampler | None = N
 
     @app.get("/v1/models")
     async def models():
-        from ..serve import info as engine_info
+        from .serve import info as engine_info
 
         metrics.request("/v1/models", 200)
         return {"object": "list", "data": [{
@@ -413,7 +413,7 @@ def _validation_message(errors) -> str:
 def _job(engine: Engine, config: ServerConfig, body: oa._Body, max_tokens: int | None, prompt_ids: list[int],
          endpoint: str, prefix: str) -> Job:
     """Check every field against the engine (400 on any problem) and build the job."""
-    from ..decoding import DecodingError
+    from ..runtime.decoding import DecodingError
     from ..runtime.sampling import SamplingError, SamplingParams
 
     if body.model != config.model_name:

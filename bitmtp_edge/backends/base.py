@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-from ..replay import ReplayState
+from ..runtime.replay import ReplayState
 
 
 class DraftResult:

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..artifact import Manifest
-from ..model import rope_cos_sin
-from ..quant import quantize_activations
+from kernels_ampere.numerics import quantize_activations, rope_cos_sin
+
+from ..format.manifest import Manifest
 from .ops import Ops
 
 

@@ -40,10 +40,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..masks import draft_in_place_mask, history_step_mask, prefill_mask
-from ..replay import ReplayState
+from ..format.segments import KVPlan
+from ..runtime.masks import draft_in_place_mask, history_step_mask, prefill_mask
+from ..runtime.replay import ReplayState
 from ..runtime.sampling import filtered_probs, inverse_cdf, penalize, sample_drafts, speculative_accept, target_probs
-from ..segments import KVPlan
 from .base import DraftResult, StepLog, VerifyResult
 from .fast_model import FastModel
 

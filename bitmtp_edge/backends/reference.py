@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from ..kv import SegmentedKV
-from ..masks import draft_in_place_mask, history_step_mask, prefill_mask
-from ..model import TernaryLM
-from ..replay import ReplayState
-from ..segments import KVPlan
-from ..decoding_rules import accepted_prefix
+from ..format.segments import KVPlan
+from ..runtime.decoding_rules import accepted_prefix
+from ..runtime.kv import SegmentedKV
+from ..runtime.masks import draft_in_place_mask, history_step_mask, prefill_mask
+from ..runtime.model import TernaryLM
+from ..runtime.replay import ReplayState
 from .base import DraftResult, StepLog, VerifyResult
 
 PREFILL_CHUNK = 512

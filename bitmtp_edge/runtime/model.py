@@ -12,7 +12,7 @@ The projections are pluggable (``linear_cls``):
   ``y = (x_int8 @ codesᵀ) · a_scale · w_scale`` with int8 per-token activations, or
   ``y = x @ (codes · scale)ᵀ`` for weight-only artifacts;
 * ``LatentTernaryLinear`` (training): latent float weights with the straight-through
-  quantisers of ``quant.py`` — the same numbers in the forward pass.
+  quantisers below (the numerics of ``kernels_ampere/numerics.py``) — the same numbers in the forward pass.
 """
 
 from __future__ import annotations
@@ -23,15 +23,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig, QuantConfig
-from .quant import (
-    activations_int8_ste,
+from kernels_ampere.numerics import (
+    apply_rope,
     dequantize_ternary,
     int_matmul,
     quantize_activations,
     quantize_rows_int8,
-    ternary_absmean_ste,
+    rope_cos_sin,
+    ternarize_absmean,
 )
+
+from ..format.config import ModelConfig, QuantConfig
 
 
 class RMSNorm(nn.Module):
@@ -74,6 +76,24 @@ class PackedTernaryLinear(nn.Module):
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
 
+# --- straight-through quantisers for quantisation-aware training ----------------------------
+
+def _ste(value: torch.Tensor, quantized: torch.Tensor) -> torch.Tensor:
+    return value + (quantized - value).detach()
+
+
+def ternary_absmean_ste(w: torch.Tensor) -> torch.Tensor:
+    """Fake-quantised per-tensor ternary weight with a straight-through gradient."""
+    codes, scale = ternarize_absmean(w.detach())
+    return _ste(w, (codes.float() * scale).to(w.dtype))
+
+
+def activations_int8_ste(x: torch.Tensor) -> torch.Tensor:
+    """Fake-quantised per-token int8 activations with a straight-through gradient."""
+    x_int, dq = quantize_activations(x.detach())
+    return _ste(x, (x_int.float() * dq.unsqueeze(-1)).to(x.dtype))
+
+
 class LatentTernaryLinear(nn.Module):
     """Training projection: latent weight, straight-through ternary + int8 fake quantisation."""
 
@@ -89,24 +109,6 @@ class LatentTernaryLinear(nn.Module):
         if self.quant.quantize_activations:
             x = activations_int8_ste(x)
         return F.linear(x, ternary_absmean_ste(self.weight))
-
-
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """positions [..., S] -> cos, sin [..., S, head_dim] (half-split / rotate_half convention)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim))
-    freqs = positions.float().unsqueeze(-1) * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, S, hd]; cos/sin [B, S, hd]."""
-    return x * cos.unsqueeze(1) + _rotate_half(x) * sin.unsqueeze(1)
 
 
 class Attention(nn.Module):

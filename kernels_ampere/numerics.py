@@ -1,4 +1,8 @@
-"""The quantisers: one definition shared by training (straight-through), export and runtime.
+"""The integer reference numerics: one definition shared by the kernels' twins, the
+reference runtime, training (straight-through, ``bitmtp_edge/runtime/model.py``) and export.
+
+They live here, below the runtime, because the kernel twins compare against them and
+``kernels_ampere`` imports nothing of ``bitmtp_edge``.
 
 Numerics follow transformers' BitNet integration exactly (``integrations/bitnet.py``):
 
@@ -12,8 +16,7 @@ Numerics follow transformers' BitNet integration exactly (``integrations/bitnet.
 
 ``torch.round`` rounds half to even, as ``rint`` / ``__float2int_rn`` do in kernels.
 Every quantiser computes in float32 whatever the input dtype, as transformers does.
-The ``*_ste`` variants return the fake-quantised value with a straight-through gradient
-(forward identical to the runtime's integer path up to float rounding).
+RoPE is the half-split (``rotate_half``) convention of Llama / BitNet / Qwen3 in transformers.
 """
 
 from __future__ import annotations
@@ -94,19 +97,21 @@ def int_matmul(a_int8: torch.Tensor, w_int8: torch.Tensor) -> torch.Tensor:
     return (a_int8.double() @ w_int8.double().t()).to(torch.int32)
 
 
-# --- straight-through variants for quantisation-aware training ---------------------------
+# --- rotary position embedding (the rope_cache kernel's twin uses it) ---------------------
 
-def _ste(value: torch.Tensor, quantized: torch.Tensor) -> torch.Tensor:
-    return value + (quantized - value).detach()
-
-
-def ternary_absmean_ste(w: torch.Tensor) -> torch.Tensor:
-    """Fake-quantised per-tensor ternary weight with a straight-through gradient."""
-    codes, scale = ternarize_absmean(w.detach())
-    return _ste(w, (codes.float() * scale).to(w.dtype))
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """positions [..., S] -> cos, sin [..., S, head_dim] (half-split / rotate_half convention)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim))
+    freqs = positions.float().unsqueeze(-1) * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def activations_int8_ste(x: torch.Tensor) -> torch.Tensor:
-    """Fake-quantised per-token int8 activations with a straight-through gradient."""
-    x_int, dq = quantize_activations(x.detach())
-    return _ste(x, (x_int.float() * dq.unsqueeze(-1)).to(x.dtype))
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, S, hd]; cos/sin [B, S, hd]."""
+    return x * cos.unsqueeze(1) + _rotate_half(x) * sin.unsqueeze(1)

@@ -15,10 +15,13 @@ from .config import ConfigError, ModelConfig
 MIB = 1 << 20
 SMALLEST_CAPACITY = 256
 
-# KV memory budgets (MiB) per target, chosen to leave room for weights, activations and the
-# OS: an Orin Nano 8GB shares its 8 GB between CPU and GPU, so the KV gets a small slice.
+# KV memory budgets (MiB) per target board (``bitmtp-export --board``), chosen to leave room
+# for weights, activations and the OS: an Orin Nano 8GB shares its 8 GB between CPU and GPU,
+# so the KV gets a small slice; the 4 GB Nano (about 3.3 GiB visible) gets half of that.
 DEVICE_KV_BUDGET_MIB = {
+    "orin-nano-4gb": 256,
     "orin-nano-8gb": 512,
+    "orin-nx-8gb": 512,
     "orin-nx-16gb": 2048,
     "agx-orin": 8192,
     "rtx3090": 4096,

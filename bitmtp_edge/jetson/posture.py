@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from bitmtp_edge.board import (
+from bitmtp_edge.jetson.board import (
     BoardInfo,
     CommandRunner,
     at_root,

@@ -29,8 +29,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-from bitmtp_edge.monitor.sample import Sample, Source
-from bitmtp_edge.monitor.sources import open_source
+from bitmtp_edge.jetson.monitor.sample import Sample, Source
+from bitmtp_edge.jetson.monitor.sources import open_source
 
 log = logging.getLogger(__name__)
 

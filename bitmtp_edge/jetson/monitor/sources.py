@@ -21,9 +21,9 @@ import time
 
 import psutil
 
-from bitmtp_edge.board import BoardInfo, detect_board
-from bitmtp_edge.monitor.sample import PollingSource, Sample, Source, SourceUnavailable
-from bitmtp_edge.monitor.tegrastats import TegrastatsParseError, TegrastatsSample, parse_tegrastats
+from bitmtp_edge.jetson.board import BoardInfo, detect_board
+from bitmtp_edge.jetson.monitor.sample import PollingSource, Sample, Source, SourceUnavailable
+from bitmtp_edge.jetson.monitor.tegrastats import TegrastatsParseError, TegrastatsSample, parse_tegrastats
 
 SOURCE_KINDS = ("auto", "tegrastats", "jtop", "nvml", "psutil")
 _MB = 1024 * 1024

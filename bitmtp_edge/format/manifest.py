@@ -3,17 +3,9 @@
 An artifact folder holds ``manifest.json``, ``weights.safetensors`` and the tokenizer
 files (optionally ``model.onnx``). The manifest records the format version, the model and
 quantisation configs, the packing layout, the MTP block (absent for AR-only models), the
-widths and roles the runtime specialises, the KV capacity segments and the sha256 of every
-file. Loading verifies every checksum and never unpickles anything (safetensors + JSON).
-
-Tensor names in ``weights.safetensors``:
-
-* ``<proj>.packed`` uint8 [N, K/4] (layout ``manifest.packing_layout``) and
-  ``<proj>.scale`` float32 ([1] per tensor, [N, K/128] group-128) for every projection
-  ``model.layers.{i}.self_attn.{q,k,v,o}_proj`` and ``model.layers.{i}.mlp.{gate,up,down}_proj``;
-* norms, ``model.embed_tokens.weight`` and (untied) ``lm_head.weight`` as the checkpoint
-  has them (16-bit);
-* ``draft_head.int8`` int8 [V, H] and ``draft_head.scale`` float32 [V] (the draft role's head).
+draft-head kind, the step widths of every role (``roles.py``), the KV capacity segments
+(``segments.py``) and the sha256 of every file. The tensor names are in ``tensors.py``.
+Loading verifies every checksum and never unpickles anything (safetensors + JSON).
 """
 
 from __future__ import annotations
@@ -29,10 +21,12 @@ from typing import Any
 
 import torch
 
-from kernels_ampere.packing import PACKING_LAYOUT, unpack_ternary
+from kernels_ampere.packing import PACKING_LAYOUT
 
 from .config import ConfigError, ModelConfig, MTPConfig, QuantConfig
+from .roles import ROLES
 from .segments import KVPlan
+from .tensors import DRAFT_HEAD_INT8
 
 FORMAT_NAME = "bitmtp-artifact"
 FORMAT_VERSION = 1
@@ -40,9 +34,6 @@ MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "generation_config.json", "chat_template.jinja")
-PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-ROLES = ("verify", "draft")
 
 
 class ArtifactError(RuntimeError):
@@ -56,20 +47,12 @@ class Manifest:
     kv: KVPlan
     mtp: MTPConfig | None = None
     packing_layout: str = PACKING_LAYOUT
-    draft_head: str | None = "int8_per_row"
+    draft_head: str | None = DRAFT_HEAD_INT8
     widths: dict[str, list[int]] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
     exporter_version: str = ""
     format_version: int = FORMAT_VERSION
-
-    @staticmethod
-    def widths_for(mtp: MTPConfig | None) -> dict[str, list[int]]:
-        """Step widths per role: AR/prefill-tail 1 and verify D+1; draft k + D for k in 1..D."""
-        if mtp is None:
-            return {"verify": [1], "draft": []}
-        d = mtp.block_size
-        return {"verify": [1, d + 1], "draft": list(range(d + 1, 2 * d + 1))}
 
     @property
     def max_width(self) -> int:
@@ -132,29 +115,42 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def write_artifact(out_dir: str | os.PathLike, manifest: Manifest, tensors: dict[str, torch.Tensor],
-                   extra_files: dict[str, Path], overwrite: bool = False) -> Path:
-    """Write an artifact atomically: a temporary sibling folder, renamed into place at the end."""
+def write_artifact_files(folder: Path, manifest: Manifest, tensors: dict[str, torch.Tensor],
+                         extra_files: dict[str, Path]) -> Manifest:
+    """Write an artifact's files into the empty ``folder``; returns the manifest with their sha256.
+
+    Placing the folder (atomically, replacing only an artifact) is the caller's job:
+    ``export.out_folder`` for ``bitmtp-export``."""
     from safetensors.torch import save_file
 
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / WEIGHTS),
+              metadata={"format": "pt", "producer": "bitmtp-export"})
+    for name, src in extra_files.items():
+        shutil.copyfile(src, folder / name)
+    files = {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    final = Manifest(**{**manifest.__dict__, "files": files})
+    (folder / MANIFEST).write_text(json.dumps(final.to_dict(), indent=2) + "\n")
+    return final
+
+
+def write_artifact(out_dir: str | os.PathLike, manifest: Manifest, tensors: dict[str, torch.Tensor],
+                   extra_files: dict[str, Path], overwrite: bool = False) -> Path:
+    """Write a new artifact folder atomically (a temporary sibling renamed into place)."""
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists; pass --overwrite to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / WEIGHTS),
-                  metadata={"format": "pt", "producer": "bitmtp-export"})
-        for name, src in extra_files.items():
-            shutil.copyfile(src, tmp / name)
-        files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-        final = Manifest(**{**manifest.__dict__, "files": files})
-        (tmp / MANIFEST).write_text(json.dumps(final.to_dict(), indent=2) + "\n")
+        write_artifact_files(tmp, manifest, tensors, extra_files)
         if out.exists():
             trash = out.with_name(f".{out.name}.old-{os.getpid()}")
             out.rename(trash)
             tmp.rename(out)
-            shutil.rmtree(trash, ignore_errors=True)
+            if trash.is_dir() and not trash.is_symlink():
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                trash.unlink()
         else:
             tmp.rename(out)
     except BaseException:
@@ -200,42 +196,3 @@ def load_tensors(folder: Path) -> dict[str, torch.Tensor]:
         return load_file(str(p))
     except (SafetensorError, OSError, ValueError) as e:
         raise ArtifactError(f"{p}: unreadable safetensors file ({e}); re-export the artifact") from None
-
-
-def build_model(manifest: Manifest, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
-                device: torch.device | str):
-    """Instantiate the runtime ``TernaryLM`` from the artifact's tensors (unpacking the codes)."""
-    from .model import TernaryLM
-
-    if manifest.packing_layout != PACKING_LAYOUT:
-        raise ArtifactError(
-            f"packing layout {manifest.packing_layout!r} is not supported by this runtime ({PACKING_LAYOUT}); "
-            "re-export the artifact with this version"
-        )
-    # Cast before loading: load_state_dict copies into the parameters' existing dtype.
-    model = TernaryLM(manifest.model, manifest.quant).to(dtype)
-    state = {}
-    expected = model.state_dict()
-    for name, ref in expected.items():
-        if name.endswith(".codes"):
-            base = name[: -len(".codes")]
-            packed = _tensor(tensors, base + ".packed")
-            codes = unpack_ternary(packed)
-            if codes.shape != ref.shape:
-                raise ArtifactError(f"{WEIGHTS}: {base}.packed unpacks to {tuple(codes.shape)}, expected {tuple(ref.shape)}")
-            state[name] = codes
-        else:
-            t = _tensor(tensors, name)
-            if t.shape != ref.shape:
-                raise ArtifactError(f"{WEIGHTS}: {name} has shape {tuple(t.shape)}, expected {tuple(ref.shape)}")
-            state[name] = t.float() if name.endswith(".scale") else t.to(dtype)
-    model.load_state_dict(state)
-    if manifest.draft_head == "int8_per_row":
-        model.attach_draft_head(_tensor(tensors, "draft_head.int8"), _tensor(tensors, "draft_head.scale"))
-    return model.to(device).eval()
-
-
-def _tensor(tensors: dict[str, torch.Tensor], name: str) -> torch.Tensor:
-    if name not in tensors:
-        raise ArtifactError(f"{WEIGHTS}: tensor {name!r} is missing; the artifact is incomplete, re-export it")
-    return tensors[name]

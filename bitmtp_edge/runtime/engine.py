@@ -17,23 +17,24 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .artifact import ArtifactError, Manifest, build_model, load_tensors, read_manifest, verify_files
-from .backends.fast_model import FastModel
-from .backends.fp8_head import fp8_supported
-from .backends.graph import GraphBackend, RuntimeOptions
-from .backends.ops import Ops, kernel_ops_available
-from .backends.reference import ReferenceBackend
+from ..backends.fast_model import FastModel
+from ..backends.fp8_head import fp8_supported
+from ..backends.graph import GraphBackend, RuntimeOptions
+from ..backends.ops import Ops, kernel_ops_available
+from ..backends.reference import ReferenceBackend
+from ..format.manifest import ArtifactError, Manifest, load_tensors, read_manifest, verify_files
+from .chat_template import ChatTemplate, ChatTemplateError, load_chat_template
 from .decoding import DecodeOptions, DecodeStats, DecodingError, check_prompt_fits, decode
-from .runtime.chat_template import ChatTemplate, ChatTemplateError, load_chat_template
-from .runtime.detokenize import TextStream
-from .runtime.sampling import SamplingParams
+from .detokenize import TextStream
+from .load import build_model
+from .sampling import SamplingParams
 
 BACKENDS = ("auto", "reference", "ampere", "server")
 
 
 def embedded_artifact_path() -> Path:
     """The artifact shipped inside the package (the default model)."""
-    return Path(__file__).parent / "embedded" / "model"
+    return Path(__file__).resolve().parent.parent / "embedded" / "model"
 
 
 @dataclass

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import ModelConfig
-from .segments import KVPlan
+from ..format.config import ModelConfig
+from ..format.segments import KVPlan
 
 
 @dataclass

@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from .backends.base import Backend
+from ..backends.base import Backend
 from .decoding_rules import accepted_prefix, confident_prefix  # noqa: F401  (re-exported)
-from .runtime.sampling import SamplingParams, SamplingState
+from .sampling import SamplingParams, SamplingState
 
 POLICIES = ("ar", "confidence", "speculative", "hybrid")
 

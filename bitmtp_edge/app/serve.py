@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ..runtime.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def info(engine: Engine) -> dict:
 
 def handle(engine: Engine, request: Any, defaults: ServeDefaults = ServeDefaults()) -> Iterator[dict]:
     """Responses to one parsed request (several when it streams)."""
-    from .decoding import DecodeStats, DecodingError
+    from ..runtime.decoding import DecodeStats, DecodingError
 
     rid = request.get("id") if isinstance(request, dict) else None
     try:

@@ -10,9 +10,9 @@ Nothing is imported or started at import time beyond the standard library and ps
 jtop and NVML are imported only when their source is opened.
 """
 
-from bitmtp_edge.monitor.sample import PollingSource, Sample, Source, SourceUnavailable
-from bitmtp_edge.monitor.sampler import Sampler, Window, WindowStats, integrate_energy, summarize_window
-from bitmtp_edge.monitor.sources import (
+from bitmtp_edge.jetson.monitor.sample import PollingSource, Sample, Source, SourceUnavailable
+from bitmtp_edge.jetson.monitor.sampler import Sampler, Window, WindowStats, integrate_energy, summarize_window
+from bitmtp_edge.jetson.monitor.sources import (
     SOURCE_KINDS,
     JtopSource,
     NvmlSource,
@@ -21,7 +21,7 @@ from bitmtp_edge.monitor.sources import (
     make_source,
     open_source,
 )
-from bitmtp_edge.monitor.tegrastats import TegrastatsParseError, TegrastatsSample, parse_tegrastats
+from bitmtp_edge.jetson.monitor.tegrastats import TegrastatsParseError, TegrastatsSample, parse_tegrastats
 
 __all__ = [
     "SOURCE_KINDS",

@@ -5,7 +5,7 @@ Edge-LLM practice, plus what none of them records: power and energy):
 
 1. the power posture is read *before* anything is loaded (``strict`` refuses a Jetson that
    is not at MAXN / MAXN_SUPER with locked clocks) and recorded in the result;
-2. a monitoring :class:`~bitmtp_edge.monitor.Sampler` starts and runs through the whole
+2. a monitoring :class:`~bitmtp_edge.jetson.monitor.Sampler` starts and runs through the whole
    benchmark, so the power timeline shows idle, warm-up and every run;
 3. each **route** (a policy at the model's D and a chosen τ, m) runs ``warmup`` discarded
    generations on the first prompt, then ``repeats`` measured generations of every prompt.
@@ -40,12 +40,12 @@ from statistics import median
 from typing import TYPE_CHECKING, Any
 
 from .bench_report import FILES, write_report  # noqa: F401  (write_report: the API's one entry point)
-from .posture import PowerPosture, check_posture
+from ..jetson.posture import PowerPosture, check_posture
 
 if TYPE_CHECKING:  # torch-free at import time: the CLI imports this module lazily anyway
-    from .decoding import DecodeStats
-    from .engine import Engine
-    from .monitor import Sampler, WindowStats
+    from ..runtime.decoding import DecodeStats
+    from ..runtime.engine import Engine
+    from ..jetson.monitor import Sampler, WindowStats
 
 SCHEMA_VERSION = 1
 MONITOR_CHOICES = ("auto", "tegrastats", "jtop", "nvml", "psutil", "none")
@@ -104,7 +104,7 @@ def builtin_prompts(engine: Engine) -> tuple[list[BenchPrompt], str]:
     if path.is_file():
         return load_prompts(path), f"held-out prompts {path}"
     return ([BenchPrompt(t, f"built-in #{i + 1}") for i, t in enumerate(FALLBACK_PROMPTS)],
-            f"bitmtp_edge.demo.FALLBACK_PROMPTS ({path} not found)")
+            f"bitmtp_edge.app.demo.FALLBACK_PROMPTS ({path} not found)")
 
 
 # ----------------------------------------------------------------------------- routes
@@ -137,7 +137,7 @@ def make_routes(engine: Engine, policies: Sequence[str] | None, taus: Sequence[f
 
     τ matters to ``confidence`` and ``hybrid``, m to ``hybrid`` only; unset values are the
     model's (``bitmtp.json``). AR comes first: it is the baseline of every speedup."""
-    from .decoding import POLICIES
+    from ..runtime.decoding import POLICIES
 
     mtp = engine.manifest.mtp
     if policies is None:
@@ -244,7 +244,7 @@ def run_once(engine: Engine, prompt: str, route: Route, config: BenchConfig) -> 
     import psutil
     import torch
 
-    from .decoding import DecodeOptions, DecodeStats, decode
+    from ..runtime.decoding import DecodeOptions, DecodeStats, decode
 
     mtp = engine.manifest.mtp
     opts = DecodeOptions(
@@ -319,8 +319,8 @@ def run_bench(engine: Engine, prompts: Sequence[BenchPrompt], routes: Sequence[R
     """Run the benchmark. ``posture``: already checked by the caller (the CLI checks it
     before loading the model), else read here under ``config.strict``. ``sampler``: an
     unstarted Sampler to use instead of one made from ``config.monitor``."""
-    from .decoding import DecodingError
-    from .monitor import Sampler
+    from ..runtime.decoding import DecodingError
+    from ..jetson.monitor import Sampler
 
     if not prompts:
         raise BenchError("no prompts to run")
@@ -374,7 +374,7 @@ def run_bench(engine: Engine, prompts: Sequence[BenchPrompt], routes: Sequence[R
 def _source_for(engine: Engine, config: BenchConfig):
     """The monitor kind, or an NVML source on the engine's GPU when that is what runs."""
     if config.monitor == "nvml" and engine.device.type == "cuda" and engine.device.index:
-        from .monitor import NvmlSource
+        from ..jetson.monitor import NvmlSource
 
         # NVML counts GPUs in PCI order, CUDA by speed unless CUDA_DEVICE_ORDER=PCI_BUS_ID.
         return NvmlSource(config.interval_s, index=engine.device.index)
@@ -539,7 +539,7 @@ def describe_run(engine: Engine, posture: PowerPosture, config: BenchConfig, com
                  workload_source: str = "") -> dict:
     import torch
 
-    from .artifact import MANIFEST, sha256_file
+    from ..format.manifest import MANIFEST, sha256_file
 
     m = engine.manifest
     mtp = m.mtp

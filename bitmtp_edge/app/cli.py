@@ -1,7 +1,7 @@
 """``bitmtp``: the command line, a thin shell over the Python API (``bitmtp_edge.Engine``).
 
-Commands: ``generate``, ``demo``, ``chat``, ``bench``, ``doctor``, ``serve`` and ``export``
-(which runs ``bitmtp-export``). Nothing heavy is imported when this module loads: ``--help``
+Commands: ``generate``, ``demo``, ``chat``, ``bench``, ``doctor`` and ``serve``; exporting is
+``bitmtp-export`` (the ``export`` package sits above the runtime). Nothing heavy is imported when this module loads: ``--help``
 is instant and ``doctor`` can report a broken torch install instead of dying on it.
 Errors a user can cause become ``click.ClickException`` naming the file or option and
 what to do.
@@ -57,8 +57,8 @@ def _command_line(ctx: click.Context) -> str:
 
 
 def _load_engine(artifact, backend, device, runtime: str = "full"):
-    from .artifact import ArtifactError
-    from .engine import Engine
+    from ..format.manifest import ArtifactError
+    from ..runtime.engine import Engine
 
     bar = CaptureProgress()
     try:
@@ -146,7 +146,7 @@ def main() -> None:
 def generate(prompt, artifact, backend, device, policy, max_new_tokens, tau, min_prefix, temperature, top_p, top_k,
              seed, stop, as_json):
     """Complete PROMPT with the chosen decoding policy."""
-    from .decoding import DecodingError
+    from ..runtime.decoding import DecodingError
 
     eng = _load_engine(artifact, backend, device)
     try:
@@ -174,7 +174,7 @@ def generate(prompt, artifact, backend, device, policy, max_new_tokens, tau, min
 @click.option("--json", "as_json", is_flag=True)
 def demo(artifact, backend, device, max_new_tokens, policy, as_json):
     """Complete held-out code prompts with AR and with multi-token decoding; report the speedup."""
-    from .decoding import DecodingError
+    from ..runtime.decoding import DecodingError
     from .demo import run_demo
 
     eng = _load_engine(artifact, backend, device)
@@ -201,7 +201,7 @@ def chat(ctx, artifact, backend, device, policy, max_new_tokens, tau, min_prefix
     """Interactive session: type text, watch the model continue it (streamed), with live
     tok/s and tokens per iteration. Commands: /quit, /policy [NAME], /reset, /help."""
     from .chat import COMMANDS, ChatSession, parse_command
-    from .decoding import DecodingError
+    from ..runtime.decoding import DecodingError
 
     eng = _load_engine(artifact, backend, device)
     if eng.manifest.mtp is None and ctx.get_parameter_source("policy") == click.core.ParameterSource.DEFAULT:
@@ -253,7 +253,7 @@ def chat(ctx, artifact, backend, device, policy, max_new_tokens, tau, min_prefix
 
 
 def _sampling(temperature, top_p, top_k, seed):
-    from .runtime.sampling import SamplingError, SamplingParams
+    from ..runtime.sampling import SamplingError, SamplingParams
 
     try:
         return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
@@ -380,8 +380,8 @@ def bench(ctx, artifact, backend, device, runtime, prompts_file, num_prompts, po
     """
     from . import bench as B
     from .bench_report import ReportError, write_report
-    from .monitor import SourceUnavailable
-    from .posture import PostureError, check_posture
+    from ..jetson.monitor import SourceUnavailable
+    from ..jetson.posture import PostureError, check_posture
 
     try:
         prompts = B.load_prompts(prompts_file) if prompts_file else None
@@ -522,8 +522,8 @@ def serve(artifact, backend, device, runtime, host, port, socket_path, policy, m
     """Keep one model loaded (graphs captured, kernels warm) and answer requests: with
     --port, the OpenAI HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics); else JSON lines {"prompt": ..., "max_new_tokens": 64} on a
-    --socket or stdin (bitmtp_edge/serve.py has the protocol)."""
-    from .posture import read_posture
+    --socket or stdin (bitmtp_edge/app/serve.py has the protocol)."""
+    from ..jetson.posture import read_posture
     from .serve import ServeDefaults, UnixServer, info, serve_lines, warm_up
 
     if port is not None and socket_path is not None:
@@ -572,7 +572,7 @@ def serve(artifact, backend, device, runtime, host, port, socket_path, policy, m
 
 
 def _serve_http(eng, host, port, policy, max_new_tokens, model_name, max_queue, monitor, log_level, embedded, t0):
-    from .app.http_server import ServerConfig, create_app, generation_defaults, make_server
+    from .http_server import ServerConfig, create_app, generation_defaults, make_server
 
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -581,7 +581,7 @@ def _serve_http(eng, host, port, policy, max_new_tokens, model_name, max_queue, 
     http_log.propagate = False  # the CLI's warning handler would print each request line twice
     sampler = None
     if monitor != "none":
-        from .monitor import Sampler
+        from ..jetson.monitor import Sampler
 
         try:
             sampler = Sampler(monitor).start()
@@ -598,20 +598,6 @@ def _serve_http(eng, host, port, policy, max_new_tokens, model_name, max_queue, 
     finally:
         if sampler is not None:
             sampler.stop()
-
-
-# ----------------------------------------------------------------------------- export
-
-
-@main.command("export", add_help_option=False,
-              context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def export_cmd(args):
-    """Export a checkpoint into an artifact folder: runs bitmtp-export with the same
-    arguments (bitmtp export --help lists them)."""
-    from export.cli import main as export_main
-
-    export_main.main(args=list(args), prog_name="bitmtp export", standalone_mode=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,7 +7,7 @@ from pathlib import Path
 from statistics import median
 from typing import Callable
 
-from .engine import Engine
+from ..runtime.engine import Engine
 
 FALLBACK_PROMPTS = (
     'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',

@@ -100,7 +100,7 @@ def check_gpu(torch) -> Check:
 def check_backend(torch) -> Check:
     if torch is None:
         return Check("backend", "fail", "no backend can run without torch", {"auto": None})
-    from .engine import choose_backend
+    from ..runtime.engine import choose_backend
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -120,19 +120,19 @@ def check_backend(torch) -> Check:
 
 
 def check_board(root: str | os.PathLike = "/") -> Check:
-    from .board import detect_board
+    from ..jetson.board import detect_board
 
     b = detect_board(root)
     if not b.on_jetson:
         return Check("board", "info", "not a Jetson (no /etc/nv_tegra_release, no nvidia,tegra* device tree)",
                      b.to_dict())
     what = b.module or b.model or "unknown Jetson module"
-    preset = f"; export preset --device {b.export_device}" if b.export_device else ""
+    preset = f"; export preset --board {b.export_board}" if b.export_board else ""
     return Check("board", "ok", f"{what}, L4T {b.l4t or '?'} (JetPack {b.jetpack or '?'}){preset}", b.to_dict())
 
 
 def check_power_posture(root: str | os.PathLike = "/") -> Check:
-    from .posture import read_posture
+    from ..jetson.posture import read_posture
 
     p = read_posture(root)
     if not p.on_jetson:
@@ -146,7 +146,7 @@ def check_power_posture(root: str | os.PathLike = "/") -> Check:
 
 def check_monitors(root: str | os.PathLike = "/") -> Check:
     """Which monitoring sources would open here, probing without starting any process."""
-    from .board import detect_board
+    from ..jetson.board import detect_board
 
     on_jetson = detect_board(root).on_jetson
     found: dict[str, dict] = {}
@@ -191,8 +191,8 @@ def check_artifact(path: str | os.PathLike | None, explicit: bool) -> Check:
     """Manifest and every checksum. ``explicit``: the user named it (a failure is ``fail``);
     otherwise it is the embedded model, whose absence is only a warning."""
     try:
-        from .artifact import read_manifest, verify_files
-        from .engine import embedded_artifact_path
+        from ..format.manifest import read_manifest, verify_files
+        from ..runtime.engine import embedded_artifact_path
     except Exception as e:  # noqa: BLE001 - torch broken: reported by the torch check
         return Check("artifact", "fail", f"cannot check artifacts without torch ({e})", {"path": str(path)})
     folder = Path(path) if path is not None else embedded_artifact_path()

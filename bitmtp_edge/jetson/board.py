@@ -142,10 +142,12 @@ FAMILIES: dict[str, str] = {
     "p3448": "nano",
 }
 
-# Module -> `bitmtp-export --device` preset (DESIGN §3). Only presets that exist there.
+# Module -> `bitmtp-export --board` preset (segments.DEVICE_KV_BUDGET_MIB). Only presets that exist there.
 EXPORT_PRESETS: dict[str, str] = {
     "p3767-0000": "orin-nx-16gb",
+    "p3767-0001": "orin-nx-8gb",
     "p3767-0003": "orin-nano-8gb",
+    "p3767-0004": "orin-nano-4gb",
     "p3767-0005": "orin-nano-8gb",
     "p3701-0000": "agx-orin",
     "p3701-0004": "agx-orin",
@@ -275,8 +277,8 @@ class BoardInfo:
         return L4T_MAJOR_TO_JETPACK_MAJOR.get(int(self.l4t.split(".")[0]))
 
     @property
-    def export_device(self) -> str | None:
-        """The ``bitmtp-export --device`` preset for this module, when one exists."""
+    def export_board(self) -> str | None:
+        """The ``bitmtp-export --board`` preset for this module, when one exists."""
         return EXPORT_PRESETS.get(self.module_pnumber or "")
 
     def to_dict(self) -> dict:
@@ -284,7 +286,7 @@ class BoardInfo:
         d["compatible"] = list(self.compatible)
         d["notes"] = list(self.notes)
         d["jetpack_major"] = self.jetpack_major
-        d["export_device"] = self.export_device
+        d["export_board"] = self.export_board
         return d
 
 

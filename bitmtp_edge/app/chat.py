@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .decoding import DecodeStats
-    from .engine import Engine
+    from ..runtime.decoding import DecodeStats
+    from ..runtime.engine import Engine
 
 COMMANDS = {
     "/quit": "leave (also /exit, or end of input)",
@@ -58,7 +58,7 @@ class ChatSession:
         self.last_stats: DecodeStats | None = None
 
     def set_policy(self, name: str) -> str:
-        from .decoding import POLICIES, DecodingError
+        from ..runtime.decoding import POLICIES, DecodingError
 
         if name not in POLICIES:
             raise DecodingError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
@@ -81,7 +81,7 @@ class ChatSession:
         """Stream the model's continuation of the transcript + ``user_text``: yields
         (text piece, live stats). The stats' token and iteration counts grow as it runs;
         ``decode_s`` and so ``decode_tokens_per_s`` are final once the stream ends."""
-        from .decoding import DecodeStats
+        from ..runtime.decoding import DecodeStats
 
         turn = user_text if user_text.endswith("\n") else user_text + "\n"
         stats = DecodeStats()
