@@ -290,6 +290,19 @@ def test_a_disconnecting_client_cancels_its_generation(live):
     assert live.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0).usage
 
 
+def test_a_client_that_gives_up_on_a_json_answer_cancels_it(live):
+    _wait_idle(live)
+    before = _metric(live, "bitmtp_cancelled_total")
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 500, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(live.url + "/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.5))
+    deadline = time.monotonic() + 60
+    while _metric(live, "bitmtp_cancelled_total") <= before:
+        assert time.monotonic() < deadline, "the generation was not cancelled"
+        time.sleep(0.1)
+    _wait_idle(live)
+
+
 def test_a_full_queue_answers_503(live):
     worker = live.app.state.worker
     _wait_idle(live)

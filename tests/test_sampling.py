@@ -127,6 +127,9 @@ def test_greedy_with_penalties_takes_the_argmax_of_penalised_logits():
     ar, _ = run(backend, PROMPT, "ar", n=16, sampling=params)
     spec, _ = run(backend, PROMPT, "speculative", n=16, sampling=params)
     assert spec == ar  # greedy speculative sampling is greedy speculative decoding: lossless
+    # Confidences stay softmax values (not the one-hot 1.0): at τ = 1 hybrid always verifies.
+    hybrid, stats = run(backend, PROMPT, "hybrid", n=16, tau=1.0, min_prefix=1, sampling=params)
+    assert hybrid == ar and stats.verifier_calls == stats.iterations
     # By hand: argmax of logits minus 2 x (count of the token among generated ones).
     ids = list(PROMPT)
     for tok in ar:

@@ -122,13 +122,17 @@ def sample_drafts(logits, seen, generated, params, uniforms, penalized: bool):
     """Draft-role logits [D, V] -> (drafts [D] int64, q [D, V], confidences [D]).
 
     d_j ~ q_j; with penalties q_j counts d_1..d_{j-1} as generated (sampled one row at a
-    time), without them all rows are sampled at once. confidence_j = q_j(d_j)."""
+    time), without them all rows are sampled at once. confidence_j = q_j(d_j), except at
+    temperature 0 (greedy with penalties), where q is one-hot and the confidence is the
+    softmax of the penalised logits at d_j, as greedy decoding has it."""
     temperature, top_k, top_p, rep, freq, pres = params
+    greedy = torch.as_tensor(temperature, device=logits.device) <= 0
     if not penalized:
         q = filtered_probs(logits, temperature, top_k, top_p)
         drafts = inverse_cdf(q, uniforms)
+        belief = torch.where(greedy, torch.softmax(logits, dim=-1), q)
     else:
-        rows, picks = [], []
+        rows, picks, beliefs = [], [], []
         seen_j, gen_j = seen, generated  # [V] each
         for j in range(logits.shape[0]):
             row = penalize(logits[j:j + 1], seen_j, gen_j, rep, freq, pres)
@@ -138,8 +142,9 @@ def sample_drafts(logits, seen, generated, params, uniforms, penalized: bool):
             seen_j, gen_j = seen_j + hot, gen_j + hot
             rows.append(q_j)
             picks.append(d_j)
-        q, drafts = torch.cat(rows), torch.cat(picks)
-    confidences = q.gather(1, drafts.unsqueeze(1)).squeeze(1)
+            beliefs.append(torch.where(greedy, torch.softmax(row, dim=-1), q_j))
+        q, drafts, belief = torch.cat(rows), torch.cat(picks), torch.cat(beliefs)
+    confidences = belief.gather(1, drafts.unsqueeze(1)).squeeze(1)
     return drafts, q, confidences
 
 
