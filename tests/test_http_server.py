@@ -34,7 +34,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def write_tiny_artifact(out: Path, template: str | None, seed: int = 11, max_context: int = 128) -> Path:
+def write_tiny_artifact(out: Path, template: str | None, seed: int = 11, max_context: int = 512) -> Path:
     """A random tiny MTP model with a word-level tokenizer ("t0 t1 ...") and, when given,
     a chat template in tokenizer_config.json (as the exporter copies it)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -111,7 +111,7 @@ PROMPT = "t1 t5 t7 t9 t11"
 def test_models_lists_the_served_model(live):
     models = live.client().models.list()
     assert [m.id for m in models.data] == [MODEL]
-    assert models.data[0].model_extra["max_model_len"] == 128
+    assert models.data[0].model_extra["max_model_len"] == 512
 
 
 def test_greedy_speculative_completion_equals_engine_ar(live, oracle):
@@ -204,7 +204,7 @@ def _post(live, path, body, raw=False):
     ({"model": MODEL, "prompt": PROMPT, "max_tokens": 10 ** 9}, 400, ["1..512"]),
     ({"model": MODEL, "prompt": PROMPT, "max_tokens": -3}, 400, ["max_tokens = -3"]),
     ({"model": MODEL, "prompt": PROMPT, "n": 2}, 400, ["n = 2", "n = 1"]),
-    ({"model": MODEL, "prompt": " ".join(["t5"] * 200)}, 400, ["200 tokens", "largest KV segment holds 128"]),
+    ({"model": MODEL, "prompt": " ".join(["t5"] * 600)}, 400, ["600 tokens", "largest KV segment holds 512"]),
     ({"model": MODEL, "prompt": PROMPT, "temperature": -1}, 400, ["temperature must be"]),
     ({"model": MODEL, "prompt": PROMPT, "policy": "greedy"}, 400, ["unknown policy 'greedy'"]),
     ({"model": MODEL, "prompt": PROMPT, "best_of": 3}, 400, ["best_of"]),
@@ -293,9 +293,9 @@ def test_a_disconnecting_client_cancels_its_generation(live):
 def test_a_client_that_gives_up_on_a_json_answer_cancels_it(live):
     _wait_idle(live)
     before = _metric(live, "bitmtp_cancelled_total")
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 500, "temperature": 0}
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 500, "temperature": 0}  # seconds of decoding
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(live.url + "/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.5))
+        httpx.post(live.url + "/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.2))
     deadline = time.monotonic() + 60
     while _metric(live, "bitmtp_cancelled_total") <= before:
         assert time.monotonic() < deadline, "the generation was not cancelled"

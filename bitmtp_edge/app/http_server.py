@@ -181,8 +181,10 @@ class Worker:
         energy = self.metrics.window_energy(started, time.monotonic())
         if stats.finish_reason == "cancelled":
             self.metrics.cancelled(job)
-        else:
-            self.metrics.finished(job, stats, energy)
+            log.info("%s %s cancelled (the client left) after %d tokens", job.rid, job.endpoint, stats.new_tokens)
+            job.post("cancelled")
+            return
+        self.metrics.finished(job, stats, energy)
         log.info("%s %s policy=%s prompt=%d completion=%d tok/s=%.1f tokens/iter=%.2f%s finish=%s queue+total=%.0fms",
                  job.rid, job.endpoint, job.decode_kw["policy"], stats.prompt_tokens, stats.new_tokens,
                  stats.decode_tokens_per_s, stats.tokens_per_iteration, _per_pass(stats), stats.finish_reason,
@@ -445,16 +447,17 @@ async def _collect(job: Job, request, respond):
     """Wait for the job's end (cancelling it if the client goes away); one JSON body."""
     from fastapi.responses import JSONResponse, Response
 
+    async def watch_disconnect():
+        # The body is read: the next ASGI message can only be the client's disconnect.
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        job.cancel.set()
+
+    watcher = asyncio.create_task(watch_disconnect())
     pieces: list[str] = []
     try:
         while True:
-            try:
-                event = await asyncio.wait_for(job.events.get(), timeout=0.5)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    job.cancel.set()
-                    return Response(status_code=499)
-                continue
+            event = await job.events.get()
             if event[0] == "delta":
                 pieces.append(event[1])
             elif event[0] == "done":
@@ -462,9 +465,10 @@ async def _collect(job: Job, request, respond):
             elif event[0] == "error":
                 return JSONResponse(oa.error(event[2], kind="invalid_request_error" if event[1] == 400
                                              else "server_error"), status_code=event[1])
-            else:  # cancelled while queued
+            else:  # cancelled (the client left while queued or running)
                 return Response(status_code=499)
     finally:
+        watcher.cancel()
         job.cancel.set()  # a no-op once done; stops the generation when the handler is torn down
 
 
