@@ -170,6 +170,9 @@ def main() -> None:
     ap.add_argument("--start-timeout", type=float, default=600)
     ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results")
     args = ap.parse_args()
+    # On a CPU the two processes share cores: OpenMP threads spinning after the other
+    # process's last op would be charged to whichever path runs next.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
     import httpx
     import torch
@@ -220,7 +223,7 @@ def main() -> None:
         report["error"] = f"{type(e).__name__}: {e}"[:2000]
         raise
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:

@@ -595,6 +595,8 @@ def _serve_http(eng, host, port, policy, max_new_tokens, model_name, max_queue, 
                f"{time.perf_counter() - t0:.1f} s on http://{host}:{port}/v1", err=True)
     try:
         server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on
+        pass
     finally:
         if sampler is not None:
             sampler.stop()
