@@ -23,7 +23,7 @@ _LAZY = {
     "Engine": "runtime.engine", "GenerationResult": "runtime.engine",
     "ArtifactError": "format.manifest", "Manifest": "format.manifest",
     "ModelConfig": "format.config", "MTPConfig": "format.config", "QuantConfig": "format.config",
-    "POLICIES": "runtime.decoding", "DecodeStats": "runtime.decoding", "DecodingError": "runtime.decoding",
+    "POLICIES": "runtime.policies", "DecodeStats": "runtime.decoding", "DecodingError": "runtime.decoding",
 }
 
 __all__ = ["__version__", *_LAZY]

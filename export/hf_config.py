@@ -14,7 +14,7 @@ and ``rope_scaling``; v5: ``rope_parameters``). What transformers cannot decide 
 * token ids only as the files state them (the class defaults are Llama-3's ids), merged with
   ``generation_config.json``;
 * BitNet's ``quantization_config``, which decides what a stored ``weight_scale`` means
-  (formats.md §1.4, pitfall #1): ``linear_class: "autobitlinear"`` multiplies, ``"bitlinear"``
+  (docs/artifact.md §Source checkpoints): ``linear_class: "autobitlinear"`` multiplies, ``"bitlinear"``
   (the default when the key is absent) divides, and the pre-release
   ``{"offline_quantization": true}`` reads as autobitlinear (multiplies);
 * ``bitmtp.json``, the MTP block (``MTPConfig``).
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from bitmtp_edge.format.config import ConfigError, ModelConfig, MTPConfig, QuantConfig
+from bitmtp_edge.format.tensors import LM_HEAD
 from kernels_ampere.packing import CHUNK_K
 
 from .checkpoint import Checkpoint
@@ -251,7 +252,7 @@ def _bitnet_quant(cfg: dict[str, Any], where) -> BitNetQuant:
     if qc.get("use_rms_norm"):
         raise ExportError(where, "quantization_config.use_rms_norm is true (an RMSNorm inside every BitLinear)",
                           "the runtime does not implement it: export a model trained without it")
-    skipped = [m for m in qc.get("modules_to_not_convert") or [] if m not in ("lm_head", "lm_head.weight")]
+    skipped = [m for m in qc.get("modules_to_not_convert") or [] if m not in ("lm_head", LM_HEAD)]
     if skipped:
         raise ExportError(where, f"quantization_config.modules_to_not_convert lists {skipped[0]!r}",
                           "only lm_head may stay unquantised: every projection must be ternary")

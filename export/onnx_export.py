@@ -51,7 +51,6 @@ Python runtime; a caller of these graphs owns its KV and its masks.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,8 +65,20 @@ from bitmtp_edge.format.manifest import (
     Manifest,
     load_tensors,
     read_manifest,
-    sha256_file,
+    rewrite_manifest,
     verify_files,
+)
+from bitmtp_edge.format.tensors import (
+    DRAFT_HEAD_INT8,
+    DRAFT_HEAD_KINDS,
+    DRAFT_HEAD_SCALE,
+    DRAFT_HEAD_WEIGHT,
+    EMBED,
+    FINAL_NORM,
+    PACKED_SUFFIX,
+    SCALE_SUFFIX,
+    head_name,
+    layer_prefix,
 )
 from kernels_ampere.packing import PACKING_LAYOUT, unpack_ternary
 
@@ -133,9 +144,9 @@ def check_onnx_coverage(manifest: Manifest, where: str | os.PathLike = MANIFEST)
         raise OnnxExportError(where, "group-128 ternary weights with int8 activations are not covered by the ONNX "
                               "builder (it covers per-tensor W1.58A8 and weight-only group-128/per-tensor)",
                               "run this artifact with the Python runtime (Engine), or export it without --onnx")
-    if manifest.draft_head not in (None, "int8_per_row"):
+    if manifest.draft_head not in (None, *DRAFT_HEAD_KINDS):
         raise OnnxExportError(where, f"draft head {manifest.draft_head!r} is not covered by the ONNX builder "
-                              "(int8_per_row only)", "re-export the artifact with this bitmtp-export version")
+                              f"({DRAFT_HEAD_INT8} only)", "re-export the artifact with this bitmtp-export version")
     if manifest.model.head_dim % 2:
         raise OnnxExportError(where, f"head_dim {manifest.model.head_dim} is odd (half-split RoPE needs it even)",
                               "check the checkpoint's config.json")
@@ -191,7 +202,7 @@ def build_onnx_files(artifact_dir: str | os.PathLike, out_path: str | os.PathLik
         for tmp in staged.values():
             tmp.unlink(missing_ok=True)
     if target.parent.resolve() == folder.resolve():
-        _record_in_manifest(folder, manifest, list(staged))
+        rewrite_manifest(folder, manifest, list(staged))
     return files
 
 
@@ -253,16 +264,16 @@ class _Weights:
     def codes_t(self, proj: str):
         """Ternary codes of ``proj`` as int8 ``[K, N]`` (MatMulInteger's B operand)."""
         return self._cache(proj + ".codes_t", lambda: _tensor_proto(
-            unpack_ternary(self._get(proj + ".packed")).t().contiguous(), proj + ".codes_t"))
+            unpack_ternary(self._get(proj + PACKED_SUFFIX)).t().contiguous(), proj + ".codes_t"))
 
     def scale(self, proj: str):
         """``[1]`` per tensor, or ``[K/128, 1, N]`` group-128 (broadcast over the codes_t groups)."""
         def make():
-            s = self._get(proj + ".scale").float()
+            s = self._get(proj + SCALE_SUFFIX).float()
             if s.dim() == 2:
                 s = s.t().unsqueeze(1).contiguous()
-            return _tensor_proto(s, proj + ".scale")
-        return self._cache(proj + ".scale", make)
+            return _tensor_proto(s, proj + SCALE_SUFFIX)
+        return self._cache(proj + SCALE_SUFFIX, make)
 
     def dense(self, name: str):
         """A norm, the embedding or the LM head, in its stored dtype (cast to float32 in the graph)."""
@@ -270,10 +281,11 @@ class _Weights:
 
     def draft_head(self):
         """(int8 ``[H, V]``, float32 row scales ``[V]``)."""
-        return (self._cache("draft_head.int8_t", lambda: _tensor_proto(
-                    self._get("draft_head.int8").t().contiguous(), "draft_head.int8_t")),
-                self._cache("draft_head.scale", lambda: _tensor_proto(
-                    self._get("draft_head.scale").float(), "draft_head.scale")))
+        transposed = DRAFT_HEAD_WEIGHT + "_t"
+        return (self._cache(transposed, lambda: _tensor_proto(
+                    self._get(DRAFT_HEAD_WEIGHT).t().contiguous(), transposed)),
+                self._cache(DRAFT_HEAD_SCALE, lambda: _tensor_proto(
+                    self._get(DRAFT_HEAD_SCALE).float(), DRAFT_HEAD_SCALE)))
 
 
 def _tensor_proto(t: torch.Tensor, name: str):
@@ -392,7 +404,7 @@ class _StepGraph:
         """x [S, H] -> (attention output [S, H], K rows [Hkv, P+S, hd], V rows)."""
         b, cfg = self.b, self.cfg
         hq, hkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        pre = f"model.layers.{i}.self_attn."
+        pre = layer_prefix(i) + "self_attn."
         q = b.op("Reshape", [self.linear(x, pre + "q_proj"), b.const([-1, hq, hd], np.int64)])
         k = b.op("Reshape", [self.linear(x, pre + "k_proj"), b.const([-1, hkv, hd], np.int64)])
         v = b.op("Reshape", [self.linear(x, pre + "v_proj"), b.const([-1, hkv, hd], np.int64)])
@@ -421,7 +433,7 @@ class _StepGraph:
         return self.linear(out, pre + "o_proj"), k_all, v_all
 
     def mlp(self, x: str, i: int) -> str:
-        b, pre = self.b, f"model.layers.{i}.mlp."
+        b, pre = self.b, layer_prefix(i) + "mlp."
         gate, up = self.linear(x, pre + "gate_proj"), self.linear(x, pre + "up_proj")
         if self.cfg.activation == "relu2":
             r = b.op("Relu", [gate])
@@ -439,16 +451,16 @@ class _StepGraph:
         axis0 = b.const([0], np.int64)
         ids = b.op("Squeeze", ["input_ids", axis0])
         positions = b.op("Squeeze", ["positions", axis0])
-        embed = b.init(self.w.dense("model.embed_tokens.weight"))
+        embed = b.init(self.w.dense(EMBED))
         x = b.op("Gather", [embed, ids], axis=0)
         from onnx import TensorProto
 
-        if self.w.dense("model.embed_tokens.weight").data_type != TensorProto.FLOAT:
+        if self.w.dense(EMBED).data_type != TensorProto.FLOAT:
             x = b.op("Cast", [x], to=TensorProto.FLOAT)
         cos, sin = self.rope_tables(positions)
         ks, vs = [], []
         for i in range(self.cfg.num_layers):
-            pre = f"model.layers.{i}."
+            pre = layer_prefix(i)
             attn, k_all, v_all = self.attention(self.rms_norm(x, pre + "input_layernorm.weight"), i, cos, sin,
                                                 "past_key", "past_value", "attention_mask")
             x = b.op("Add", [x, attn], hint=f"resid{i}a")
@@ -456,13 +468,13 @@ class _StepGraph:
                      hint=f"resid{i}")
             ks.append(b.op("Unsqueeze", [k_all, axis0]))
             vs.append(b.op("Unsqueeze", [v_all, axis0]))
-        hidden = self.rms_norm(x, "model.norm.weight")
+        hidden = self.rms_norm(x, FINAL_NORM)
         b.nodes.append(_identity(b.op("Concat", ks, axis=0) if len(ks) > 1 else ks[0], "present_key"))
         b.nodes.append(_identity(b.op("Concat", vs, axis=0) if len(vs) > 1 else vs[0], "present_value"))
         return hidden
 
     def verify_head(self, hidden: str) -> None:
-        head = "model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"
+        head = head_name(self.cfg.tie_word_embeddings)
         w = self.b.float32(self.b.init(self.w.dense(head)))
         self.b.nodes.append(_identity(self.b.op("Gemm", [hidden, w], transB=1), "logits"))
 
@@ -473,13 +485,13 @@ class _StepGraph:
         b, d = self.b, self.m.mtp.block_size
         rows = b.op("Slice", [hidden, b.const([-d], np.int64), b.const([np.iinfo(np.int64).max], np.int64),
                               b.const([0], np.int64)], hint="block_hidden")
-        if self.m.draft_head == "int8_per_row":
+        if self.m.draft_head == DRAFT_HEAD_INT8:
             w_int8, row_scale = (b.init(p) for p in self.w.draft_head())
             h_int8, h_scale = self.quantize_activations(rows)
             acc = b.op("MatMulInteger", [h_int8, w_int8], hint="acc_int32")
             logits = b.op("Mul", [b.op("Mul", [b.op("Cast", [acc], to=TensorProto.FLOAT), h_scale]), row_scale])
         else:  # no int8 head in the artifact: the runtime drafts with the verify head
-            head = "model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"
+            head = head_name(self.cfg.tie_word_embeddings)
             logits = b.op("Gemm", [rows, b.float32(b.init(self.w.dense(head)))], transB=1)
         probs = b.op("Softmax", [logits], axis=-1)
         b.nodes.append(_identity(logits, "draft_logits"))
@@ -569,20 +581,6 @@ def _graph_doc(manifest: Manifest, role: str) -> str:
 def _tmp_sibling(path: Path) -> Path:
     # Same folder, so os.replace is an atomic rename; the pid keeps concurrent writers apart.
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
-def _record_in_manifest(folder: Path, manifest: Manifest, written: list[Path]) -> None:
-    """Add the written files with their sha256 to manifest.json (temp file + os.replace)."""
-    files = dict(manifest.files)
-    files.update({p.name: sha256_file(p) for p in written})
-    updated = dataclasses.replace(manifest, files=dict(sorted(files.items())))
-    target = folder / MANIFEST
-    tmp = _tmp_sibling(target)
-    try:
-        tmp.write_text(json.dumps(updated.to_dict(), indent=2) + "\n")
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 __all__ = ["DRAFT_OUTPUTS", "INPUTS", "ONNX_FILE", "OPSET", "VERIFY_OUTPUTS", "OnnxExportError", "OnnxFiles",

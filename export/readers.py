@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from bitmtp_edge.format.config import ModelConfig
-from bitmtp_edge.format.tensors import PROJECTIONS
+from bitmtp_edge.format.tensors import EMBED, FINAL_NORM, LM_HEAD, PROJECTIONS, layer_prefix, projection_name
 from kernels_ampere.numerics import GROUP_SIZE, dequantize_ternary, ternarize_absmean, ternarize_group_absmax
 from kernels_ampere.packing import unpack_hf_bitnet
 
@@ -44,8 +44,6 @@ BITNET_PACKED = "bitnet-packed"
 BITNET_TERNARY_FLOAT = "bitnet-ternary-float"
 QWEN3_GROUP128 = "qwen3-group128"
 
-EMBED = "model.embed_tokens.weight"
-LM_HEAD = "lm_head.weight"
 # Buffers older checkpoints carry that the runtime recomputes (as mlx-lm's sanitize drops them).
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 FLOAT_NAMES = "/".join(FLOAT_DTYPES)
@@ -75,15 +73,15 @@ def projection_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
                  "self_attn.o_proj": (h, q), "mlp.gate_proj": (i, h), "mlp.up_proj": (i, h),
                  "mlp.down_proj": (h, i)}
     assert tuple(per_layer) == PROJECTIONS
-    return {f"model.layers.{layer}.{p}": shape for layer in range(cfg.num_layers) for p, shape in per_layer.items()}
+    return {projection_name(layer, p): shape for layer in range(cfg.num_layers) for p, shape in per_layer.items()}
 
 
 def dense_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Norms, embedding and (untied) head, in the order the reader emits them."""
     h = cfg.hidden_size
-    out: dict[str, tuple[int, ...]] = {EMBED: (cfg.vocab_size, h), "model.norm.weight": (h,)}
+    out: dict[str, tuple[int, ...]] = {EMBED: (cfg.vocab_size, h), FINAL_NORM: (h,)}
     for layer in range(cfg.num_layers):
-        p = f"model.layers.{layer}."
+        p = layer_prefix(layer)
         out[p + "input_layernorm.weight"] = (h,)
         out[p + "post_attention_layernorm.weight"] = (h,)
         if cfg.has_sub_norms:
@@ -101,7 +99,7 @@ def detect_format(ckpt: Checkpoint, spec: SourceSpec) -> str:
     """Which weight format the checkpoint uses, from config.json and the first projection's dtype."""
     if spec.model.family == "qwen3":
         return QWEN3_GROUP128
-    first = "model.layers.0.self_attn.q_proj.weight"
+    first = projection_name(0, PROJECTIONS[0]) + ".weight"
     if first not in ckpt.tensors:
         raise ExportError(ckpt.weights_path, f"tensor {first} is missing",
                           "the weights do not belong to a BitNetForCausalLM: check the checkpoint folder")
@@ -229,7 +227,7 @@ def _weight_scale(ckpt: Checkpoint, base: str, spec: SourceSpec) -> torch.Tensor
     if not bool(torch.isfinite(ws).all()) or float(ws) <= 0:
         raise ExportError(ckpt.info(name).file, f"tensor {name} = {float(ws)} is not a positive scale",
                           "the checkpoint is corrupt: download it again")
-    # formats.md §1.4: autobitlinear multiplies by weight_scale, bitlinear divides by it.
+    # docs/artifact.md §Source checkpoints: autobitlinear multiplies by weight_scale, bitlinear divides by it.
     return ws if spec.bitnet.weight_scale == "multiply" else 1.0 / ws
 
 

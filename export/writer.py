@@ -22,8 +22,9 @@ import torch
 
 from bitmtp_edge.format.config import ConfigError, ModelConfig
 from bitmtp_edge.format.manifest import Manifest, write_artifact_files
-from bitmtp_edge.format.roles import step_widths
+from bitmtp_edge.format.roles import max_width, step_widths
 from bitmtp_edge.format.segments import DEVICE_KV_BUDGET_MIB, MIB, KVPlan, plan_segments
+from bitmtp_edge.format.tensors import DRAFT_HEAD_SCALE, DRAFT_HEAD_WEIGHT, PACKED_SUFFIX, SCALE_SUFFIX, head_name
 from kernels_ampere.numerics import quantize_rows_int8
 from kernels_ampere.packing import pack_ternary
 
@@ -31,7 +32,7 @@ from .checkpoint import Checkpoint, open_checkpoint
 from .errors import ExportError
 from .hf_config import SourceSpec, read_spec
 from .out_folder import Note, check_out, clean_leftovers, staged_folder
-from .readers import EMBED, LM_HEAD, Dense, Ternary, detect_format, read_tensors, source_tensors
+from .readers import Dense, Ternary, detect_format, read_tensors, source_tensors
 
 EXPORTER_VERSION = "0.1.0"
 DEFAULT_MAX_CONTEXT = 4096
@@ -71,7 +72,7 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, options: Export
     _check_out(ckpt_dir, out_dir, options.overwrite)
     with open_checkpoint(ckpt_dir) as ckpt:
         spec = read_spec(ckpt)
-        widths = step_widths(spec.mtp)
+        widths = step_widths(spec.mtp.block_size if spec.mtp else None)
         kv = _kv_plan(spec.model, ckpt, widths, options)
         fmt = detect_format(ckpt, spec)
         names = source_tensors(ckpt, spec, fmt)
@@ -121,7 +122,7 @@ def _kv_plan(cfg: ModelConfig, ckpt: Checkpoint, widths: dict[str, list[int]], o
         budget, flag = int(options.kv_budget_mib * MIB), "--kv-budget-mib"
     else:
         budget, flag = None, "--max-context"
-    workspace = max(w for ws in widths.values() for w in ws)
+    workspace = max_width(widths)  # the widest step writes its rows into the workspace
     try:
         return plan_segments(cfg, max_context, workspace=workspace, dtype=KV_DTYPE, budget_bytes=budget)
     except ConfigError as e:
@@ -131,19 +132,19 @@ def _kv_plan(cfg: ModelConfig, ckpt: Checkpoint, widths: dict[str, list[int]], o
 
 def _convert(ckpt: Checkpoint, spec: SourceSpec, fmt: str, names: list[str],
              advance: Callable[[str], None]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Artifact tensors (artifact.py naming) and the stored dtype of every dense tensor."""
+    """Artifact tensors (``bitmtp_edge/format/tensors.py`` names) and the stored dtype of every dense tensor."""
     tensors: dict[str, torch.Tensor] = {}
     dtypes: dict[str, str] = {}
     for item in read_tensors(ckpt, spec, fmt, names, advance):
         if isinstance(item, Ternary):
-            tensors[item.name + ".packed"] = pack_ternary(item.codes)
-            tensors[item.name + ".scale"] = item.scale.float().contiguous()
+            tensors[item.name + PACKED_SUFFIX] = pack_ternary(item.codes)
+            tensors[item.name + SCALE_SUFFIX] = item.scale.float().contiguous()
         else:
             assert isinstance(item, Dense)
             tensors[item.name] = item.tensor
             dtypes[item.name] = str(item.tensor.dtype).removeprefix("torch.")
-    head = tensors[EMBED] if spec.model.tie_word_embeddings else tensors[LM_HEAD]
-    tensors["draft_head.int8"], tensors["draft_head.scale"] = quantize_rows_int8(head)
+    head = tensors[head_name(spec.model.tie_word_embeddings)]
+    tensors[DRAFT_HEAD_WEIGHT], tensors[DRAFT_HEAD_SCALE] = quantize_rows_int8(head)
     return tensors, dtypes
 
 

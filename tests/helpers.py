@@ -78,7 +78,7 @@ def manifest_for(model: TernaryLM, block_size: int, plan):
     from bitmtp_edge.format.config import MTPConfig
 
     mtp = MTPConfig(block_size=block_size, mask_token_id=model.cfg.vocab_size - 1)
-    return Manifest(model=model.cfg, quant=model.quant, kv=plan, mtp=mtp, widths=step_widths(mtp))
+    return Manifest(model=model.cfg, quant=model.quant, kv=plan, mtp=mtp, widths=step_widths(block_size))
 
 
 def fast_backend(model: TernaryLM, block_size: int = 4, max_context: int = 512, smallest: int | None = None,
@@ -87,12 +87,13 @@ def fast_backend(model: TernaryLM, block_size: int = 4, max_context: int = 512, 
     or with ``kernels`` the Triton kernels themselves (interpreted without a GPU)."""
     from bitmtp_edge.backends.fast_model import FastModel
     from bitmtp_edge.backends.graph import GraphBackend, RuntimeOptions
-    from bitmtp_edge.backends.ops import Ops
+    from bitmtp_edge.backends.ops import kernel_ops, twin_ops
 
     plan = reference_backend(model, max_context=max_context, block_size=block_size, smallest=smallest).plan
     manifest = manifest_for(model, block_size, plan)
     options = options or RuntimeOptions(graphs=False, kv_dtype=torch.float32)
-    fast = FastModel(manifest, artifact_tensors(model), Ops(twin=not kernels, specialize_widths=options.specialize),
+    ops = kernel_ops if kernels else twin_ops
+    fast = FastModel(manifest, artifact_tensors(model), ops(options.specialize),
                      "cpu", head_dtype=head_dtype)
     return GraphBackend(fast, plan, model.cfg.vocab_size - 1, block_size, options)
 

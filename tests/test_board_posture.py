@@ -3,7 +3,7 @@
 Each board directory has ``root/`` (what /etc, /proc, /sys, /var look like on that board) and
 ``commands/`` (recorded stdout of ``nvpmodel -q`` and ``jetson_clocks --show``; a missing file
 means the tool is not installed). tests/fixtures/jetson/README.md says which files are
-verbatim from shared/reference/jetson.md and which were written to match it.
+recorded and which were written to match the format docs/jetson.md describes.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def assert_read_only(runner: FixtureRunner) -> None:
 # --------------------------------------------------------------------------- parsers
 
 
-def test_nv_tegra_release_lines_from_jetson_md():
+def test_nv_tegra_release_recorded_lines():
     assert parse_nv_tegra_release(
         "# R36 (release), REVISION: 4.7, GCID: 42132812, BOARD: generic, EABI: aarch64, DATE: Thu Sep 18 22:54:44 UTC 2025\n"
         "# KERNEL_VARIANT: oot\n"
@@ -113,7 +113,7 @@ def test_module_from_compatible(raw, pnumber, soc):
     assert module_from_compatible(parse_compatible(raw)) == (pnumber, soc)
 
 
-def test_nvpmodel_query_outputs_from_jetson_md():
+def test_nvpmodel_query_recorded_outputs():
     assert parse_nvpmodel_query("NV Power Mode: MAXN_SUPER\n2\n") == ("MAXN_SUPER", 2)
     assert parse_nvpmodel_query("NV Power Mode: 15W\n0\n") == ("15W", 0)
     assert parse_nvpmodel_query("--- current nvpmodel mode ---\nNV Power Mode: 25W\n1\n") == ("25W", 1)
@@ -138,7 +138,7 @@ def test_nvpmodel_conf_names_are_per_module():
 
 
 def test_jetson_clocks_show_pre_super_15w_not_locked():
-    # verbatim from jetson.md §3.4 (Orin Nano 8GB pre-Super, 15W; '...' lines dropped)
+    # recorded (Orin Nano 8GB pre-Super, 15W; '...' lines dropped; format: docs/jetson.md §Clocks)
     text = (
         "SOC family:tegra234  Machine:NVIDIA Jetson Orin Nano Developer Kit\n"
         "Online CPUs: 0-5\n"

@@ -42,10 +42,8 @@ def invoke(*args, input: str | None = None):
 
 def test_option_choices_match_the_library():
     from bitmtp_edge.backends.graph import RuntimeOptions
-    from bitmtp_edge.runtime.decoding import POLICIES
     from bitmtp_edge.runtime.engine import BACKENDS
 
-    assert cli.POLICY_NAMES == POLICIES
     assert cli.BACKEND_NAMES == BACKENDS
     assert cli.RUNTIME_NAMES == RuntimeOptions.PRESETS
 
@@ -66,7 +64,28 @@ def test_help_lists_every_command():
 # --------------------------------------------------------------------------- doctor
 
 
-def test_doctor_says_plainly_there_is_no_gpu_and_no_jetson():
+@pytest.fixture
+def bare_host(monkeypatch, tmp_path):
+    """This machine as a CPU-only host that is not a Jetson, whatever it really is: no CUDA
+    device, an empty filesystem root for the board and posture checks, no NVML, no
+    tegrastats or jtop socket. (On a GPU host or a Jetson the real answers differ.)"""
+    import os
+
+    import torch
+
+    from bitmtp_edge.app import doctor
+
+    run_doctor = doctor.run_doctor
+    exists = os.path.exists
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(doctor, "run_doctor", lambda artifact=None: run_doctor(artifact, root=tmp_path))
+    monkeypatch.setattr(doctor, "_probe_nvml", lambda: {"available": False, "detail": "no NVIDIA driver here"})
+    monkeypatch.setattr(doctor.shutil, "which", lambda *args, **kw: None)
+    monkeypatch.setattr(doctor.os.path, "exists",
+                        lambda p: False if str(p) in ("/usr/bin/tegrastats", doctor.JTOP_SOCKET) else exists(p))
+
+
+def test_doctor_says_plainly_there_is_no_gpu_and_no_jetson(bare_host):
     res = invoke("doctor")
     assert res.exit_code == 0, res.output
     lines = {line.split()[1]: line for line in res.output.splitlines() if len(line.split()) > 1}
@@ -78,7 +97,7 @@ def test_doctor_says_plainly_there_is_no_gpu_and_no_jetson():
     assert "not a Jetson, no GPU" in res.output.splitlines()[-1]
 
 
-def test_doctor_json_checks_the_artifact(artifact):
+def test_doctor_json_checks_the_artifact(artifact, bare_host):
     res = invoke("doctor", "--artifact", artifact, "--json")
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
@@ -235,7 +254,7 @@ def test_capture_progress_bar_counts_the_graphs():
 
     from rich.console import Console
 
-    from bitmtp_edge.app.cli import CaptureProgress
+    from bitmtp_edge.app.live import CaptureProgress
 
     out = io.StringIO()
     bar = CaptureProgress(Console(file=out, force_terminal=True, width=80))

@@ -10,7 +10,7 @@ from bitmtp_edge.runtime.decoding import (
     DecodeOptions, DecodeStats, DecodingError, accepted_prefix, confident_prefix, decode,
 )
 from bitmtp_edge.format.segments import plan_segments
-from bitmtp_edge.runtime.kv import SegmentedKV
+from bitmtp_edge.runtime.kv import KVStore
 from bitmtp_edge.runtime.masks import prefill_mask
 from tests.helpers import random_model, reference_backend
 
@@ -83,12 +83,12 @@ def assert_kv_matches_recompute(model, backend, tokens: list[int]) -> None:
     """The materialised history equals a from-scratch causal prefill of the same tokens."""
     length = backend.history_length
     assert length <= len(tokens)
-    fresh = SegmentedKV(model.cfg, plan_segments(model.cfg, 1024, workspace=1, dtype="float32"),
-                        torch.float64, "cpu")
+    fresh = KVStore(model.cfg, plan_segments(model.cfg, 1024, workspace=1, dtype="float32"), torch.float64, "cpu")
     ids = torch.tensor([tokens[:length]])
+    view = fresh.reserve(length)
     with torch.no_grad():
-        model(ids, torch.arange(length)[None], prefill_mask(fresh.buffer.slots, 0, length)[None],
-              kv=fresh.buffer, write_slots=fresh.history_slots(length))
+        model(ids, torch.arange(length)[None], prefill_mask(view.slots, 0, length)[None],
+              kv=view, write_slots=fresh.history_slots(length))
     fresh.advance(length)
     k_ref, v_ref = fresh.history()
     k, v = backend.kv.history()

@@ -216,6 +216,22 @@ def test_bitmtp_checkpoint_manifest(tmp_path):
     assert set(manifest.source["files"]) >= {"config.json", "bitmtp.json", "model.safetensors", "tokenizer.json"}
 
 
+def test_the_manifest_widths_are_checked_against_the_mtp_block(tmp_path):
+    """The runtime reads the step widths the exporter wrote; a manifest whose widths do not
+    follow from its block size is refused instead of silently recomputed."""
+    from bitmtp_edge.format.manifest import ArtifactError
+
+    out = tmp_path / "out"
+    manifest, _ = export(checkpoint("bitmtp"), out)
+    assert manifest.max_width == manifest.kv.workspace == 2 * manifest.mtp.block_size
+    data = json.loads((out / "manifest.json").read_text())
+    assert "roles" not in data and set(data["widths"]) == {"verify", "draft"}
+    data["widths"]["draft"] = [5, 6]
+    (out / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match="widths .* do not match the MTP block"):
+        read_manifest(out)
+
+
 def test_checkpoint_without_bitmtp_json_is_ar_only(online_export):
     manifest, _ = online_export
     assert manifest.mtp is None

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from bitmtp_edge.backends.graph import RuntimeOptions
+from bitmtp_edge.runtime.policies import POLICIES
 from tests.helpers import fast_backend, random_model, reference_backend, write_test_artifact
 from tests.test_decoding import run
 
-POLICIES = ["ar", "confidence", "speculative", "hybrid"]
 PROMPT = [3, 14, 15, 92, 65, 35]
 
 
@@ -35,13 +35,30 @@ def test_fast_backend_matches_reference(seed, policy):
     assert stats.segment_growths >= 1
 
 
-@pytest.mark.parametrize("preset", RuntimeOptions.PRESETS)
+# What the CPU can run of each ablation preset: everything but graph capture. "m1+m2" is
+# "m1" plus graphs, so it is the GPU tests' business (test_gpu_backend_is_exact_..., and
+# test_gpu_graphs_replay_the_eager_tokens); the three below differ in what they run.
+CPU_PRESETS = {"generic": dict(specialize=False, hoist_verify=False),
+               "m1": dict(specialize=True, hoist_verify=False),
+               "full-eager": dict(specialize=True, hoist_verify=True)}
+
+
+def test_the_cpu_presets_cover_every_ablation_flag_but_graphs():
+    flags = {(o.specialize, o.hoist_verify) for o in map(RuntimeOptions.preset, RuntimeOptions.PRESETS)}
+    assert flags == {(v["specialize"], v["hoist_verify"]) for v in CPU_PRESETS.values()}
+
+
+@pytest.mark.parametrize("preset", CPU_PRESETS)
 def test_every_ablation_configuration_gives_the_same_tokens(preset):
-    opts = RuntimeOptions.preset(preset, kv_dtype=torch.float32)
-    opts = RuntimeOptions(specialize=opts.specialize, graphs=False, hoist_verify=opts.hoist_verify,
-                          kv_dtype=torch.float32)
-    ref, out, _, _ = both(random_model(2), "speculative", options=opts)
+    flags = CPU_PRESETS[preset]
+    opts = RuntimeOptions(graphs=False, kv_dtype=torch.float32, **flags)
+    ref, out, stats, fast = both(random_model(2), "speculative", options=opts)
     assert out == ref
+    # The configurations take different paths: a hoisted verify needs no read of the drafts
+    # before it (one host read per iteration), and only the specialised model drafts with
+    # the int8 head (Generic drafts with the verify head).
+    assert stats.host_syncs == (1 if flags["hoist_verify"] else 2) * stats.iterations
+    assert (fast.fast.draft_head is not None and fast.fast.ops.specialize_widths) == flags["specialize"]
 
 
 def test_speculative_reads_the_device_once_per_iteration_when_hoisted():
@@ -71,6 +88,77 @@ def test_triton_kernels_choose_the_twins_tokens():
         outs = [run(fast_backend(model, max_context=64, smallest=16, kernels=k, head_dtype=torch.float16),
                     PROMPT, policy, n=12, block_size=bs)[0] for k in (False, True)]
         assert outs[0] == outs[1], policy
+
+
+# --- the on-device accept, with hand-built verifier logits -----------------------------------
+
+D, VOCAB = 4, 50
+
+
+def scripted_logits(block: list[int], accept: int, gen: torch.Generator, vocab: int = VOCAB) -> torch.Tensor:
+    """[D + 1, V] logits whose greedy tokens accept exactly ``accept`` drafts of ``block``
+    ([anchor, d_1..d_D]): rows before the first rejection pick the next draft, row ``accept``
+    picks something else, and the rows after it pick their drafts again (a later match
+    must not count)."""
+    logits = torch.randn(D + 1, vocab, generator=gen)
+    for row in range(D):
+        want = block[row + 1] if row != accept else (block[row + 1] + 1) % vocab
+        logits[row, want] = logits[row].max() + 1.0 + torch.rand(1, generator=gen).item()
+    return logits
+
+
+def accept_cases(seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    for accept in range(D + 1):
+        block = torch.randint(0, VOCAB, (D + 1,), generator=gen).tolist()
+        yield block, accept, scripted_logits(block, accept, gen)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_on_device_accept_matches_the_host_rule_for_every_count(seed):
+    from bitmtp_edge.backends.graph import accept_on_device
+    from bitmtp_edge.runtime.decoding_rules import accepted_prefix
+
+    for block, accept, logits in accept_cases(seed):
+        greedy = logits.argmax(-1)
+        a, v = accept_on_device(torch.tensor(block), greedy)
+        assert a.tolist() == [accept] == [accepted_prefix(block[1:], greedy.tolist())]
+        assert v.tolist() == [int(greedy[accept])]
+
+
+def test_on_device_accept_stops_at_an_early_mismatch():
+    from bitmtp_edge.backends.graph import accept_on_device
+
+    block = [7, 11, 12, 13, 14]
+    greedy = torch.tensor([11, 40, 13, 14, 9])  # d_1 accepted, d_2 rejected, d_3 and d_4 match again
+    a, v = accept_on_device(torch.tensor(block), greedy)
+    assert (int(a), int(v)) == (1, 40)
+    a, v = accept_on_device(torch.tensor(block), torch.tensor([11, 12, 13, 14, 9]))
+    assert (int(a), int(v)) == (4, 9)  # every draft, and the bonus token of the last row
+    a, v = accept_on_device(torch.tensor(block), torch.tensor([5, 12, 13, 14, 9]))
+    assert (int(a), int(v)) == (0, 5)
+
+
+@pytest.mark.parametrize("accept", range(D + 1))
+def test_verify_step_commits_what_scripted_verifier_logits_force(accept):
+    """The whole verify graph body on the CPU with the verifier's logits replaced: the
+    accepted count, the verifier token, the device and host history lengths and the
+    chained input of the next draft follow the script."""
+    model = random_model(11)
+    backend = fast_backend(model, block_size=D, max_context=64)
+    prompt = PROMPT
+    backend.prefill(prompt[:-1])
+    draft = backend.draft_step(prompt[-1:], D)
+    block = [prompt[-1]] + list(draft.tokens)
+    logits = scripted_logits(block, accept, torch.Generator().manual_seed(accept), vocab=model.cfg.vocab_size)
+    greedy = logits.argmax(-1)
+    backend.fast.verify_top1 = lambda x: (greedy.to(x.device), logits.softmax(-1).amax(-1))
+    res = backend.verify_step(prompt[-1], draft)
+    assert (res.accepted, res.verifier_token) == (accept, int(greedy[accept]))
+    assert backend.history_length == len(prompt) + accept
+    assert int(backend.static.history_len) == len(prompt) + accept
+    assert int(backend.static.pending[0]) == res.verifier_token  # the next draft's p_1, already on the device
+    assert backend.static.readback[:2].tolist() == [accept, res.verifier_token]
 
 
 def test_fast_logits_match_reference():

@@ -1,7 +1,7 @@
 """The Sampler, its sources and window statistics, on CPU only.
 
 The tegrastats path runs end to end against a fake ``tegrastats`` (a Python script,
-tests/fixtures/jetson/bin/tegrastats) put first on PATH: it replays verbatim jetson.md lines
+tests/fixtures/jetson/bin/tegrastats) put first on PATH: it replays recorded tegrastats lines
 at its ``--interval`` and logs how it was invoked, so the test can check that the Sampler
 spawned its own child, killed only that child, and never ran ``tegrastats --stop``.
 NVML and jtop are exercised through stand-in modules injected into ``sys.modules``.

@@ -115,7 +115,7 @@ def replay_times(eng: Engine, segment: int, base_len: int, repeats: int = 50) ->
     Each replay advances the device history length, so it is reset before every replay;
     the reset alone is timed and subtracted."""
     b = eng.backend
-    reset = lambda: b.L.fill_(base_len)  # noqa: E731
+    reset = lambda: b.static.history_len.fill_(base_len)  # noqa: E731
     t_reset = cuda_ms(reset, repeats)
     rows = []
     for state, graph in sorted(b.graphs.items()):
@@ -210,7 +210,7 @@ def part_2b(work: Path, args, progress) -> dict:
                "kernel_cache": "warm" if compiled == 0 else f"cold ({compiled} compiled)",
                "capture_s": b.capture_s, "graphs": len(b.graphs),
                "kv_bytes": b.kv_bytes, "graph_pool_bytes": b.graph_pool_bytes,
-               "workspace_bytes": b.workspace * eng.manifest.kv.bytes_per_slot,
+               "workspace_bytes": b.kv.workspace * eng.manifest.kv.bytes_per_slot,
                "peak_mem_bytes": torch.cuda.max_memory_allocated()}
         # Eager configurations pay Python launch overhead on every kernel: fewer tokens and
         # forced levels keep the run short (tok/s is decode-only, so lengths compare).

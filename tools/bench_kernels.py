@@ -208,7 +208,8 @@ def linear_variants(shape: LinearShape) -> list[str]:
 
 
 def linear_call(case: LinearCase, variant: str, i: int, config=None):
-    from kernels_ampere import w2a8_linear, w2a16_linear
+    from kernels_ampere.w2a8 import w2a8_linear
+    from kernels_ampere.w2a16 import w2a16_linear
 
     packed, w_scale = case.packed[i], case.w_scale[i]
     if variant.startswith("w2a8"):
@@ -218,7 +219,8 @@ def linear_call(case: LinearCase, variant: str, i: int, config=None):
 
 
 def check_linear(case: LinearCase, variant: str, config=None):
-    from kernels_ampere import w2a8_linear_reference, w2a16_linear_reference
+    from kernels_ampere.w2a8 import w2a8_linear_reference
+    from kernels_ampere.w2a16 import w2a16_linear_reference
 
     out = linear_call(case, variant, 0, config)().float()
     if variant.startswith("w2a8"):
@@ -277,7 +279,7 @@ class HeadCase:
         return HEAD_V * HEAD_H * (1 if variant == "int8 head" else 2) + HEAD_V * (4 if variant == "int8 head" else 0)
 
     def calls(self, variant: str, config=None) -> list:
-        from kernels_ampere import f16_head_argmax, int8_head_argmax
+        from kernels_ampere.heads import f16_head_argmax, int8_head_argmax
 
         if variant == "int8 head":
             return [lambda i=i: int8_head_argmax(self.h_int8, self.h_scale, self.w_int8[i], self.w_scale[i],
@@ -291,7 +293,7 @@ class HeadCase:
         return [lambda i=i: torch_head(i) for i in range(len(self.w16))]
 
     def check(self, variant: str, config=None):
-        from kernels_ampere import f16_head_argmax_reference, int8_head_argmax_reference
+        from kernels_ampere.heads import f16_head_argmax_reference, int8_head_argmax_reference
 
         top1, conf = self.calls(variant, config)[0]()
         if variant == "int8 head":
@@ -459,7 +461,7 @@ class Run:
         torch.cuda.empty_cache()
 
     def attention(self, widths, capacity=4096, hist=4000):
-        from kernels_ampere import small_width_attention, small_width_attention_reference
+        from kernels_ampere.attention import small_width_attention, small_width_attention_reference
 
         a = self.args
         for m in widths:
@@ -480,8 +482,8 @@ class Run:
                          shape=f"Hq20/Hkv5/hd128 hist {hist}/{capacity}", M=m, variant="bf16")
 
     def quant(self, widths):
-        from kernels_ampere import (relu2_mul_rmsnorm_quant, relu2_mul_rmsnorm_quant_reference, rmsnorm_quant,
-                                    rmsnorm_quant_reference)
+        from kernels_ampere.fused_quant import (relu2_mul_rmsnorm_quant, relu2_mul_rmsnorm_quant_reference,
+                                                rmsnorm_quant, rmsnorm_quant_reference)
 
         for m in widths:
             for name, k in (("rmsnorm_quant", 2560), ("relu2_mul_rmsnorm_quant", 6912)):

@@ -1,6 +1,6 @@
 """The SDLM training layout: a clean causal stream with D-token mask blocks appended after it.
 
-One training row of a BitMTP model (``mtp.md`` §1.2–1.3, §5.2; DESIGN.md §4) is::
+One training row of a BitMTP model (docs/decoding.md §Block drafting and §Training) is::
 
     clean x_0 .. x_{L-1}  ++  block_1  ++ … ++  block_K        (S = L + K·D tokens)
     block_b = [x_p, m, m, …, m]   anchored at clean index p = anchors[b]

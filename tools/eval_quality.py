@@ -37,11 +37,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bitmtp_edge.runtime.policies import POLICIES
 from tools.corpus import CorpusIndex, load_split
 from tools.prompts import Prompt, cut_at_function_end, is_valid_completion, read_prompts
 from tools.tokenizer import load_tokenizer
 
-POLICIES = ("ar", "confidence", "speculative", "hybrid")
 TARGET_NTP_GAP_PCT = 3.0
 TARGET_HYBRID_TPI_D8 = 3.5
 TARGET_PARSE_DROP_PTS = 2.0
@@ -211,7 +211,7 @@ def cpu_bench(prompts: list[Prompt], n_prompts: int, max_new_tokens: int, artifa
     """AR vs hybrid decode tok/s of the embedded (or given) artifact on the CPU reference backend.
 
     Per prompt the two routes alternate ``repeats`` times and each keeps its median decode
-    time (DESIGN.md §7), so a busy shared host slows both alike.
+    time (docs/measuring.md §Rules), so a busy shared host slows both alike.
     """
     from statistics import median
 

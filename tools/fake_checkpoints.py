@@ -6,7 +6,7 @@ random weights, so exporter and runtime can be checked against transformers with
 downloading anything:
 
 * ``make_bitnet_online``: ``BitNetForCausalLM`` with latent float weights and
-  ``quantization_config`` autobitlinear/online (formats.md §1.5), loadable by transformers;
+  ``quantization_config`` autobitlinear/online (docs/artifact.md §Source checkpoints), loadable by transformers;
 * ``make_bitnet_packed``: the offline form of a latent checkpoint: HF-packed uint8
   ``[N/4, K]`` plus ``weight_scale`` that multiplies (autobitlinear), divides (bitlinear) or
   uses the pre-release ``{"offline_quantization": true}`` config;

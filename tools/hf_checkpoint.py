@@ -9,7 +9,7 @@ A checkpoint folder is what ``bitmtp-export`` and ``transformers`` both read:
 * ``bitmtp.json``: ``{"block_size", "mask_token_id", "tau", "min_prefix", "corpus_sha256"}``
   for a BitMTP model; absent for an AR-only (SFT) model, which then exports as AR-only.
 
-Two weight forms (``formats.md`` §1.4):
+Two weight forms (docs/artifact.md §Source checkpoints):
 
 * **latent** (``autobitlinear`` + ``online``): float32 master weights; the quantisers are
   applied on the fly. What training resumes from.

@@ -67,14 +67,14 @@ def main() -> None:
     if d:
         def draft():
             b.draft_step([prompt[-1]], d).tokens  # noqa: B018 - reads the draft (one sync)
-            b.L_host -= 1
-            b.L.sub_(1)
+            b.kv.length -= 1
+            b.static.history_len.sub_(1)
 
         def verify():
-            b.verify_tokens.copy_(torch.tensor(prompt[-1:] * (d + 1)))
+            b.static.verify_tokens.copy_(torch.tensor(prompt[-1:] * (d + 1)))
             b.verify_step(prompt[-1], DraftResult([prompt[-1]] * d, [0.0] * d))
-            b.L.fill_(len(prompt))
-            b.L_host = len(prompt)
+            b.static.history_len.fill_(len(prompt))
+            b.kv.length = len(prompt)
 
         roles[f"draft M={1 + d}"] = draft
         roles[f"verify M={d + 1}"] = verify

@@ -1,4 +1,4 @@
-"""Joint NTP + MTP quantisation-aware training of a ternary code model (DESIGN.md §6).
+"""Joint NTP + MTP quantisation-aware training of a ternary code model (docs/decoding.md §Training).
 
     # BitMTP, D = 8, 40 blocks per 512-token row, fitted to an 8-minute budget
     python -m tools.train --data runs/data --out runs/d8 --block-size 8 --blocks 40 \

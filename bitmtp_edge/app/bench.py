@@ -1,6 +1,6 @@
 """Monitored benchmarking: AR and each decoding policy on one workload, power included.
 
-The protocol (jetson.md §5: the union of jetson-containers, jetson-ai-lab and TRT
+The protocol (docs/measuring.md §Monitored benchmark: the union of jetson-containers, jetson-ai-lab and TRT
 Edge-LLM practice, plus what none of them records: power and energy):
 
 1. the power posture is read *before* anything is loaded (``strict`` refuses a Jetson that
@@ -137,7 +137,7 @@ def make_routes(engine: Engine, policies: Sequence[str] | None, taus: Sequence[f
 
     τ matters to ``confidence`` and ``hybrid``, m to ``hybrid`` only; unset values are the
     model's (``bitmtp.json``). AR comes first: it is the baseline of every speedup."""
-    from ..runtime.decoding import POLICIES
+    from ..runtime.policies import POLICIES
 
     mtp = engine.manifest.mtp
     if policies is None:
@@ -246,14 +246,9 @@ def run_once(engine: Engine, prompt: str, route: Route, config: BenchConfig) -> 
 
     from ..runtime.decoding import DecodeOptions, DecodeStats, decode
 
-    mtp = engine.manifest.mtp
-    opts = DecodeOptions(
-        policy=route.policy, max_new_tokens=config.max_new_tokens,
-        block_size=mtp.block_size if mtp else None,
-        tau=route.tau if route.tau is not None else (mtp.tau if mtp else 0.9),
-        min_prefix=route.min_prefix if route.min_prefix is not None else (mtp.min_prefix if mtp else 1),
-        stop_token_ids=frozenset() if config.ignore_eos else engine.eos_token_ids,
-    )
+    opts = DecodeOptions.for_model(engine.manifest.mtp, route.policy, config.max_new_tokens, tau=route.tau,
+                                   min_prefix=route.min_prefix,
+                                   stop_token_ids=frozenset() if config.ignore_eos else engine.eos_token_ids)
     ids = engine.encode(prompt)
     cuda = engine.device.type == "cuda"
     if cuda:

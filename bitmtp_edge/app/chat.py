@@ -58,7 +58,8 @@ class ChatSession:
         self.last_stats: DecodeStats | None = None
 
     def set_policy(self, name: str) -> str:
-        from ..runtime.decoding import POLICIES, DecodingError
+        from ..runtime.decoding import DecodingError
+        from ..runtime.policies import POLICIES
 
         if name not in POLICIES:
             raise DecodingError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")

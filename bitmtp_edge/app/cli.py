@@ -12,17 +12,16 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 
 import click
 
+from ..runtime.policies import POLICIES
 from .bench import MONITOR_CHOICES
 
-# Copies of decoding.POLICIES, engine.BACKENDS and RuntimeOptions.PRESETS, so that building
-# the options does not import torch; tests/test_cli.py checks that they agree.
-POLICY_NAMES = ("ar", "confidence", "speculative", "hybrid")
+# Copies of engine.BACKENDS and RuntimeOptions.PRESETS, so that building the options does
+# not import torch; tests/test_cli.py checks that they agree.
 BACKEND_NAMES = ("auto", "reference", "ampere", "server")
 RUNTIME_NAMES = ("generic", "m1", "m1+m2", "full")
 ARGV_KEY = "bitmtp.argv"
@@ -60,6 +59,8 @@ def _load_engine(artifact, backend, device, runtime: str = "full"):
     from ..format.manifest import ArtifactError
     from ..runtime.engine import Engine
 
+    from .live import CaptureProgress
+
     bar = CaptureProgress()
     try:
         eng = Engine.load(artifact, backend=backend, device=device, runtime=runtime, progress=bar)
@@ -74,36 +75,12 @@ def _load_engine(artifact, backend, device, runtime: str = "full"):
     return eng
 
 
-class CaptureProgress:
-    """A progress bar on stderr for graph capture at load (shown only once capture starts)."""
-
-    def __init__(self, console=None):
-        self.console = console
-        self._bar = self._task = None
-
-    def __call__(self, done: int, total: int) -> None:
-        if self._bar is None:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._bar = Progress(TextColumn("capturing CUDA graphs"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=self.console or Console(stderr=True), transient=True)
-            self._bar.start()
-            self._task = self._bar.add_task("capture", total=total)
-        self._bar.update(self._task, completed=done)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None
-
-
 artifact_option = click.option("--artifact", "-a", type=click.Path(file_okay=False), default=None,
                                help="Artifact folder from bitmtp-export (default: the embedded model).")
 backend_option = click.option("--backend", type=click.Choice(BACKEND_NAMES), default="auto", show_default=True)
 device_option = click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
 runtime_option = click.option("--runtime", type=click.Choice(RUNTIME_NAMES), default="full", show_default=True,
-                              help="Fast backends: the ablation configuration (DESIGN.md §5).")
+                              help="Fast backends: the ablation configuration (docs/runtime.md §Ablation presets).")
 tau_help = "Confidence threshold τ [default: the model's]."
 m_help = "Hybrid: commit without verifying when h ≥ m [default: the model's]."
 
@@ -111,7 +88,7 @@ m_help = "Hybrid: commit without verifying when h ≥ m [default: the model's]."
 def decoding_options(command):
     """--policy, --max-new-tokens, --tau, --min-prefix and sampling: one decode's settings (generate, chat)."""
     for option in reversed((
-        click.option("--policy", type=click.Choice(POLICY_NAMES), default="hybrid", show_default=True),
+        click.option("--policy", type=click.Choice(POLICIES), default="hybrid", show_default=True),
         click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True),
         click.option("--tau", type=click.FloatRange(0, 1, min_open=True), default=None, help=tau_help),
         click.option("--min-prefix", "-m", type=click.IntRange(min=1), default=None, help=m_help),
@@ -169,7 +146,7 @@ def generate(prompt, artifact, backend, device, policy, max_new_tokens, tau, min
 @backend_option
 @device_option
 @click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=96, show_default=True)
-@click.option("--policy", type=click.Choice([p for p in POLICY_NAMES if p != "ar"]), default="hybrid",
+@click.option("--policy", type=click.Choice([p for p in POLICIES if p != "ar"]), default="hybrid",
               show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def demo(artifact, backend, device, max_new_tokens, policy, as_json):
@@ -200,7 +177,8 @@ def chat(ctx, artifact, backend, device, policy, max_new_tokens, tau, min_prefix
          no_history):
     """Interactive session: type text, watch the model continue it (streamed), with live
     tok/s and tokens per iteration. Commands: /quit, /policy [NAME], /reset, /help."""
-    from .chat import COMMANDS, ChatSession, parse_command
+    from .chat import ChatSession
+    from .chat_loop import run_chat
     from ..runtime.decoding import DecodingError
 
     eng = _load_engine(artifact, backend, device)
@@ -212,44 +190,9 @@ def chat(ctx, artifact, backend, device, policy, max_new_tokens, tau, min_prefix
                               keep_history=not no_history)
     except DecodingError as e:
         raise click.ClickException(str(e)) from None
-    stdin = sys.stdin
-    interactive = stdin.isatty() and sys.stdout.isatty()
     click.echo(f"bitmtp chat — {eng.path} on {eng.backend.name}/{eng.device}, policy {session.policy}. "
                "/help for commands, /quit to leave.", err=True)
-    while True:
-        if interactive:
-            click.echo(click.style(">>> ", bold=True), nl=False)
-        line = stdin.readline()
-        if not line:  # end of input
-            break
-        if not line.strip():
-            continue
-        try:
-            command = parse_command(line)
-        except ValueError as e:
-            click.echo(f"error: {e}", err=True)
-            continue
-        if command is None:
-            try:
-                (_reply_live if interactive else _reply_plain)(session, line)
-            except DecodingError as e:
-                click.echo(f"error: {e}", err=True)
-        elif command.name == "quit":
-            break
-        elif command.name == "reset":
-            session.reset()
-            click.echo("transcript cleared", err=True)
-        elif command.name == "help":
-            for name, what in COMMANDS.items():
-                click.echo(f"  {name:<8} {what}", err=True)
-        elif command.name == "policy":
-            if command.arg:
-                try:
-                    session.set_policy(command.arg)
-                except DecodingError as e:
-                    click.echo(f"error: {e}", err=True)
-                    continue
-            click.echo(f"policy: {session.policy} (choices: {', '.join(POLICY_NAMES)})", err=True)
+    run_chat(session, sys.stdin, interactive=sys.stdin.isatty() and sys.stdout.isatty())
 
 
 def _sampling(temperature, top_p, top_k, seed):
@@ -261,39 +204,6 @@ def _sampling(temperature, top_p, top_k, seed):
         raise click.BadParameter(str(e)) from None
 
 
-def _reply_plain(session, line: str) -> None:
-    from .chat import stats_line
-
-    for piece, _ in session.reply(line):
-        click.echo(piece, nl=False)
-    click.echo()
-    click.echo(stats_line(session.policy, session.last_stats), err=True)
-
-
-def _reply_live(session, line: str) -> None:
-    """A terminal: the reply's tail and a live footer redrawn as tokens arrive; then the
-    whole reply printed plainly (scrollback keeps it) with the final statistics."""
-    from rich.console import Console, Group
-    from rich.live import Live
-    from rich.text import Text
-
-    from .chat import stats_line
-
-    console = Console()
-    pieces: list[str] = []
-    t0 = time.perf_counter()
-    with Live(console=console, transient=True, refresh_per_second=12) as live:
-        for piece, stats in session.reply(line):
-            pieces.append(piece)
-            elapsed = time.perf_counter() - t0 - stats.prefill_s
-            rate = stats.new_tokens / elapsed if elapsed > 0 else 0.0
-            tail = "".join(pieces).splitlines()[-max(console.height - 3, 1):]
-            live.update(Group(Text("\n".join(tail)), Text(stats_line(session.policy, stats, rate), style="dim")))
-    click.echo("".join(pieces))
-    if session.last_stats is not None:
-        click.echo(click.style(stats_line(session.policy, session.last_stats), dim=True), err=True)
-
-
 # ----------------------------------------------------------------------------- bench
 
 
@@ -301,39 +211,11 @@ def _parse_policies(ctx, param, value):
     if value is None:
         return None
     names = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [n for n in names if n not in POLICY_NAMES]
+    unknown = [n for n in names if n not in POLICIES]
     if unknown or not names:
         what = f"unknown policy {unknown[0]!r}" if unknown else "no policy given"
-        raise click.BadParameter(f"{what}; choose from {', '.join(POLICY_NAMES)} (comma-separated)")
+        raise click.BadParameter(f"{what}; choose from {', '.join(POLICIES)} (comma-separated)")
     return tuple(dict.fromkeys(names))
-
-
-class _RichProgress:
-    """The bench progress bar, on stderr."""
-
-    def __init__(self):
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        self._bar = Progress(TextColumn("{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
-                             TimeElapsedColumn(), console=Console(stderr=True), transient=True)
-        self._task = None
-
-    def start(self, total: int) -> None:
-        self._bar.start()
-        self._task = self._bar.add_task("", total=total)
-
-    def advance(self, description: str) -> None:
-        self._bar.update(self._task, advance=1, description=description)
-
-    def stop(self) -> None:
-        self._bar.stop()
 
 
 @main.command()
@@ -347,7 +229,7 @@ class _RichProgress:
 @click.option("--num-prompts", type=click.IntRange(min=0), default=8, show_default=True,
               help="Use the first N prompts (0: all).")
 @click.option("--policies", callback=_parse_policies, default=None, metavar="LIST",
-              help=f"Comma-separated routes from {','.join(POLICY_NAMES)} [default: all the model supports]. "
+              help=f"Comma-separated routes from {','.join(POLICIES)} [default: all the model supports]. "
                    "Put ar in for speedups.")
 @click.option("--tau", multiple=True, type=click.FloatRange(0, 1, min_open=True),
               help=tau_help + " Repeat to sweep.")
@@ -380,6 +262,8 @@ def bench(ctx, artifact, backend, device, runtime, prompts_file, num_prompts, po
     """
     from . import bench as B
     from .bench_report import ReportError, write_report
+    from .live import BenchProgress
+    from .tables import print_bench_table
     from ..jetson.monitor import SourceUnavailable
     from ..jetson.posture import PostureError, check_posture
 
@@ -414,7 +298,7 @@ def bench(ctx, artifact, backend, device, runtime, prompts_file, num_prompts, po
     show_bar = not quiet and sys.stderr.isatty()
     try:
         report = B.run_bench(eng, prompts, routes, config, posture=posture,
-                             progress=_RichProgress() if show_bar else None,
+                             progress=BenchProgress() if show_bar else None,
                              command=_command_line(ctx), workload_source=source)
         data = report.to_dict()
         paths = write_report(data, out)
@@ -426,37 +310,8 @@ def bench(ctx, artifact, backend, device, runtime, prompts_file, num_prompts, po
         click.echo(json.dumps(data, allow_nan=False))
         return
     if not quiet:
-        _print_table(data)
+        print_bench_table(data)
     click.echo(f"wrote {', '.join(str(p) for p in paths)}", err=True)
-
-
-def _print_table(data: dict) -> None:
-    """A rich table on a terminal; the Markdown table (as in bench.md) when piped."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
-    from .bench_report import TERMINAL_COLUMNS, markdown_table, table_rows
-
-    if not sys.stdout.isatty():
-        click.echo("\n".join(markdown_table(data)))
-        for note in data["notes"]:
-            click.echo(f"note: {note}")
-        return
-    rows = table_rows(data)
-    # Columns nobody measured here (power off a power sensor, GPU clocks on a CPU) are left
-    # out of the terminal table; bench.md keeps them all.
-    keep = [i for i in range(len(TERMINAL_COLUMNS)) if i == 0 or any(row[i] != "–" for row in rows)]
-    table = Table(title=f"{data['device']} — {data['engine']['backend']} backend", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-    for i in keep:
-        table.add_column(TERMINAL_COLUMNS[i], justify="left" if i == 0 else "right", no_wrap=i == 0)
-    for row in rows:
-        table.add_row(*(row[i] for i in keep))
-    console = Console(soft_wrap=False)
-    console.print(table)
-    for note in data["notes"]:
-        console.print(f"note: {note}", markup=False, highlight=False)
 
 
 # ----------------------------------------------------------------------------- doctor
@@ -504,7 +359,7 @@ def doctor(artifact, as_json):
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False), default=None,
               help="Listen on this UNIX socket (JSON lines) [default without --port/--socket: JSON lines on "
                    "stdin, replies on stdout].")
-@click.option("--policy", type=click.Choice(POLICY_NAMES), default=None,
+@click.option("--policy", type=click.Choice(POLICIES), default=None,
               help="Default policy of requests [default: hybrid, or ar for an AR-only model].")
 @click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True,
               help="Default max_new_tokens (HTTP: max_tokens) of requests.")

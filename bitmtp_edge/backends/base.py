@@ -15,21 +15,45 @@ import torch
 
 from ..runtime.replay import ReplayState
 
+# Prompt tokens per eager prefill step. Both backends prefill in chunks so that the widest
+# intermediate stays bounded: the attention scores of a chunk are [Hq, chunk, |σ| + W]
+# float32 (about 84 MB at Hq = 20, 256 rows and a 4096-slot segment), which matters on a
+# Jetson whose CPU and GPU share 8 GB. Chunking changes what no row sees: every row is
+# written at its own slot and attends to exactly the rows before it.
+PREFILL_CHUNK = 256
+
+
+def check_pending(pending: list[int], block_size: int) -> None:
+    """A draft step's entry check: 1 <= k <= D pending tokens (p_k is the anchor)."""
+    assert 1 <= len(pending) <= block_size, f"{len(pending)} pending tokens for D = {block_size}"
+
 
 class DraftResult:
     """d_1..d_D and their confidences (max softmax of each block row).
 
     A graph backend hands back a *lazy* result (``loader``): the speculative policy never
-    looks at the drafts before verifying, so it reads them back together with the verify
-    outputs in one transfer.
+    looks at the drafts before verifying, so the verify step reads them back together with
+    its own outputs in one transfer and ``deliver``s them here.
 
     With sampling, ``probs`` holds the draft distributions q [D, V] the tokens were drawn
     from (a verify needs them; a graph backend keeps them in a static buffer instead).
     """
 
-    def __init__(self, tokens=None, confidences=None, loader=None, probs=None):
+    def __init__(self, tokens: list[int] | None = None, confidences: list[float] | None = None, loader=None,
+                 probs=None):
+        assert tokens is not None or loader is not None, "a DraftResult needs its values or a loader"
         self._tokens, self._confidences, self._loader = tokens, confidences, loader
         self.probs = probs
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the host holds the values (reading them now costs no transfer)."""
+        return self._tokens is not None
+
+    def deliver(self, tokens: list[int], confidences: list[float]) -> None:
+        """Hand over values read together with another step's outputs (no-op once loaded)."""
+        if self._tokens is None:
+            self._tokens, self._confidences = tokens, confidences
 
     def _load(self) -> None:
         if self._tokens is None:
@@ -83,18 +107,23 @@ class Backend(Protocol):
     def reset(self) -> None: ...
 
     def prefill(self, token_ids: list[int]) -> None:
-        """Materialise ``token_ids`` into history (verify role, causal)."""
+        """token_ids [T] host ints: materialise them into history (verify role, causal), in
+        chunks of ``PREFILL_CHUNK``. L += T."""
 
     def ar_step(self, token: int, sampler=None) -> int:
-        """Width 1, verify role: materialise ``token``; return the greedy next token."""
+        """Width 1, verify role: materialise ``token``; return the greedy next token. L += 1."""
 
     def draft_step(self, pending: list[int], block_size: int, sampler=None) -> DraftResult:
-        """Width k + D, draft role: materialise ``pending``; draft D tokens after its anchor."""
+        """pending [k] host ints, 1 <= k <= D (``check_pending``). Width k + D, draft role:
+        materialise ``pending``; draft D tokens after its anchor p_k -> DraftResult with
+        tokens [D] and confidences [D]. L += k."""
 
     def verify_step(self, anchor: int, draft: DraftResult, sampler=None) -> VerifyResult:
-        """Width D + 1, verify role, over [anchor, d_1..d_D]; the anchor is the last
-        materialised token and sits at its own position (its history row is hidden).
-        Promotes the KV rows of the accepted drafts d_1..d_a into history."""
+        """draft: the D tokens of the last draft step. Width D + 1, verify role, over
+        [anchor, d_1..d_D]; the anchor is the last materialised token and sits at its own
+        position (its history row is hidden). Promotes the KV rows of the accepted drafts
+        d_1..d_a into history: L += a, 0 <= a <= D."""
 
     def logits(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """[T] -> [T, V] float32 verify-role logits of a fresh causal pass (no state kept)."""
+        """token_ids [T] int64 -> [T, V] float32 verify-role logits of a fresh causal pass
+        (no state kept)."""

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from kernels_ampere.numerics import quantize_activations, rope_cos_sin
 
 from ..format.manifest import Manifest
+from ..format.tensors import (DRAFT_HEAD_INT8, DRAFT_HEAD_SCALE, DRAFT_HEAD_WEIGHT, EMBED, FINAL_NORM,
+                              PACKED_SUFFIX, SCALE_SUFFIX, head_name, layer_prefix)
 from .ops import Ops
 
 
@@ -51,8 +53,8 @@ def _row_scale(scale: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def _fuse(tensors, names: list[str], device) -> Projection:
-    packed = [tensors[f"{n}.packed"] for n in names]
-    scales = [_row_scale(tensors[f"{n}.scale"], p.shape[0]) for n, p in zip(names, packed)]
+    packed = [tensors[n + PACKED_SUFFIX] for n in names]
+    scales = [_row_scale(tensors[n + SCALE_SUFFIX], p.shape[0]) for n, p in zip(names, packed)]
     return Projection(torch.cat(packed).to(device).contiguous(), torch.cat(scales).to(device).contiguous())
 
 
@@ -73,7 +75,7 @@ class FastModel:
 
         self.layers: list[Layer] = []
         for i in range(cfg.num_layers):
-            p = f"model.layers.{i}."
+            p = layer_prefix(i)
             self.layers.append(Layer(
                 input_norm=t(p + "input_layernorm.weight"),
                 post_norm=t(p + "post_attention_layernorm.weight"),
@@ -86,9 +88,9 @@ class FastModel:
                 q_norm=t(p + "self_attn.q_norm.weight") if cfg.has_qk_norm else None,
                 k_norm=t(p + "self_attn.k_norm.weight") if cfg.has_qk_norm else None,
             ))
-        self.embed = t("model.embed_tokens.weight")  # [V, H] float32: a row gather per token
-        self.final_norm = t("model.norm.weight")
-        head = tensors["model.embed_tokens.weight"] if cfg.tie_word_embeddings else tensors["lm_head.weight"]
+        self.embed = t(EMBED)  # [V, H] float32: a row gather per token
+        self.final_norm = t(FINAL_NORM)
+        head = tensors[head_name(cfg.tie_word_embeddings)]
         # The verify head keeps the checkpoint's 16-bit type (bf16 stays bf16: exact).
         self.head_dtype = head_dtype or (head.dtype if head.dtype in (torch.float16, torch.bfloat16) else torch.float16)
         self.verify_head = head.to(device=dev, dtype=self.head_dtype).contiguous()  # [V, H]
@@ -98,8 +100,8 @@ class FastModel:
             from .fp8_head import quantize_rows_fp8
 
             self.draft_head = quantize_rows_fp8(head.to(dev))
-        elif "draft_head.int8" in tensors and manifest.draft_head == "int8_per_row":
-            self.draft_head = (t("draft_head.int8", torch.int8).contiguous(), t("draft_head.scale"))
+        elif DRAFT_HEAD_WEIGHT in tensors and manifest.draft_head == DRAFT_HEAD_INT8:
+            self.draft_head = (t(DRAFT_HEAD_WEIGHT, torch.int8).contiguous(), t(DRAFT_HEAD_SCALE))
 
     # -- the step ---------------------------------------------------------------------------
     def forward(self, tokens, positions, k_cache, v_cache, write_slots, mask, history_len, capacity: int,

@@ -1,11 +1,9 @@
 """The replayable runtime: shared-KV CUDA-graph replay per replay state (M, σ, r).
 
-**Storage (M2).** One physical allocation holds the KV of every capacity segment: segment
-σ is the prefix view ``[0, |σ| + W)`` of ``[layers, Hkv, |σ_max| + W, hd]``, history slots
-``[0, |σ|)`` followed by W workspace slots. Views are nested, so growing into the next
-segment leaves the history where it is (no copy at all) and only moves the workspace
-window; smaller segments keep attention short. Every graph of segment σ reads and writes
-fixed-shape views of that one buffer, and all graphs share one memory pool.
+**Storage (M2).** The KV store (``runtime/kv.py``, shared with the reference backend) is
+one allocation viewed through nested capacity segments: growing into the next segment
+copies nothing. Every graph of segment σ reads and writes the fixed-shape view of σ, and
+all graphs share one memory pool.
 
 **Dynamic values on the device.** The history length L lives in a device tensor; positions,
 masks, write slots and the accepted count are computed inside the graphs. Every row that
@@ -15,18 +13,22 @@ materialising a draft's pending rows and promoting a verify's accepted rows are 
 boundary are invisible and overwritten later. The same slots and values in every width
 also make an AR step and a verify row compute bit for bit alike.
 
+**Static inputs.** Every tensor a graph reads or writes is a field of ``StaticInputs``,
+allocated once at the largest width. A step is: copy in (host values, or nothing when a
+graph already left them there) -> replay -> slice out (one read of ``readback``).
+
 **Chaining.** Each graph writes its outputs into the static inputs of the next likely step:
-the verifier token into the width-1 pending buffer, an AR token into the AR input, and
-(M3, hoisted verifier preparation) the verifier's input ``[anchor, d_1..d_D]`` right after
-the draft, so a verify replays with no preparation after the branch. Outputs land in one
-``readback`` buffer the host reads once per decision.
+the verifier token into ``pending[:1]``, an AR token into ``ar_token``, and (M3, hoisted
+verifier preparation) the verifier's input ``[anchor, d_1..d_D]`` right after the draft, so
+a verify replays with no preparation after the branch. ``Staged`` records what the last
+step left on the device; the copy-in of the next step reads it, nothing else does.
 
 **Sampling.** A sampled step (``sampler`` given) replays its own graph, captured on first
 use, so the greedy graphs captured at load stay exactly as they were. Its random numbers,
-sampling parameters and penalty counts are static device inputs the host fills before the
-replay (a few bytes of uniforms per step); inside, the graph runs the pure functions of
-``runtime/sampling.py`` on the head logits: drafts d_j ~ q_j (q kept on the device for
-the verify) and speculative sampling in the verify, with the same readback layout.
+sampling parameters and penalty counts are static device inputs (``SampleInputs``) the
+host fills before the replay (a few bytes of uniforms per step); inside, the graph runs the
+pure functions of ``runtime/sampling.py`` on the head logits: drafts d_j ~ q_j (q kept on
+the device for the verify) and speculative sampling in the verify, with the same readback.
 
 Ablation switches (``RuntimeOptions``): ``specialize`` (M1: width-specialised kernel
 configs and the cheap draft head), ``graphs`` (M2: capture + replay instead of eager
@@ -41,13 +43,12 @@ from dataclasses import dataclass
 import torch
 
 from ..format.segments import KVPlan
+from ..runtime.kv import KVStore
 from ..runtime.masks import draft_in_place_mask, history_step_mask, prefill_mask
 from ..runtime.replay import ReplayState
 from ..runtime.sampling import filtered_probs, inverse_cdf, penalize, sample_drafts, speculative_accept, target_probs
-from .base import DraftResult, StepLog, VerifyResult
+from .base import PREFILL_CHUNK, DraftResult, StepLog, VerifyResult, check_pending
 from .fast_model import FastModel
-
-PREFILL_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,108 @@ class RuntimeOptions:
         return cls(specialize=s, graphs=g, hoist_verify=h, **kw)
 
 
+def accept_on_device(block: torch.Tensor, greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The verify graph's accept, without a host sync: ``decoding_rules.accepted_prefix`` on the device.
+
+    block [D + 1] int64: [anchor, d_1..d_D]; greedy [D + 1] int64: the verifier's greedy
+    token of each row -> (accepted a [1] int64, verifier token v = greedy[a] [1] int64).
+    d_j is accepted while it equals the greedy token of row j - 1 (a cumulative product of
+    matches counts the leading run).
+    """
+    assert block.dim() == 1 and greedy.shape == block.shape, (block.shape, greedy.shape)
+    match = (block[1:] == greedy[:-1]).long()  # [D]
+    accepted = match.cumprod(0).sum().view(1)
+    return accepted, greedy.gather(0, accepted)
+
+
+@dataclass
+class StaticInputs:
+    """Every tensor the captured graphs read or write, allocated once at the largest width.
+
+    Graph bodies use these fields (and slices of them) only, so their addresses never
+    change between capture and replay.
+    """
+
+    history_len: torch.Tensor  # [1] int64: L, the history length on the device
+    attn_rows: torch.Tensor  # [1] int32: L + the rows this step keeps (attention skips slots past it)
+    ar_token: torch.Tensor  # [1] int64: the AR step's input token
+    ar_out: torch.Tensor  # [1] int64: the AR step's greedy next token
+    pending: torch.Tensor  # [max(D, 1)] int64: p_1..p_k in [:k] (a verify writes v into [:1])
+    verify_tokens: torch.Tensor  # [D + 1] int64: [anchor, d_1..d_D]
+    mask_ids: torch.Tensor  # [D - 1] int64: the mask token, constant
+    readback: torch.Tensor  # [2 + 2D] float64: a, v, d_1..d_D, c_1..c_D
+    workspace_rows: torch.Tensor  # [W] int64: 0..W-1, constant
+    draft_offsets: dict[int, torch.Tensor]  # k -> [k + D] int64: positions of a width-(k + D) draft after L
+
+    @classmethod
+    def allocate(cls, block_size: int, workspace: int, mask_token_id: int | None, device) -> "StaticInputs":
+        d = block_size
+
+        def longs(n):
+            return torch.zeros(n, dtype=torch.long, device=device)
+
+        return cls(
+            history_len=longs(1), attn_rows=torch.zeros(1, dtype=torch.int32, device=device),
+            ar_token=longs(1), ar_out=longs(1), pending=longs(max(d, 1)), verify_tokens=longs(d + 1),
+            mask_ids=torch.full((max(d - 1, 0),), mask_token_id if mask_token_id is not None else 0,
+                                dtype=torch.long, device=device),
+            readback=torch.zeros(2 + 2 * d, dtype=torch.float64, device=device),
+            workspace_rows=torch.arange(workspace, device=device),
+            draft_offsets={k: torch.tensor(list(range(k)) + list(range(k - 1, k - 1 + d)), device=device)
+                           for k in range(1, d + 1)},
+        )
+
+    def mutable(self) -> list[torch.Tensor]:
+        """The tensors a step changes (warm-up runs before capture restore them)."""
+        return [self.history_len, self.ar_token, self.ar_out, self.pending, self.verify_tokens, self.readback]
+
+
+SAMPLING_PARAMS = ("temperature", "top_k", "top_p", "repetition", "frequency", "presence")
+
+
+@dataclass
+class SampleInputs:
+    """The sampled graphs' extra static inputs (allocated at the first sampled step)."""
+
+    params: tuple[torch.Tensor, ...]  # 6 x [] float32: SAMPLING_PARAMS, in SamplingState.values order
+    seen: torch.Tensor  # [V] float32: counts of prompt + generated tokens (penalties)
+    generated: torch.Tensor  # [V] float32: counts of generated tokens (penalties)
+    q: torch.Tensor  # [D, V] float32: the last draft's distributions, for the verify
+    u_ar: torch.Tensor  # [1] float32 uniforms of an AR step
+    u_draft: torch.Tensor  # [D] float32 uniforms of a draft step
+    u_verify: torch.Tensor  # [D + 1] float32 uniforms of a verify step
+
+    @classmethod
+    def allocate(cls, block_size: int, vocab: int, device) -> "SampleInputs":
+        d = block_size
+
+        def zeros(*shape):
+            return torch.zeros(*shape, dtype=torch.float32, device=device)
+
+        return cls(params=tuple(zeros(()) for _ in SAMPLING_PARAMS), seen=zeros(vocab), generated=zeros(vocab),
+                   q=zeros(max(d, 1), vocab), u_ar=zeros(1), u_draft=zeros(max(d, 1)), u_verify=zeros(d + 1))
+
+    def stage(self, sampler, uniforms: torch.Tensor, new_request: bool) -> None:
+        """Copy in one step's values: the parameters once per request, the penalty counts
+        when penalties are on (device to device), and the step's uniforms."""
+        if new_request:
+            for buf, value in zip(self.params, sampler.values):
+                buf.fill_(float(value))
+        if sampler.penalized:
+            self.seen.copy_(sampler.seen)
+            self.generated.copy_(sampler.generated)
+        uniforms.copy_(sampler.uniforms(uniforms.numel()))
+
+
+@dataclass(frozen=True)
+class Staged:
+    """What the last step left in the static inputs, so the next copy-in can skip an upload."""
+
+    ar_token: int | None = None  # the AR graph wrote its next token into ar_token
+    verifier_token: int | None = None  # the verify graph wrote v into pending[:1]
+    drafts: DraftResult | None = None  # readback[2:2 + D] holds these drafts
+
+
 class GraphBackend:
     def __init__(self, fast: FastModel, plan: KVPlan, mask_token_id: int | None, block_size: int | None,
                  options: RuntimeOptions = RuntimeOptions(), name: str = "ampere", progress=None):
@@ -78,74 +181,43 @@ class GraphBackend:
             raise ValueError("CUDA graphs need a CUDA device; use RuntimeOptions(graphs=False) on the CPU")
         self.name, self.fast, self.plan, self.opts = name, fast, plan, options
         self.mask_token_id, self.block_size = mask_token_id, block_size
-        cfg, dev = fast.cfg, fast.device
-        self.device = dev
+        self.device = fast.device
         d = block_size or 0
-        self.workspace = plan.workspace
-        if self.workspace < max(2 * d, 1):
-            raise ValueError(f"the artifact's workspace ({self.workspace} slots) is narrower than 2·D = {2 * d}")
-        slots = plan.segments[-1].capacity + self.workspace
-        shape = (cfg.num_layers, cfg.num_kv_heads, slots, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=options.kv_dtype, device=dev)
-        self.v = torch.zeros(shape, dtype=options.kv_dtype, device=dev)
-        self.kv_bytes = 2 * self.k.numel() * self.k.element_size()
-
-        def longs(n):
-            return torch.zeros(n, dtype=torch.long, device=dev)
-
-        # Device-resident state and static step inputs/outputs (fixed addresses for graphs).
-        self.L = longs(1)
-        self.hist32 = torch.zeros(1, dtype=torch.int32, device=dev)
-        self.ar_token = longs(1)
-        self.pending = {k: longs(k) for k in range(1, d + 1)}
-        self.verify_tokens = longs(d + 1)
-        self.mask_ids = torch.full((max(d - 1, 0),), mask_token_id if mask_token_id is not None else 0,
-                                   dtype=torch.long, device=dev)
-        self.readback = torch.zeros(2 + 2 * d, dtype=torch.float64, device=dev)  # a, v, drafts, confidences
-        self.ar_out = longs(1)
-        self._draft_off = {k: torch.tensor(list(range(k)) + list(range(k - 1, k - 1 + d)), device=dev)
-                           for k in range(1, d + 1)}
-        self._ws_rows = torch.arange(self.workspace, device=dev)
-
-        self.segment = 0
-        self.L_host = 0
+        if plan.workspace < max(2 * d, 1):
+            raise ValueError(f"the artifact's workspace ({plan.workspace} slots) is narrower than 2·D = {2 * d}")
+        self.kv = KVStore(fast.cfg, plan, options.kv_dtype, self.device)
+        self.kv_bytes = self.kv.nbytes
+        self.static = StaticInputs.allocate(d, plan.workspace, mask_token_id, self.device)
+        self.staged = Staged()
         self.log = StepLog()
         self.graphs: dict[ReplayState, torch.cuda.CUDAGraph] = {}
-        # Sampled steps: graphs keyed by (state, penalized), static inputs made on first use.
+        # Sampled steps: graphs keyed by (state, penalized), inputs made at the first one.
         self.sample_graphs: dict[tuple[ReplayState, bool], torch.cuda.CUDAGraph] = {}
-        self._sample_inputs: dict[str, torch.Tensor] | None = None
+        self.sample_inputs: SampleInputs | None = None
         self._staged_sampler = None
         self.pool = torch.cuda.graph_pool_handle() if options.graphs else None
         self.capture_s = 0.0
         self.graph_pool_bytes = 0
-        self._chain: tuple = ()
         if options.graphs and options.capture == "load":
             self.capture_all(progress)
 
     # -- geometry --------------------------------------------------------------------------
     @property
     def history_length(self) -> int:
-        return self.L_host
+        return self.kv.length
 
     @property
     def max_context(self) -> int:
-        return self.plan.segments[-1].capacity
+        return self.kv.max_capacity
 
     @property
     def vocab_size(self) -> int:
         return self.fast.cfg.vocab_size
 
-    def _capacity(self, seg: int) -> int:
-        return self.plan.segments[seg].capacity
-
-    def _view(self, seg: int):
-        s = self._capacity(seg) + self.workspace
-        return self.k[:, :, :s], self.v[:, :, :s]
-
-    def _ensure(self, needed: int) -> None:
-        if needed > self._capacity(self.segment):
-            self.segment = self.plan.segment_for(needed)
-            self.log.segment_growths += 1  # nested views: the history stays in place
+    def _reserve(self, needed: int) -> None:
+        growths = self.kv.growths
+        self.kv.reserve(needed)
+        self.log.segment_growths += self.kv.growths - growths
 
     def states(self) -> list[ReplayState]:
         d = self.block_size or 0
@@ -161,72 +233,68 @@ class GraphBackend:
     def _forward(self, seg, tokens, positions, write_slots, mask, history_rows):
         """One step over segment ``seg``; ``history_rows`` = rows this step writes at slots
         from L on (the attention kernel skips history slots past L + history_rows)."""
-        k, v = self._view(seg)
-        self.hist32.copy_(self.L + history_rows)
-        return self.fast.forward(tokens, positions, k, v, write_slots, mask, self.hist32,
-                                 capacity=self._capacity(seg))
+        st, kv = self.static, self.kv.view(seg)
+        st.attn_rows.copy_(st.history_len + history_rows)
+        return self.fast.forward(tokens, positions, kv.k, kv.v, write_slots, mask, st.attn_rows,
+                                 capacity=kv.capacity)
 
     def _ar_body(self, seg: int, sampled: bool | None = None) -> None:
         """``sampled``: None = greedy; else sample (True: with penalty counts)."""
-        cap = self._capacity(seg)
-        mask = history_step_mask(cap, self.workspace, self.L, 1, self.device)
-        x = self._forward(seg, self.ar_token, self.L, self.L, mask, 1)
+        st, cap = self.static, self.plan.segments[seg].capacity
+        mask = history_step_mask(cap, self.kv.workspace, st.history_len, 1, self.device)
+        x = self._forward(seg, st.ar_token, st.history_len, st.history_len, mask, 1)
         if sampled is None:
             top, _ = self.fast.verify_top1(x)
         else:
-            s = self._sample_inputs
-            temperature, top_k, top_p, rep, freq, pres = self._sample_params()
+            si = self.sample_inputs
+            temperature, top_k, top_p, rep, freq, pres = si.params
             logits = self.fast.verify_sample_logits(x)  # [1, V]
             if sampled:
-                logits = penalize(logits, s["seen"], s["generated"], rep, freq, pres)
-            top = inverse_cdf(filtered_probs(logits, temperature, top_k, top_p), s["u_ar"])
-        self.L += 1
-        self.ar_out.copy_(top)
-        self.ar_token.copy_(top)
+                logits = penalize(logits, si.seen, si.generated, rep, freq, pres)
+            top = inverse_cdf(filtered_probs(logits, temperature, top_k, top_p), si.u_ar)
+        st.history_len += 1
+        st.ar_out.copy_(top)
+        st.ar_token.copy_(top)
 
     def _draft_body(self, seg: int, k: int, sampled: bool | None = None) -> None:
-        d, cap = self.block_size, self._capacity(seg)
-        pending = self.pending[k]
-        tokens = torch.cat([pending, pending[-1:], self.mask_ids])
+        st, d, cap = self.static, self.block_size, self.plan.segments[seg].capacity
+        pending, rows, L = st.pending[:k], st.workspace_rows, st.history_len
+        tokens = torch.cat([pending, pending[-1:], st.mask_ids])  # [k + D]
         # Pending rows at their own history slots, the block in the workspace.
-        slots = torch.cat([self.L + self._ws_rows[:k], cap + self._ws_rows[:d]])
-        mask = draft_in_place_mask(cap, self.workspace, self.L, k, d, self.device)
-        x = self._forward(seg, tokens, self.L + self._draft_off[k], slots, mask, k)
+        slots = torch.cat([L + rows[:k], cap + rows[:d]])
+        mask = draft_in_place_mask(cap, self.kv.workspace, L, k, d, self.device)
+        x = self._forward(seg, tokens, L + st.draft_offsets[k], slots, mask, k)
         if sampled is None:
             top, conf = self.fast.draft_top1(x[k:])
         else:
-            s = self._sample_inputs
-            top, q, conf = sample_drafts(self.fast.draft_sample_logits(x[k:]), s["seen"], s["generated"],
-                                         self._sample_params(), s["u_draft"], sampled)
-            s["q"].copy_(q)  # the verify compares against these very distributions
-        self.L += k
-        self.readback[2:2 + d].copy_(top)
-        self.readback[2 + d:].copy_(conf)
+            si = self.sample_inputs
+            top, q, conf = sample_drafts(self.fast.draft_sample_logits(x[k:]), si.seen, si.generated, si.params,
+                                         si.u_draft, sampled)
+            si.q.copy_(q)  # the verify compares against these very distributions
+        L += k
+        st.readback[2:2 + d].copy_(top)
+        st.readback[2 + d:].copy_(conf)
         if self.opts.hoist_verify:  # M3: the verifier's inputs are ready before the host looks
-            self.verify_tokens[:1].copy_(pending[-1:])
-            self.verify_tokens[1:].copy_(top)
+            st.verify_tokens[:1].copy_(pending[-1:])
+            st.verify_tokens[1:].copy_(top)
 
     def _verify_body(self, seg: int, sampled: bool | None = None) -> None:
-        d, cap = self.block_size, self._capacity(seg)
-        first = self.L - 1  # the anchor's own slot; its row is recomputed bit for bit
-        mask = history_step_mask(cap, self.workspace, first, d + 1, self.device)
-        positions = first + self._ws_rows[: d + 1]
-        x = self._forward(seg, self.verify_tokens, positions, positions, mask, d)
+        st, d, cap = self.static, self.block_size, self.plan.segments[seg].capacity
+        first = st.history_len - 1  # the anchor's own slot; its row is recomputed bit for bit
+        mask = history_step_mask(cap, self.kv.workspace, first, d + 1, self.device)
+        positions = first + st.workspace_rows[: d + 1]
+        x = self._forward(seg, st.verify_tokens, positions, positions, mask, d)
         if sampled is None:
             greedy, _ = self.fast.verify_top1(x)  # [D + 1]
-            match = (self.verify_tokens[1:] == greedy[:-1]).long()
-            accepted = match.cumprod(0).sum().view(1)
-            verifier = greedy.gather(0, accepted)
+            accepted, verifier = accept_on_device(st.verify_tokens, greedy)
         else:
-            s = self._sample_inputs
-            drafts = self.verify_tokens[1:]
-            p = target_probs(self.fast.verify_sample_logits(x), drafts, s["seen"], s["generated"],
-                             self._sample_params(), sampled)
-            accepted, verifier = speculative_accept(p, s["q"], drafts, s["u_verify"][:d], s["u_verify"][d:])
-        self.L += accepted  # d_1..d_a are already at their slots
-        self.readback[0:1].copy_(accepted)
-        self.readback[1:2].copy_(verifier)
-        self.pending[1].copy_(verifier)
+            si, drafts = self.sample_inputs, st.verify_tokens[1:]
+            p = target_probs(self.fast.verify_sample_logits(x), drafts, si.seen, si.generated, si.params, sampled)
+            accepted, verifier = speculative_accept(p, si.q, drafts, si.u_verify[:d], si.u_verify[d:])
+        st.history_len += accepted  # d_1..d_a are already at their slots
+        st.readback[0:1].copy_(accepted)
+        st.readback[1:2].copy_(verifier)
+        st.pending[:1].copy_(verifier)
 
     def _body(self, state: ReplayState, sampled: bool | None = None):
         d = self.block_size or 0
@@ -236,60 +304,23 @@ class GraphBackend:
             return lambda: self._verify_body(state.segment, sampled)
         return lambda: self._draft_body(state.segment, state.width - d, sampled)
 
-    # -- sampling inputs -------------------------------------------------------------------------
-    def _sample_params(self):
-        s = self._sample_inputs
-        return s["temperature"], s["top_k"], s["top_p"], s["repetition"], s["frequency"], s["presence"]
-
-    def _stage(self, sampler, uniforms_key: str) -> bool:
-        """Fill the sampled graphs' static inputs for one step; returns ``penalized``."""
-        if self._sample_inputs is None:
-            d, v, dev = self.block_size or 0, self.vocab_size, self.device
-
-            def zeros(*shape):
-                return torch.zeros(*shape, dtype=torch.float32, device=dev)
-
-            self._sample_inputs = {
-                **{name: zeros(()) for name in ("temperature", "top_k", "top_p", "repetition", "frequency",
-                                                "presence")},
-                "seen": zeros(v), "generated": zeros(v), "q": zeros(max(d, 1), v),
-                "u_ar": zeros(1), "u_draft": zeros(max(d, 1)), "u_verify": zeros(d + 1),
-            }
-        s = self._sample_inputs
-        if self._staged_sampler is not sampler:  # a new request: its parameters, once
-            for name, value in zip(("temperature", "top_k", "top_p", "repetition", "frequency", "presence"),
-                                   sampler.values):
-                s[name].fill_(float(value))
-            self._staged_sampler = sampler
-        if sampler.penalized:  # counts change every iteration (device to device)
-            s["seen"].copy_(sampler.seen)
-            s["generated"].copy_(sampler.generated)
-        u = s[uniforms_key]
-        u.copy_(sampler.uniforms(u.numel()))
-        return sampler.penalized
-
     # -- capture / replay ------------------------------------------------------------------
-    def _snapshot(self) -> list[torch.Tensor]:
-        return [t.clone() for t in self._state_tensors()]
-
-    def _state_tensors(self) -> list[torch.Tensor]:
-        return [self.L, self.ar_token, self.verify_tokens, self.readback, self.ar_out, *self.pending.values()]
-
     def _capture(self, state: ReplayState, sampled: bool | None = None) -> None:
         """Capture one state. Warm-up runs mutate L and the chained inputs, so those are
         restored afterwards. Their KV writes land at or past slot L - 1; mid-stream (lazy
         capture) the step's inputs are already staged, so slot L - 1 gets the very row the
         real step writes, and everything past L is invisible."""
-        saved = self._snapshot()
+        mutable = self.static.mutable()
+        saved = [t.clone() for t in mutable]
         body = self._body(state, sampled)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):  # compiles Triton kernels and settles the allocator outside capture
-                if self.L_host == 0:  # at load: a verify recomputes slot L - 1, so L must be >= 1
-                    self.L.fill_(1)
+                if self.kv.length == 0:  # at load: a verify recomputes slot L - 1, so L must be >= 1
+                    self.static.history_len.fill_(1)
                 body()
-                for t, s in zip(self._state_tensors(), saved):
+                for t, s in zip(mutable, saved):
                     t.copy_(s)
         torch.cuda.current_stream(self.device).wait_stream(side)
         torch.cuda.synchronize(self.device)
@@ -299,7 +330,7 @@ class GraphBackend:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             body()
-        for t, s in zip(self._state_tensors(), saved):
+        for t, s in zip(mutable, saved):
             t.copy_(s)
         torch.cuda.synchronize(self.device)
         self.graph_pool_bytes += max(torch.cuda.memory_reserved(self.device) - before, 0)
@@ -317,7 +348,7 @@ class GraphBackend:
                 progress(i + 1, len(states))
         self.capture_s = time.perf_counter() - t0
 
-    def _run(self, state: ReplayState, sampled: bool | None = None) -> None:
+    def _replay(self, state: ReplayState, sampled: bool | None = None) -> None:
         self.log.states.append(state)
         if not self.opts.graphs:
             self._body(state, sampled)()
@@ -330,50 +361,64 @@ class GraphBackend:
             graph = graphs[key]
         graph.replay()
 
-    def _read(self, t: torch.Tensor) -> list:
+    def _stage(self, sampler, uniforms: str) -> bool | None:
+        """Copy in a sampled step's inputs (``uniforms``: which buffer); returns the
+        ``sampled`` key of its graph (None: greedy, no sampler)."""
+        if sampler is None:
+            return None
+        if self.sample_inputs is None:
+            self.sample_inputs = SampleInputs.allocate(self.block_size or 0, self.vocab_size, self.device)
+        si = self.sample_inputs
+        si.stage(sampler, getattr(si, uniforms), new_request=self._staged_sampler is not sampler)
+        self._staged_sampler = sampler
+        return sampler.penalized
+
+    def _slice_out(self, t: torch.Tensor) -> list:
+        """The one host read of a step."""
         self.log.host_syncs += 1
         return t.tolist()
-
-    # -- the Backend interface ---------------------------------------------------------------
-    def reset(self) -> None:
-        self.L.zero_()
-        self.L_host, self.segment = 0, 0
-        self.log = StepLog()
-        self._chain = ()
-        self._staged_sampler = None
-
-    def prefill(self, token_ids: list[int]) -> None:
-        from kernels_ampere import small_width_attention_reference
-
-        for start in range(0, len(token_ids), PREFILL_CHUNK):
-            chunk = token_ids[start:start + PREFILL_CHUNK]
-            n = len(chunk)
-            self._ensure(self.L_host + n)
-            cap = self._capacity(self.segment)
-            k, v = self._view(self.segment)
-            ids = torch.tensor(chunk, dtype=torch.long, device=self.device)
-            pos = torch.arange(self.L_host, self.L_host + n, device=self.device)
-            mask = prefill_mask(cap + self.workspace, self.L_host, n, self.device)
-            self.hist32.fill_(self.L_host + n)  # the chunk's own rows are history already
-            # Prefill is eager and wide; the small-width kernel is for decode widths.
-            self.fast.forward(ids, pos, k, v, pos, mask, self.hist32, capacity=cap,
-                              attention=small_width_attention_reference)
-            self.L_host += n
-        self.L.fill_(self.L_host)
 
     @staticmethod
     def _upload(buf: torch.Tensor, values: list[int]) -> None:
         buf.copy_(torch.tensor(values, dtype=torch.long))
 
+    # -- the Backend interface ---------------------------------------------------------------
+    def reset(self) -> None:
+        self.kv.reset()
+        self.static.history_len.zero_()
+        self.log = StepLog()
+        self.staged = Staged()
+        self._staged_sampler = None
+
+    def prefill(self, token_ids: list[int]) -> None:
+        from kernels_ampere.attention import small_width_attention_reference
+
+        st = self.static
+        for start in range(0, len(token_ids), PREFILL_CHUNK):
+            chunk = token_ids[start:start + PREFILL_CHUNK]
+            n, length = len(chunk), self.kv.length
+            self._reserve(length + n)
+            kv = self.kv.view()
+            ids = torch.tensor(chunk, dtype=torch.long, device=self.device)
+            pos = torch.arange(length, length + n, device=self.device)
+            mask = prefill_mask(kv.slots, length, n, self.device)
+            st.attn_rows.fill_(length + n)  # the chunk's own rows are history already
+            # Prefill is eager and wide; the small-width kernel is for decode widths.
+            self.fast.forward(ids, pos, kv.k, kv.v, pos, mask, st.attn_rows, capacity=kv.capacity,
+                              attention=small_width_attention_reference)
+            self.kv.advance(n)
+        st.history_len.fill_(self.kv.length)
+        self.staged = Staged()
+
     def ar_step(self, token: int, sampler=None) -> int:
-        self._ensure(self.L_host + 1)
-        if self._chain != ("ar", token):  # the last AR graph already wrote it otherwise
-            self._upload(self.ar_token, [token])
-        sampled = None if sampler is None else self._stage(sampler, "u_ar")
-        self._run(ReplayState(1, self.segment, "verify"), sampled)
-        self.L_host += 1
-        nxt = int(self._read(self.ar_out)[0])
-        self._chain = ("ar", nxt)
+        self._reserve(self.kv.length + 1)
+        if self.staged.ar_token != token:  # copy in, unless the last AR graph already wrote it
+            self._upload(self.static.ar_token, [token])
+        sampled = self._stage(sampler, "u_ar")
+        self._replay(ReplayState(1, self.kv.segment, "verify"), sampled)
+        self.kv.advance(1)
+        nxt = int(self._slice_out(self.static.ar_out)[0])
+        self.staged = Staged(ar_token=nxt)
         return nxt
 
     def draft_step(self, pending: list[int], block_size: int, sampler=None) -> DraftResult:
@@ -381,59 +426,60 @@ class GraphBackend:
             raise RuntimeError("this artifact has no MTP block (AR-only); use policy='ar'")
         if block_size != self.block_size:
             raise ValueError(f"block size {block_size} != the captured D={self.block_size}")
-        k, d = len(pending), block_size
-        self._ensure(self.L_host + k + d)
-        if self._chain == ("verify", tuple(pending)):
-            pass  # the verify graph already wrote v into pending[1]
-        elif self._chain and self._chain[0] == "draft" and tuple(pending) == self._chain[1][:k]:
-            self.pending[k].copy_(self.readback[2:2 + k].long())  # device to device
+        check_pending(pending, block_size)
+        k, d, st = len(pending), block_size, self.static
+        self._reserve(self.kv.length + k + d)
+        # Copy in p_1..p_k: nothing when the verify graph left v there, device to device when
+        # they are the drafts still in readback, else from the host.
+        drafts = self.staged.drafts
+        if k == 1 and self.staged.verifier_token == pending[0]:
+            pass
+        elif drafts is not None and drafts.loaded and list(pending) == drafts.tokens[:k]:
+            st.pending[:k].copy_(st.readback[2:2 + k].long())
         else:
-            self._upload(self.pending[k], pending)
-        sampled = None if sampler is None else self._stage(sampler, "u_draft")
-        self._run(ReplayState(k + d, self.segment, "draft"), sampled)
-        self.L_host += k
+            self._upload(st.pending[:k], pending)
+        sampled = self._stage(sampler, "u_draft")
+        self._replay(ReplayState(k + d, self.kv.segment, "draft"), sampled)
+        self.kv.advance(k)
 
-        def load():
-            values = self._read(self.readback[2:])
-            tokens = [int(t) for t in values[:d]]
-            self._chain = ("draft", tuple(tokens))
-            return tokens, values[d:]
+        def slice_out():
+            values = self._slice_out(st.readback[2:])
+            return [int(t) for t in values[:d]], values[d:]
 
-        self._chain = ()
-        return DraftResult(loader=load)
+        result = DraftResult(loader=slice_out)
+        self.staged = Staged(drafts=result)
+        return result
 
     def verify_step(self, anchor: int, draft: DraftResult, sampler=None) -> VerifyResult:
-        d = self.block_size
+        d, st = self.block_size, self.static
         if not self.opts.hoist_verify:  # Generic: prepare the verifier's inputs after the branch
-            self._upload(self.verify_tokens, [anchor] + list(draft.tokens))
-        sampled = None if sampler is None else self._stage(sampler, "u_verify")
-        self._run(ReplayState(d + 1, self.segment, "verify"), sampled)
-        values = self._read(self.readback)  # a, v, drafts, confidences: one transfer
+            self._upload(st.verify_tokens, [anchor] + list(draft.tokens))
+        sampled = self._stage(sampler, "u_verify")
+        self._replay(ReplayState(d + 1, self.kv.segment, "verify"), sampled)
+        values = self._slice_out(st.readback)  # a, v, drafts, confidences: one transfer
         accepted, verifier = int(values[0]), int(values[1])
-        if draft._tokens is None:
-            draft._tokens, draft._confidences = [int(t) for t in values[2:2 + d]], values[2 + d:]
-        self.L_host += accepted
-        self._chain = ("verify", (verifier,))
+        draft.deliver([int(t) for t in values[2:2 + d]], values[2 + d:])
+        self.kv.advance(accepted)
+        self.staged = Staged(verifier_token=verifier)
         return VerifyResult(accepted, verifier)
 
     @torch.no_grad()
     def logits(self, token_ids: torch.Tensor) -> torch.Tensor:
-        from kernels_ampere import small_width_attention_reference
+        from kernels_ampere.attention import small_width_attention_reference
 
-        ids = token_ids.to(self.device).view(-1)
+        assert token_ids.dim() == 1, f"token_ids must be [T], got {tuple(token_ids.shape)}"
+        ids = token_ids.to(self.device)
         t = ids.numel()
         if t > self.max_context:
             raise ValueError(f"{t} tokens exceed the largest KV segment ({self.max_context})")
         self.reset()
-        seg = self.plan.segment_for(t)
-        cap = self._capacity(seg)
-        k, v = self._view(seg)
+        kv = self.kv.view(self.plan.segment_for(t))
         pos = torch.arange(t, device=self.device)
-        self.hist32.fill_(t)
-        x = self.fast.forward(ids, pos, k, v, pos, prefill_mask(cap + self.workspace, 0, t, self.device),
-                              self.hist32, capacity=cap, attention=small_width_attention_reference)
+        self.static.attn_rows.fill_(t)
+        x = self.fast.forward(ids, pos, kv.k, kv.v, pos, prefill_mask(kv.slots, 0, t, self.device),
+                              self.static.attn_rows, capacity=kv.capacity, attention=small_width_attention_reference)
         self.reset()
         return self.fast.verify_logits(x)
 
 
-__all__ = ["GraphBackend", "RuntimeOptions"]
+__all__ = ["GraphBackend", "RuntimeOptions", "SampleInputs", "StaticInputs", "Staged", "accept_on_device"]

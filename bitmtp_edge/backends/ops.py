@@ -1,34 +1,39 @@
 """The operator set a fast backend runs its model with: Triton kernels, or their twins.
 
-``KernelOps`` calls ``kernels_ampere`` (Triton, no FP8); ``TwinOps`` calls each kernel's
-pure-PyTorch twin — the same signatures and numerics, so a CPU run of the fast backend
-checks every line of its static-buffer logic against the reference backend.
+``kernel_ops`` binds ``kernels_ampere``'s Triton kernels (no FP8); ``twin_ops`` binds each
+kernel's pure-PyTorch twin — the same signatures and numerics, so a CPU run of the fast
+backend checks every line of its static-buffer logic against the reference backend.
+Both are ordinary imports: go-to-definition on any line below lands in the kernel.
 ``specialize_widths=False`` is the Generic ablation: one launch configuration for every
 width M instead of the width-specialised table (paper Table 5, "Generic").
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
-KERNELS = ("w2a8_linear", "w2a16_linear", "rmsnorm_quant", "rmsnorm_cast", "act_quant", "relu2_mul_rmsnorm_quant",
-           "silu_mul_quant", "rope_qkv_to_cache", "small_width_attention", "int8_head_argmax", "f16_head_argmax")
 
-
-def _resolve(name: str, twin: bool):
-    import kernels_ampere
-
-    return getattr(kernels_ampere, f"{name}_reference" if twin else name)
-
-
+@dataclass(frozen=True)
 class Ops:
-    """Bound operator functions (``ops.w2a8_linear(...)`` etc.)."""
+    """Bound operator functions (``ops.rmsnorm_quant(...)`` etc.), kernels or twins."""
 
-    def __init__(self, twin: bool, specialize_widths: bool = True):
-        self.twin, self.specialize_widths = twin, specialize_widths
-        self.name = "torch-twins" if twin else "triton"
-        for name in KERNELS:
-            setattr(self, name, _resolve(name, twin))
+    name: str
+    twin: bool
+    specialize_widths: bool
+    w2a8_linear: Callable
+    w2a16_linear: Callable
+    rmsnorm_quant: Callable
+    rmsnorm_cast: Callable
+    act_quant: Callable
+    relu2_mul_rmsnorm_quant: Callable
+    silu_mul_quant: Callable
+    rope_qkv_to_cache: Callable
+    small_width_attention: Callable
+    int8_head_argmax: Callable
+    f16_head_argmax: Callable
 
     def linear_w2a8(self, a_int8, a_scale, packed, w_scale, out_dtype=torch.float32, residual=None):
         if self.twin:
@@ -43,6 +48,43 @@ class Ops:
                                  config=None if self.specialize_widths else _generic_linear(w_scale.dim() == 2))
 
 
+def kernel_ops(specialize_widths: bool = True) -> Ops:
+    """The Triton kernels (imports Triton)."""
+    from kernels_ampere.attention import small_width_attention
+    from kernels_ampere.fused_quant import (act_quant, relu2_mul_rmsnorm_quant, rmsnorm_cast, rmsnorm_quant,
+                                            silu_mul_quant)
+    from kernels_ampere.heads import f16_head_argmax, int8_head_argmax
+    from kernels_ampere.rope_cache import rope_qkv_to_cache
+    from kernels_ampere.w2a8 import w2a8_linear
+    from kernels_ampere.w2a16 import w2a16_linear
+
+    return Ops("triton", False, specialize_widths, w2a8_linear=w2a8_linear, w2a16_linear=w2a16_linear,
+               rmsnorm_quant=rmsnorm_quant, rmsnorm_cast=rmsnorm_cast, act_quant=act_quant,
+               relu2_mul_rmsnorm_quant=relu2_mul_rmsnorm_quant, silu_mul_quant=silu_mul_quant,
+               rope_qkv_to_cache=rope_qkv_to_cache, small_width_attention=small_width_attention,
+               int8_head_argmax=int8_head_argmax, f16_head_argmax=f16_head_argmax)
+
+
+def twin_ops(specialize_widths: bool = True) -> Ops:
+    """The kernels' pure-PyTorch twins (they live next to their kernels, so this imports Triton too)."""
+    from kernels_ampere.attention import small_width_attention_reference
+    from kernels_ampere.fused_quant import (act_quant_reference, relu2_mul_rmsnorm_quant_reference,
+                                            rmsnorm_cast_reference, rmsnorm_quant_reference,
+                                            silu_mul_quant_reference)
+    from kernels_ampere.heads import f16_head_argmax_reference, int8_head_argmax_reference
+    from kernels_ampere.rope_cache import rope_qkv_to_cache_reference
+    from kernels_ampere.w2a8 import w2a8_linear_reference
+    from kernels_ampere.w2a16 import w2a16_linear_reference
+
+    return Ops("torch-twins", True, specialize_widths, w2a8_linear=w2a8_linear_reference,
+               w2a16_linear=w2a16_linear_reference, rmsnorm_quant=rmsnorm_quant_reference,
+               rmsnorm_cast=rmsnorm_cast_reference, act_quant=act_quant_reference,
+               relu2_mul_rmsnorm_quant=relu2_mul_rmsnorm_quant_reference, silu_mul_quant=silu_mul_quant_reference,
+               rope_qkv_to_cache=rope_qkv_to_cache_reference,
+               small_width_attention=small_width_attention_reference,
+               int8_head_argmax=int8_head_argmax_reference, f16_head_argmax=f16_head_argmax_reference)
+
+
 def _generic_linear(grouped: bool):
     from kernels_ampere.tuning import default_linear
 
@@ -54,10 +96,7 @@ def kernel_ops_available(device: torch.device) -> bool:
     if device.type != "cuda":
         return False
     try:
-        import triton  # noqa: F401
-
-        for name in KERNELS:
-            _resolve(name, twin=False)
-    except (ImportError, AttributeError):
+        kernel_ops()
+    except ImportError:
         return False
     return True

@@ -12,13 +12,11 @@ import torch
 
 from ..format.segments import KVPlan
 from ..runtime.decoding_rules import accepted_prefix
-from ..runtime.kv import SegmentedKV
+from ..runtime.kv import KVStore, KVView
 from ..runtime.masks import draft_in_place_mask, history_step_mask, prefill_mask
 from ..runtime.model import TernaryLM
 from ..runtime.replay import ReplayState
-from .base import DraftResult, StepLog, VerifyResult
-
-PREFILL_CHUNK = 512
+from .base import PREFILL_CHUNK, DraftResult, StepLog, VerifyResult, check_pending
 
 
 class ReferenceBackend:
@@ -27,7 +25,7 @@ class ReferenceBackend:
     def __init__(self, model: TernaryLM, plan: KVPlan, mask_token_id: int | None, dtype: torch.dtype, device):
         self.model, self.plan, self.mask_token_id = model, plan, mask_token_id
         self.dtype, self.device = dtype, torch.device(device)
-        self.kv = SegmentedKV(model.cfg, plan, dtype, self.device)
+        self.kv = KVStore(model.cfg, plan, dtype, self.device)
         self.log = StepLog()
 
     # -- state ---------------------------------------------------------------------------
@@ -47,34 +45,36 @@ class ReferenceBackend:
         self.kv.reset()
         self.log = StepLog()
 
-    def _ensure(self, needed: int) -> None:
-        if self.kv.ensure_capacity(needed):
-            self.log.segment_growths += 1
+    def _reserve(self, needed: int) -> KVView:
+        growths = self.kv.growths
+        view = self.kv.reserve(needed)
+        self.log.segment_growths += self.kv.growths - growths
+        return view
 
     def _record(self, width: int, role: str) -> None:
-        self.log.states.append(ReplayState(width, self.kv.segment_index, role))
+        self.log.states.append(ReplayState(width, self.kv.segment, role))
 
     # -- steps ---------------------------------------------------------------------------
     @torch.no_grad()
-    def _run(self, tokens: list[int], positions: list[int], mask: torch.Tensor, slots: torch.Tensor):
+    def _run(self, kv: KVView, tokens: list[int], positions: list[int], mask: torch.Tensor, slots: torch.Tensor):
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         pos = torch.tensor([positions], dtype=torch.long, device=self.device)
-        return self.model(ids, pos, mask.unsqueeze(0), kv=self.kv.buffer, write_slots=slots)[0]
+        return self.model(ids, pos, mask.unsqueeze(0), kv=kv, write_slots=slots)[0]
 
     def prefill(self, token_ids: list[int]) -> None:
         for start in range(0, len(token_ids), PREFILL_CHUNK):
             chunk = token_ids[start:start + PREFILL_CHUNK]
-            self._ensure(self.kv.length + len(chunk))
+            kv = self._reserve(self.kv.length + len(chunk))
             slots = self.kv.history_slots(len(chunk))
-            mask = prefill_mask(self.kv.buffer.slots, self.kv.length, len(chunk), self.device)
-            self._run(chunk, list(range(self.kv.length, self.kv.length + len(chunk))), mask, slots)
+            mask = prefill_mask(kv.slots, self.kv.length, len(chunk), self.device)
+            self._run(kv, chunk, list(range(self.kv.length, self.kv.length + len(chunk))), mask, slots)
             self.kv.advance(len(chunk))
 
     def ar_step(self, token: int, sampler=None) -> int:
         length = self.kv.length
-        self._ensure(length + 1)
-        mask = history_step_mask(self.kv.capacity, self.kv.buffer.workspace, length, 1, self.device)
-        hidden = self._run([token], [length], mask, self.kv.history_slots(1))
+        kv = self._reserve(length + 1)
+        mask = history_step_mask(kv.capacity, kv.workspace, length, 1, self.device)
+        hidden = self._run(kv, [token], [length], mask, self.kv.history_slots(1))
         self._record(1, "verify")
         self.kv.advance(1)  # the row sits at its own slot: materialising = moving L
         self.log.host_syncs += 1
@@ -84,17 +84,18 @@ class ReferenceBackend:
     def draft_step(self, pending: list[int], block_size: int, sampler=None) -> DraftResult:
         if self.mask_token_id is None:
             raise RuntimeError("this artifact has no MTP block (AR-only); use policy='ar'")
+        check_pending(pending, block_size)
         k = len(pending)
         # History must later hold the pending rows plus up to D verified drafts.
-        self._ensure(self.kv.length + k + block_size)
-        length, cap = self.kv.length, self.kv.capacity
+        kv = self._reserve(self.kv.length + k + block_size)
+        length, cap = self.kv.length, kv.capacity
         tokens = pending + [pending[-1]] + [self.mask_token_id] * (block_size - 1)
         anchor_pos = length + k - 1
         positions = list(range(length, length + k)) + list(range(anchor_pos, anchor_pos + block_size))
         # Pending rows at their history slots; the block (speculative) in the workspace.
-        slots = torch.cat([self.kv.history_slots(k), self.kv.buffer.workspace_slots(block_size)])
-        mask = draft_in_place_mask(cap, self.kv.buffer.workspace, length, k, block_size, self.device)
-        hidden = self._run(tokens, positions, mask, slots)
+        slots = torch.cat([self.kv.history_slots(k), kv.workspace_slots(block_size)])
+        mask = draft_in_place_mask(cap, kv.workspace, length, k, block_size, self.device)
+        hidden = self._run(kv, tokens, positions, mask, slots)
         self._record(k + block_size, "draft")
         logits = self.model.draft_logits(hidden[k:])  # [D, V]
         self.kv.advance(k)  # materialise the pending rows
@@ -115,9 +116,10 @@ class ReferenceBackend:
         # is recomputed from the same inputs (identical values), the drafts land where they
         # stay if accepted; rejected ones lie past the boundary, invisible, overwritten later.
         first = length - 1
-        mask = history_step_mask(self.kv.capacity, self.kv.buffer.workspace, first, width, self.device)
+        kv = self.kv.view()  # the draft step reserved the slots of d_1..d_D
+        mask = history_step_mask(kv.capacity, kv.workspace, first, width, self.device)
         slots = torch.arange(first, first + width, device=self.device)
-        hidden = self._run([anchor] + drafts, list(range(first, first + width)), mask, slots)
+        hidden = self._run(kv, [anchor] + drafts, list(range(first, first + width)), mask, slots)
         self._record(width, "verify")
         self.log.host_syncs += 1
         logits = self.model.verify_logits(hidden)  # [D + 1, V]
@@ -134,6 +136,7 @@ class ReferenceBackend:
 
     @torch.no_grad()
     def logits(self, token_ids: torch.Tensor) -> torch.Tensor:
+        assert token_ids.dim() == 1, f"token_ids must be [T], got {tuple(token_ids.shape)}"
         ids = token_ids.to(self.device).view(1, -1)
         t = ids.shape[1]
         pos = torch.arange(t, device=self.device).unsqueeze(0)

@@ -103,14 +103,20 @@ class QuantConfig:
         return cls(**_known_fields(cls, d, "quantization"))
 
 
+# The decoding defaults a model carries when its bitmtp.json names none: the confidence
+# threshold τ and the minimum confident prefix m of the hybrid policy (the paper's setting).
+DEFAULT_TAU = 0.9
+DEFAULT_MIN_PREFIX = 3
+
+
 @dataclass(frozen=True)
 class MTPConfig:
     """The multi-token-prediction head of a BitMTP model (absent for an AR-only model)."""
 
     block_size: int
     mask_token_id: int
-    tau: float = 0.9
-    min_prefix: int = 3
+    tau: float = DEFAULT_TAU
+    min_prefix: int = DEFAULT_MIN_PREFIX
 
     def __post_init__(self) -> None:
         if not 2 <= int(self.block_size) <= 16:

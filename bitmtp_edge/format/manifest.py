@@ -24,7 +24,7 @@ import torch
 from kernels_ampere.packing import PACKING_LAYOUT
 
 from .config import ConfigError, ModelConfig, MTPConfig, QuantConfig
-from .roles import ROLES
+from .roles import max_width, step_widths
 from .segments import KVPlan
 from .tensors import DRAFT_HEAD_INT8
 
@@ -56,7 +56,7 @@ class Manifest:
 
     @property
     def max_width(self) -> int:
-        return max(w for ws in self.widths.values() for w in ws)
+        return max_width(self.widths)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -67,7 +67,6 @@ class Manifest:
             "quantization": self.quant.to_dict(),
             "packing_layout": self.packing_layout,
             "mtp": self.mtp.to_dict() if self.mtp else None,
-            "roles": list(ROLES),
             "draft_head": self.draft_head,
             "widths": self.widths,
             "kv": self.kv.to_dict(),
@@ -88,7 +87,7 @@ class Manifest:
                 f"({FORMAT_VERSION}); upgrade bitmtp-edge or re-export with this version"
             )
         try:
-            return cls(
+            manifest = cls(
                 model=ModelConfig.from_dict(d["model"]),
                 quant=QuantConfig.from_dict(d["quantization"]),
                 kv=KVPlan.from_dict(d["kv"]),
@@ -105,6 +104,11 @@ class Manifest:
             raise ArtifactError(f"{where}: missing key {e}; the file is incomplete or hand-edited") from None
         except ConfigError as e:
             raise ArtifactError(f"{where}: {e}") from None
+        expected = step_widths(manifest.mtp.block_size if manifest.mtp else None)
+        if manifest.widths != expected:
+            raise ArtifactError(f"{where}: widths {manifest.widths} do not match the MTP block (expected {expected}); "
+                                "the file was hand-edited: re-export the artifact")
+        return manifest
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -157,6 +161,22 @@ def write_artifact(out_dir: str | os.PathLike, manifest: Manifest, tensors: dict
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def rewrite_manifest(folder: Path, manifest: Manifest, added: list[Path]) -> Manifest:
+    """Record ``added`` files (written into ``folder`` after the artifact, e.g. the ONNX graphs)
+    with their sha256 in ``manifest.json``, atomically (temporary file + ``os.replace``)."""
+    files = dict(manifest.files)
+    files.update({p.name: sha256_file(p) for p in added})
+    updated = Manifest(**{**manifest.__dict__, "files": dict(sorted(files.items()))})
+    target = folder / MANIFEST
+    tmp = folder / f".{MANIFEST}.tmp-{os.getpid()}"  # same folder: os.replace is an atomic rename
+    try:
+        tmp.write_text(json.dumps(updated.to_dict(), indent=2) + "\n")
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return updated
 
 
 def read_manifest(path: str | os.PathLike) -> Manifest:

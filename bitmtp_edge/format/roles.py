@@ -12,16 +12,19 @@ An AR-only artifact (no MTP block) has the verify width 1 and no draft widths.
 
 from __future__ import annotations
 
-from .config import MTPConfig
-
 VERIFY = "verify"
 DRAFT = "draft"
 ROLES = (VERIFY, DRAFT)
 
 
-def step_widths(mtp: MTPConfig | None) -> dict[str, list[int]]:
-    """Step widths per role (see the module docstring)."""
-    if mtp is None:
+def step_widths(block_size: int | None) -> dict[str, list[int]]:
+    """Step widths per role for block size D (None: an AR-only model); see the module docstring."""
+    if block_size is None:
         return {VERIFY: [1], DRAFT: []}
-    d = mtp.block_size
+    d = block_size
     return {VERIFY: [1, d + 1], DRAFT: list(range(d + 1, 2 * d + 1))}
+
+
+def max_width(widths: dict[str, list[int]]) -> int:
+    """M_max: the widest step of any role, which sizes the KV workspace."""
+    return max(w for ws in widths.values() for w in ws)

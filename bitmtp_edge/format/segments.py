@@ -1,9 +1,10 @@
 """KV capacity segments Σ: which history capacities an artifact precomputes.
 
 Capacities grow geometrically (256, 512, 1024, …) up to the context limit, so that
-O(log ℓmax) segments cover ℓmax and moving to the next one copies history once (amortised
-O(ℓmax) copies in all). Each segment's buffer holds ``capacity`` history slots plus
-``workspace`` slots (the widest step, M_max) where a step writes its new K/V rows.
+O(log ℓmax) segments cover ℓmax. Segment σ spans ``capacity`` history slots plus
+``workspace`` slots (the widest step, M_max) where a step writes its draft block. At run
+time the segments are nested views of one buffer (``bitmtp_edge/runtime/kv.py``): moving to
+the next segment copies nothing, and a short history keeps attention short.
 """
 
 from __future__ import annotations
@@ -91,8 +92,10 @@ def plan_segments(cfg: ModelConfig, max_context: int, workspace: int, dtype: str
                   budget_bytes: int | None = None) -> KVPlan:
     """Geometric capacities up to ``max_context``, trimmed so the largest fits the budget.
 
-    Growing from segment i to i+1 holds both buffers for the copy, so the budget must hold
-    the two largest segments together.
+    The budget must hold the two largest segments together. That rule dates from when
+    growing copied the history into a new buffer; the runtime now views every segment in
+    one buffer of the largest size, so it is a margin, kept so that a given budget still
+    yields the same plan (changing it changes every exported artifact).
     """
     if max_context < 2:
         raise ConfigError(f"--max-context must be at least 2, got {max_context}")

@@ -9,7 +9,7 @@ works inside containers that bind-mount ``/etc/nv_tegra_release``:
   text, kept for display only. A Super devkit still reports ``p3767-0005``: "Super" is a
   power mode and firmware, not a module.
 * ``/etc/nv_tegra_release`` first line ``# R36 (release), REVISION: 4.7, ...`` gives L4T
-  36.4.7. JetPack comes from a table (jetson.md §3.5); sources disagree on some patch
+  36.4.7. JetPack comes from a table (docs/jetson.md §Which board: `board.py`); sources disagree on some patch
   releases, so only the major (R35=JP5, R36=JP6, R38/R39=JP7) is fully reliable.
 
 Every path is resolved under an injectable ``root`` so tests run on fixture trees, and the
@@ -155,7 +155,7 @@ EXPORT_PRESETS: dict[str, str] = {
     "p3701-0008": "agx-orin",
 }
 
-# L4T -> JetPack, from rbonghi/jetson_stats NVIDIA_JETPACK (jetson.md §3.5) plus the R32
+# L4T -> JetPack, from rbonghi/jetson_stats NVIDIA_JETPACK (docs/jetson.md §Which board: `board.py`) plus the R32
 # releases. jetson-containers disagrees for 39.x and 36.5.0; treat the patch as indicative.
 L4T_TO_JETPACK: dict[str, str] = {
     "39.2.0": "7.2",

@@ -1,7 +1,7 @@
 """Power posture: which nvpmodel mode the Jetson is in and whether its clocks are locked.
 
 The #1 reason a Jetson benchmark cannot be reproduced is a board that is not in its top
-power mode or whose clocks float (jetson.md §4.5), so a run reads the posture first, warns
+power mode or whose clocks float (docs/jetson.md §Power posture), so a run reads the posture first, warns
 (or, under ``strict``, refuses) and records it in the result. It only *reads*: switching
 modes can need a reboot and fails silently over SSH, so BitMTP never runs ``nvpmodel -m``
 or a bare ``jetson_clocks``; it tells the user what to type.

@@ -1,4 +1,4 @@
-"""Decoding policies: turn draft blocks into committed tokens (DESIGN.md §4).
+"""Decoding policies: turn draft blocks into committed tokens (docs/decoding.md).
 
 Vocabulary used throughout:
 
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from ..backends.base import Backend
+from ..format.config import DEFAULT_MIN_PREFIX, DEFAULT_TAU, MTPConfig
 from .decoding_rules import accepted_prefix, confident_prefix  # noqa: F401  (re-exported)
+from .policies import POLICIES
 from .sampling import SamplingParams, SamplingState
-
-POLICIES = ("ar", "confidence", "speculative", "hybrid")
 
 
 class DecodingError(ValueError):
@@ -41,10 +41,24 @@ class DecodeOptions:
     policy: str
     max_new_tokens: int
     block_size: int | None = None
-    tau: float = 0.9
-    min_prefix: int = 3
+    tau: float = DEFAULT_TAU
+    min_prefix: int = DEFAULT_MIN_PREFIX
     stop_token_ids: frozenset[int] = frozenset()
     sampling: SamplingParams | None = None  # None or plain greedy: argmax, the original path
+
+    @classmethod
+    def for_model(cls, mtp: MTPConfig | None, policy: str, max_new_tokens: int, *, tau: float | None = None,
+                  min_prefix: int | None = None, stop_token_ids: frozenset[int] = frozenset(),
+                  sampling: SamplingParams | None = None) -> "DecodeOptions":
+        """The options for a model with this MTP block (None: AR-only): τ and m default to the
+        model's, the block size is the model's D."""
+        return cls(
+            policy=policy, max_new_tokens=max_new_tokens,
+            block_size=mtp.block_size if mtp else None,
+            tau=tau if tau is not None else (mtp.tau if mtp else DEFAULT_TAU),
+            min_prefix=min_prefix if min_prefix is not None else (mtp.min_prefix if mtp else 1),
+            stop_token_ids=stop_token_ids, sampling=sampling,
+        )
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

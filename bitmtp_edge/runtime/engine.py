@@ -20,7 +20,7 @@ import torch
 from ..backends.fast_model import FastModel
 from ..backends.fp8_head import fp8_supported
 from ..backends.graph import GraphBackend, RuntimeOptions
-from ..backends.ops import Ops, kernel_ops_available
+from ..backends.ops import kernel_ops, kernel_ops_available
 from ..backends.reference import ReferenceBackend
 from ..format.manifest import ArtifactError, Manifest, load_tensors, read_manifest, verify_files
 from .chat_template import ChatTemplate, ChatTemplateError, load_chat_template
@@ -88,7 +88,7 @@ class Engine:
             runtime_backend = ReferenceBackend(model, manifest.kv, mask_id, dtype, dev)
         else:
             opts = runtime if isinstance(runtime, RuntimeOptions) else RuntimeOptions.preset(runtime)
-            fast = FastModel(manifest, tensors, Ops(twin=False, specialize_widths=opts.specialize), dev,
+            fast = FastModel(manifest, tensors, kernel_ops(specialize_widths=opts.specialize), dev,
                              draft_head="fp8" if chosen == "server" else "int8")
             runtime_backend = GraphBackend(fast, manifest.kv, mask_id, manifest.mtp.block_size if manifest.mtp else None,
                                            opts, name=chosen, progress=progress)
@@ -144,13 +144,8 @@ class Engine:
                                 f"use block_size={mtp.block_size} or None")
         if block_size is not None and mtp is None and policy == "ar":
             raise DecodingError(f"block_size={block_size}: {self.path} is AR-only and has no MTP block")
-        return DecodeOptions(
-            policy=policy, max_new_tokens=max_new_tokens,
-            block_size=mtp.block_size if mtp else None,
-            tau=tau if tau is not None else (mtp.tau if mtp else 0.9),
-            min_prefix=min_prefix if min_prefix is not None else (mtp.min_prefix if mtp else 1),
-            stop_token_ids=self.eos_token_ids, sampling=sampling,
-        )
+        return DecodeOptions.for_model(mtp, policy, max_new_tokens, tau=tau, min_prefix=min_prefix,
+                                       stop_token_ids=self.eos_token_ids, sampling=sampling)
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):

@@ -1,19 +1,28 @@
-"""Shared KV storage: one physical buffer per capacity segment, history + workspace.
+"""The KV store: one sequence's keys and values, shared by every role, width and segment.
 
-Slot layout of a segment's buffer (``[layers, Hkv, capacity + workspace, head_dim]`` for K
-and for V)::
+**One allocation, nested segment views.** K and V are each one tensor
+``[layers, Hkv, |σ_max| + W, head_dim]`` (σ_max the largest capacity segment of the
+artifact's ``KVPlan``, W its workspace). Segment σ is the prefix view ``[0, |σ| + W)``::
 
-    [0, L)                         materialised history (absolute positions 0..L-1)
-    [L, capacity)                  free history slots
-    [capacity, capacity + M_max)   workspace: a step of width M writes its rows here
+    [0, L)               materialised history (absolute positions 0..L-1)
+    [L, |σ|)             free history slots
+    [|σ|, |σ| + W)       workspace: the draft block of a step writes its rows here
+
+Growing into the next segment copies nothing: the history stays at its slots and only the
+workspace window moves up (what was the workspace becomes free history slots, invisible
+until written). Smaller segments keep attention short; every step of segment σ reads and
+writes a fixed-shape view, which is what lets the graph backend capture one graph per
+(width, segment, role) over one buffer. Both backends use this store.
 
 Every row whose KV may be kept is written at its own slot (slot = absolute position):
 prefill, AR, a draft's pending rows, the verifier's [anchor, d_1..d_D]. *Materialising*
-pending rows (after a draft) and *promoting* accepted drafts (after a verify) then move the
-boundary L over rows already in place — no copy — and rejected rows past L are invisible
-and overwritten later. Only the draft block, whose positions overlap the anchor's, lives
-in the workspace. Every role and width shares one buffer per segment: switching width or
-role keeps the history in place; growing into the next segment copies the history once.
+pending rows (after a draft) and *promoting* accepted drafts (after a verify) then move
+the boundary L over rows already in place (``advance``); rejected rows past L are
+invisible and overwritten later. Only the draft block, whose positions overlap the
+anchor's, lives in the workspace.
+
+The store's verb is ``reserve(needed)``: the view of the smallest segment that holds
+``needed`` history slots.
 """
 
 from __future__ import annotations
@@ -26,85 +35,83 @@ from ..format.config import ModelConfig
 from ..format.segments import KVPlan
 
 
-@dataclass
-class KVBuffer:
-    """K and V for every layer in one capacity segment. ``k[layer]`` is [Hkv, slots, hd]."""
+@dataclass(frozen=True)
+class KVView:
+    """K and V of every layer in one segment: views of the store, ``k[layer]`` is [Hkv, slots, hd]."""
 
     k: torch.Tensor  # [layers, Hkv, capacity + workspace, hd]
-    v: torch.Tensor
+    v: torch.Tensor  # [layers, Hkv, capacity + workspace, hd]
     capacity: int
     workspace: int
-
-    @classmethod
-    def allocate(cls, cfg: ModelConfig, capacity: int, workspace: int, dtype, device) -> "KVBuffer":
-        shape = (cfg.num_layers, cfg.num_kv_heads, capacity + workspace, cfg.head_dim)
-        return cls(torch.zeros(shape, dtype=dtype, device=device),
-                   torch.zeros(shape, dtype=dtype, device=device), capacity, workspace)
 
     @property
     def slots(self) -> int:
         return self.capacity + self.workspace
 
     def workspace_slots(self, width: int) -> torch.Tensor:
+        """[width] int64: the first ``width`` workspace slots."""
         return torch.arange(self.capacity, self.capacity + width, device=self.k.device)
+
+
+class KVStore:
+    """The KV history of one sequence: one buffer, viewed through the smallest segment that holds it."""
+
+    def __init__(self, cfg: ModelConfig, plan: KVPlan, dtype: torch.dtype, device):
+        self.plan, self.device = plan, torch.device(device)
+        self.workspace = plan.workspace
+        shape = (cfg.num_layers, cfg.num_kv_heads, plan.segments[-1].capacity + plan.workspace, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=self.device)  # [layers, Hkv, |σ_max| + W, hd]
+        self.v = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.segment = 0  # σ: index into plan.segments
+        self.length = 0  # L: history slots materialised (the host's copy)
+        self.growths = 0
 
     @property
     def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
-
-
-class SegmentedKV:
-    """The KV history of one sequence, living in the smallest segment that holds it."""
-
-    def __init__(self, cfg: ModelConfig, plan: KVPlan, dtype: torch.dtype, device):
-        self.cfg, self.plan, self.dtype, self.device = cfg, plan, dtype, device
-        self.segment_index = 0
-        self.buffer = self._allocate(0)
-        self.length = 0  # L: history slots materialised
-        self.growths = 0
-
-    def _allocate(self, index: int) -> KVBuffer:
-        seg = self.plan.segments[index]
-        return KVBuffer.allocate(self.cfg, seg.capacity, self.plan.workspace, self.dtype, self.device)
+        return 2 * self.k.numel() * self.k.element_size()
 
     @property
     def capacity(self) -> int:
-        return self.buffer.capacity
+        """|σ|: the history slots of the current segment."""
+        return self.plan.segments[self.segment].capacity
 
     @property
     def max_capacity(self) -> int:
         return self.plan.segments[-1].capacity
 
+    def view(self, segment: int | None = None) -> KVView:
+        """Segment ``segment`` (default: the current one) as the prefix view [0, |σ| + W)."""
+        seg = self.segment if segment is None else segment
+        capacity = self.plan.segments[seg].capacity
+        slots = capacity + self.workspace
+        k, v = self.k[:, :, :slots], self.v[:, :, :slots]
+        assert k.shape[2] == slots and k.data_ptr() == self.k.data_ptr(), "segment views share one buffer"
+        return KVView(k, v, capacity, self.workspace)
+
+    def reserve(self, needed: int) -> KVView:
+        """The view of the smallest segment holding ``needed`` history slots (L plus the rows
+        the next step may keep). Moving up a segment leaves the history where it is."""
+        assert needed >= self.length, f"reserve({needed}) below the history length {self.length}"
+        if needed > self.capacity:
+            self.segment = self.plan.segment_for(needed)  # ValueError past the largest segment
+            self.growths += 1
+        assert self.length <= needed <= self.capacity
+        return self.view()
+
     def reset(self) -> None:
-        self.length = 0
-        if self.segment_index != 0:
-            self.segment_index, self.buffer = 0, self._allocate(0)
-
-    def ensure_capacity(self, needed_history: int) -> bool:
-        """Move to the smallest segment holding ``needed_history`` slots; True if it moved.
-
-        The history is copied once into the new buffer; the old buffer is released.
-        """
-        if needed_history <= self.capacity:
-            return False
-        index = self.plan.segment_for(needed_history)
-        new = self._allocate(index)
-        new.k[:, :, : self.length].copy_(self.buffer.k[:, :, : self.length])
-        new.v[:, :, : self.length].copy_(self.buffer.v[:, :, : self.length])
-        self.segment_index, self.buffer = index, new
-        self.growths += 1
-        return True
+        self.length, self.segment = 0, 0
 
     def history_slots(self, n: int) -> torch.Tensor:
-        """Slots L..L+n-1 for ``n`` rows written at their own positions."""
+        """[n] int64: slots L..L+n-1, for ``n`` rows written at their own positions."""
         if self.length + n > self.capacity:
             raise RuntimeError(f"history overflow: {self.length}+{n} > capacity {self.capacity}")
         return torch.arange(self.length, self.length + n, device=self.device)
 
     def advance(self, n: int) -> None:
         """Move the boundary over ``n`` rows already written at slots L..L+n-1."""
+        assert 0 <= n and self.length + n <= self.capacity, (self.length, n, self.capacity)
         self.length += n
 
     def history(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The materialised history K, V: [layers, Hkv, L, hd] each (views)."""
-        return self.buffer.k[:, :, : self.length], self.buffer.v[:, :, : self.length]
+        return self.k[:, :, : self.length], self.v[:, :, : self.length]

@@ -16,7 +16,7 @@ tensor comparisons only, so a captured graph can rebuild them from device tensor
 
 * **causal step** (AR, verify, the prefill tail): row i sees history [0, L) — minus one
   hidden slot, the verifier's repeated anchor — and workspace rows 0..i;
-* **draft step** (DESIGN.md §4, SDLM layout): k pending rows then a block of D rows
+* **draft step** (docs/decoding.md §The draft step, SDLM layout): k pending rows then a block of D rows
   ``[anchor, mask, …]``. Pending row i sees history and pending rows 0..i; block rows see
   history, the pending rows except the *original* anchor (the last pending row: slot 0 of
   the block repeats it at the same position), and the whole block (bidirectional).

@@ -172,7 +172,7 @@ class MLP(nn.Module):
     def forward(self, x):
         gate, up = self.gate_proj(x), self.up_proj(x)
         if self.cfg.activation == "relu2":
-            # ReLU² overflows fp16; callers run it in bf16 or fp32 (see formats.md §1.2).
+            # ReLU² overflows fp16; callers run it in bf16 or fp32 (see docs/artifact.md §Model config).
             h = torch.relu(gate).square() * up
         else:
             h = F.silu(gate) * up
@@ -222,7 +222,7 @@ class TernaryLM(nn.Module):
     def forward(self, input_ids, positions, attn_mask, kv=None, write_slots=None):
         """input_ids, positions [B, S]; attn_mask [B, S, S_kv] bool -> final-normed hidden [B, S, H].
 
-        ``kv``: a ``KVBuffer`` (``kv.k[layer]``, ``kv.v[layer]`` of [Hkv, S_buf, hd]) with
+        ``kv``: a ``KVView`` (``kv.k[layer]``, ``kv.v[layer]`` of [Hkv, S_buf, hd]) with
         ``write_slots`` [S] (B must be 1), or None for a self-contained sequence.
         """
         x = self.model.embed_tokens(input_ids)

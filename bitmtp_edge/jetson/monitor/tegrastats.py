@@ -1,6 +1,6 @@
 """Parse one line of ``tegrastats`` output into a :class:`TegrastatsSample`.
 
-The format changed at every JetPack (jetson.md §1.2); one line can look like any of::
+The format changed at every JetPack (docs/jetson.md §tegrastats); one line can look like any of::
 
     JP4   RAM 2586/7846MB (lfb 1x1MB) CPU [9%@345,...] EMC_FREQ 10%@1600 GR3D_FREQ 62%@306
           GPU@43C VDD_IN 4067/4067                                  (mW without a unit)
