@@ -163,7 +163,7 @@ def test_cancellation_stops_at_the_next_iteration():
         return len(calls) > 3
 
     stats = DecodeStats()
-    out = list(decode(reference_backend(model), PROMPT, DecodeOptions("ar", 50), stats, cancelled=cancelled))
+    out = list(decode(reference_backend(model), PROMPT, DecodeOptions("ar", 50, should_stop=cancelled), stats))
     assert len(out) == 3 and stats.finish_reason == "cancelled" and stats.iterations == 3
 
 

@@ -141,7 +141,8 @@ def timed_generate(eng: Engine, prompt, policy: str, n: int, repeats: int, **kw)
     s = runs[-1].stats
     return {"policy": policy, "tok_s": statistics.median(tps), "tokens": s.new_tokens,
             "tokens_per_iteration": s.tokens_per_iteration, "iterations": s.iterations,
-            "verifier_calls": s.verifier_calls, "host_syncs": s.host_syncs, "token_ids": runs[-1].token_ids}
+            "verifier_calls": s.verifier_calls, "forward_passes": s.forward_passes,
+            "tokens_per_forward": s.tokens_per_forward, "host_syncs": s.host_syncs, "token_ids": runs[-1].token_ids}
 
 
 class ForcedAcceptance:
@@ -303,6 +304,11 @@ def part_baselines(work: Path, args, dims: dict, progress) -> dict:
     return out
 
 
+def _opt(v, fmt: str = ".2f") -> str:
+    """A number, or — where an older report lacks it."""
+    return "—" if v is None else format(v, fmt)
+
+
 def part_trained(args) -> dict:
     from bitmtp_edge.app.demo import demo_prompts
 
@@ -319,6 +325,8 @@ def part_trained(args) -> dict:
                                "tokens_per_iteration": statistics.mean(r["tokens_per_iteration"] for r in rows),
                                "verifier_call_rate": statistics.mean(r["verifier_calls"] / max(r["iterations"], 1)
                                                                      for r in rows),
+                               "tokens_per_forward": sum(r["tokens"] for r in rows)
+                               / max(sum(r["forward_passes"] for r in rows), 1),
                                "_ids": [r["token_ids"] for r in rows]}
             ar_ids = per["ar"].pop("_ids")
             for policy in ("confidence", "speculative", "hybrid"):
@@ -373,11 +381,12 @@ def markdown(report: dict) -> str:
             lines.append(f"| {name} | {b.get('tok_s', float('nan')):.1f} |" if "tok_s" in b else f"| {name} | {b['error']} |")
         lines.append("")
     for art, res in report.get("trained", {}).items():
-        lines += [f"## Trained model {art}", "", "| runtime | policy | tok/s | tokens/iter | speedup vs AR | agreement with AR |",
-                  "|---|---|---|---|---|---|"]
+        lines += [f"## Trained model {art}", "", "| runtime | policy | tok/s | tokens/iter | tokens/forward | verifier rate "
+                  "| speedup vs AR | agreement with AR |", "|---|---|---|---|---|---|---|---|"]
         for name, per in res.items():
             for policy, p in per.items():
                 lines.append(f"| {name} | {policy} | {p['tok_s']:.0f} | {p['tokens_per_iteration']:.2f} | "
+                             f"{_opt(p.get('tokens_per_forward'))} | {_opt(p.get('verifier_call_rate'))} | "
                              f"{p.get('speedup', 1.0):.2f} | {p.get('agreement_with_ar', 1.0):.3f} |")
         lines.append("")
     return "\n".join(lines) + "\n"

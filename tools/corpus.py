@@ -207,8 +207,12 @@ def write_shards(tok, texts: list[str], folder: Path, split: str, eos_id: int, s
 
 
 def build(out: str | Path, roots: list[SourceRoot] | None = None, opts: CorpusOptions | None = None,
-          log=print) -> CorpusIndex:
-    """Gather, split, train the tokenizer, pack the shards and cut the prompts into ``out``."""
+          log=print, tokenizer: str | Path | None = None) -> CorpusIndex:
+    """Gather, split, train the tokenizer, pack the shards and cut the prompts into ``out``.
+
+    ``tokenizer`` (a ``tokenizer.json`` or a checkpoint folder holding one): encode with it
+    instead of training one, so the shards' ids are a given checkpoint's (``tools.train --init``).
+    """
     t0 = time.perf_counter()
     opts = opts or CorpusOptions()
     roots = roots or default_roots()
@@ -224,7 +228,10 @@ def build(out: str | Path, roots: list[SourceRoot] | None = None, opts: CorpusOp
     log(f"corpus: {len(files)} files, {sum(f.size for f in files) / 1e6:.1f} MB, sha256 {corpus_sha[:12]} "
         f"({time.perf_counter() - t0:.1f}s)")
 
-    tok = train_tokenizer(_tokenizer_sample(docs, opts.tokenizer_sample_bytes), opts.vocab_size)
+    if tokenizer is None:
+        tok = train_tokenizer(_tokenizer_sample(docs, opts.tokenizer_sample_bytes), opts.vocab_size)
+    else:
+        tok = adopt_tokenizer(tokenizer, log)
     save_tokenizer(tok, folder)
     eos_id, mask_id = special_token_ids(tok)
     log(f"tokenizer: vocab {tok.get_vocab_size()} ({time.perf_counter() - t0:.1f}s)")
@@ -251,6 +258,20 @@ def build(out: str | Path, roots: list[SourceRoot] | None = None, opts: CorpusOp
     )
     (folder / INDEX_FILE).write_text(json.dumps(index.to_dict(), indent=2) + "\n")
     return index
+
+
+def adopt_tokenizer(path: str | Path, log=print):
+    """A checkpoint's tokenizer, with ``<|mask|>`` appended as a special token if it lacks one."""
+    from tools.tokenizer import EOS_TOKEN, MASK_TOKEN, load_tokenizer
+
+    tok = load_tokenizer(path)
+    if tok.token_to_id(EOS_TOKEN) is None:
+        raise ValueError(f"{path}: the tokenizer has no {EOS_TOKEN} token, which separates the corpus' documents; "
+                         "use a tokenizer that has it")
+    if tok.token_to_id(MASK_TOKEN) is None:
+        tok.add_special_tokens([MASK_TOKEN])
+        log(f"tokenizer: added {MASK_TOKEN} as id {tok.token_to_id(MASK_TOKEN)}")
+    return tok
 
 
 def load_split(folder: str | Path, split: str) -> np.ndarray:
@@ -285,14 +306,16 @@ def main(argv: list[str] | None = None) -> None:
     @click.option("--test-permille", default=CorpusOptions.test_permille, show_default=True)
     @click.option("--tokenizer-sample-mb", default=CorpusOptions.tokenizer_sample_bytes / 1e6, show_default=True)
     @click.option("--max-prompts", default=CorpusOptions.max_prompts, show_default=True)
-    def build_cmd(out, roots, vocab_size, val_permille, test_permille, tokenizer_sample_mb, max_prompts):
+    @click.option("--tokenizer", default=None, type=click.Path(exists=True),
+                  help="encode with this tokenizer.json (or checkpoint folder) instead of training one")
+    def build_cmd(out, roots, vocab_size, val_permille, test_permille, tokenizer_sample_mb, max_prompts, tokenizer):
         opts = CorpusOptions(vocab_size=vocab_size, val_permille=val_permille, test_permille=test_permille,
                              tokenizer_sample_bytes=int(tokenizer_sample_mb * 1e6), max_prompts=max_prompts)
         try:
             parsed = [_parse_root(r) for r in roots] or None
         except ValueError as e:
             raise click.BadParameter(str(e)) from None
-        index = build(out, parsed, opts)
+        index = build(out, parsed, opts, tokenizer=tokenizer)
         click.echo(json.dumps({k: index.to_dict()[k] for k in ("corpus_sha256", "files", "tokens", "build_s")}))
 
     cli.main(args=argv, prog_name="python -m tools.corpus", standalone_mode=True)

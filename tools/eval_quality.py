@@ -45,6 +45,11 @@ from tools.tokenizer import load_tokenizer
 TARGET_NTP_GAP_PCT = 3.0
 TARGET_HYBRID_TPI_D8 = 3.5
 TARGET_PARSE_DROP_PTS = 2.0
+# issue 14 (D = 8, greedy, held-out prompts)
+TARGET_SPEC_TPI = 6.0
+TARGET_HYBRID_VERIFY = 0.5
+TARGET_HYBRID_TPF = 3.5
+TARGET_DOC_TPF = 2.5
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,7 @@ def run_task(task: DecodeTask, prompts: list[Prompt], data: str, device: str, ma
         body, ended = cut_at_function_end(p.model_prompt, text, finished)
         records.append({
             "prompt": i, "tokens": out, "iterations": stats.iterations, "draft_calls": stats.draft_calls,
-            "verifier_calls": stats.verifier_calls, "finish": stats.finish_reason, "wall_s": wall,
+            "verifier_calls": stats.verifier_calls, "forward_passes": stats.forward_passes, "finish": stats.finish_reason, "wall_s": wall,
             "decode_s": stats.decode_s, "valid": is_valid_completion(p.model_prompt, text, finished),
             "function_ended": ended, "completion": body,
         })
@@ -144,7 +149,7 @@ def _run_task_star(args):
 def summarize(records: list[dict], ar_records: list[dict] | None) -> dict:
     new = sum(len(r["tokens"]) for r in records)
     its = sum(r["iterations"] for r in records)
-    passes = sum(r["draft_calls"] + r["verifier_calls"] for r in records)
+    passes = sum(r["forward_passes"] for r in records)
     out = {
         "prompts": len(records), "new_tokens": new, "iterations": its,
         "tokens_per_iteration": new / its if its else 0.0,
@@ -265,6 +270,24 @@ def check_targets(report: dict) -> dict:
             drop = 100 * (pols["ar"]["parse_rate"] - pols["hybrid"]["parse_rate"])
             t[f"{name}: hybrid parse rate no more than {TARGET_PARSE_DROP_PTS} points below AR"] = {
                 "value": round(drop, 2), "pass": drop <= TARGET_PARSE_DROP_PTS}
+    rc = report.get("recipes", {})
+    shipped = rc.get("shipped")
+    if shipped and shipped in rc.get("models", {}):
+        m = rc["models"][shipped]
+        sp, hy = m["speculative"], m["hybrid"]
+        for label, value, ok in (
+                (f"{shipped}: speculative >= {TARGET_SPEC_TPI} tokens/iteration (replay)", sp["tokens_per_iteration"],
+                 sp["tokens_per_iteration"] >= TARGET_SPEC_TPI),
+                (f"{shipped}: hybrid verifier rate <= {TARGET_HYBRID_VERIFY} (replay)", hy["verifier_call_rate"],
+                 hy["verifier_call_rate"] <= TARGET_HYBRID_VERIFY),
+                (f"{shipped}: hybrid >= {TARGET_HYBRID_TPF} tokens/forward (replay)", hy["tokens_per_forward"],
+                 hy["tokens_per_forward"] >= TARGET_HYBRID_TPF)):
+            t[label] = {"value": round(value, 3), "pass": ok}
+        doc = rc.get("docstring_prompts", {}).get(shipped)
+        if doc:
+            v = doc["hybrid"]["tokens_per_forward"]
+            t[f"{shipped}: hybrid >= {TARGET_DOC_TPF} tokens/forward on docstring prompts (replay)"] = {
+                "value": round(v, 3), "pass": v >= TARGET_DOC_TPF}
     if "d8" in dec and "hybrid" in dec["d8"]:
         v = dec["d8"]["hybrid"]["tokens_per_iteration"]
         t[f"d8: hybrid tokens/iteration >= {TARGET_HYBRID_TPI_D8}"] = {"value": round(v, 3), "pass": v >= TARGET_HYBRID_TPI_D8}
@@ -322,6 +345,35 @@ def to_markdown(r: dict) -> str:
                   f"{c.get('repeats', 1)} alternating repeats per prompt), {c['threads']} threads on {c['cpu']}; hybrid commits "
                   f"{c.get('hybrid_tokens_per_iteration', float('nan')):.2f} tokens per iteration and agrees with AR "
                   f"{c['hybrid_agreement_with_ar']:.3f}. The host is shared, so absolute tok/s vary between runs.", ""]
+    if r.get("recipes"):
+        rc = r["recipes"]
+        st = rc.get("settings", {})
+        lines += ["## Training recipes (issue 14): drafts the verifier agrees with", "", rc.get("note", ""), "",
+                  f"Decoding replayed by `tools.eval_acceptance` on {st.get('prompts', '?')} held-out prompts, greedy, up "
+                  f"to {st.get('max_new_tokens', '?')} new tokens, hybrid τ = {st.get('tau')}, m = {st.get('min_prefix')} "
+                  "(speculative counts are the real decode's; hybrid's until its first unverified mistake, counted).", "",
+                  "| model | recipe | training budget | val NTP | spec tok/iter | spec tok/forward | hybrid tok/iter | "
+                  "hybrid tok/forward | hybrid verifier rate | hybrid unverified mistakes |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for name, m in rc["models"].items():
+            sp, hy = m["speculative"], m["hybrid"]
+            lines.append(f"| {name} | {m.get('recipe', '')} | {m.get('budget', '')} | {_num(m.get('val_ntp'))} | "
+                         f"{sp['tokens_per_iteration']:.2f} | {sp['tokens_per_forward']:.2f} | "
+                         f"{hy['tokens_per_iteration']:.2f} | {hy['tokens_per_forward']:.2f} | "
+                         f"{hy['verifier_call_rate']:.2f} | {hy['unverified_mistakes']} |")
+        lines.append("")
+        if rc.get("docstring_prompts"):
+            lines += [f"Short docstring-style function prompts unlike the corpus (`{rc.get('docstring_file', '')}`):", "",
+                      "| model | spec tok/iter | spec tok/forward | hybrid tok/iter | hybrid tok/forward | hybrid verifier rate |",
+                      "|---|---|---|---|---|---|"]
+            for name, m in rc["docstring_prompts"].items():
+                sp, hy = m["speculative"], m["hybrid"]
+                lines.append(f"| {name} | {sp['tokens_per_iteration']:.2f} | {sp['tokens_per_forward']:.2f} | "
+                             f"{hy['tokens_per_iteration']:.2f} | {hy['tokens_per_forward']:.2f} | "
+                             f"{hy['verifier_call_rate']:.2f} |")
+            lines.append("")
+        if rc.get("findings"):
+            lines += [rc["findings"], ""]
     for e in r.get("earlier_runs", []):
         lines += [f"## Earlier run: {e['label']}", "", e.get("note", ""), "",
                   "| model | policy | tokens / iteration | agreement with AR | parse rate |", "|---|---|---|---|---|"]
@@ -386,10 +438,12 @@ def main(argv: list[str] | None = None) -> None:
                   help="folder with train_NAME.json logs (else OUT/train_log.json beside each checkpoint)")
     @click.option("--attach-earlier", "earlier", multiple=True,
                   help="LABEL=REPORT.json[::NOTE]: keep an earlier run's decoding summary beside this one")
+    @click.option("--recipes", default=None, type=click.Path(exists=True, dir_okay=False),
+                  help="attach a recipes comparison (tools.eval_acceptance JSON + recipe/budget/val_ntp per model)")
     @click.option("--json", "json_out", default="tools/results/quality.json", show_default=True)
     @click.option("--md", "md_out", default="tools/results/quality.md", show_default=True)
     def cli(data, models, sections, device, jobs, n_prompts, max_new_tokens, tau, min_prefix, window, max_windows,
-            bench_prompts, bench_tokens, artifact, merge, train_logs, earlier, json_out, md_out):
+            bench_prompts, bench_tokens, artifact, merge, train_logs, earlier, recipes, json_out, md_out):
         """Write the SFT vs BitMTP quality report (JSON for machines, Markdown for people)."""
         from tools.hf_checkpoint import read_checkpoint
 
@@ -440,6 +494,8 @@ def main(argv: list[str] | None = None) -> None:
                          "heldout_gap_pct": old.get("heldout", {}).get("gap_pct", {}),
                          "device": old.get("decoding", {}).get("device") or old.get("meta", {}).get("device")})
             report["earlier_runs"] = runs
+        if recipes:
+            report["recipes"] = json.loads(Path(recipes).read_text())
         report["targets"] = check_targets(report)
         Path(json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(json_out).write_text(json.dumps(report, indent=1) + "\n")

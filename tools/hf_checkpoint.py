@@ -18,6 +18,13 @@ Two weight forms (docs/artifact.md §Source checkpoints):
   with ``…proj.weight_scale`` ``[1]`` = mean|W|, a *multiplier*; every float tensor (scales,
   norms, embedding) in bfloat16. About 14 MB for the 27M model: the release form.
 
+Qwen3-layout (Ternary-Bonsai) models fine-tuned with ``tools.train --init`` keep their layout:
+``model_type`` qwen3, group-128 ternary projections without activation quantisation. Their
+compact form is the ``-unpacked`` release form the exporter reads (bfloat16 projections that
+are exactly {-s, 0, +s} in every 128-group); their latent form carries
+``"quantization_config": {"quant_method": "bitmtp-latent"}`` so nothing mistakes its float
+masters for an exportable checkpoint.
+
 Why bfloat16 throughout: transformers (v5) keeps a quantised checkpoint's stored dtypes, so
 one float32 norm or scale beside bfloat16 weights breaks its forward with a dtype mismatch;
 and training ran under bf16 autocast, where ``codes * scale`` and every normed activation
@@ -35,7 +42,7 @@ import torch
 
 from bitmtp_edge.format.config import ModelConfig, MTPConfig, QuantConfig
 from bitmtp_edge.runtime.model import LatentTernaryLinear, PackedTernaryLinear, TernaryLM
-from kernels_ampere.numerics import ternarize_absmean
+from kernels_ampere.numerics import dequantize_ternary, ternarize_absmean, ternarize_group_absmax
 from kernels_ampere.packing import pack_hf_bitnet, unpack_hf_bitnet
 
 CONFIG = "config.json"
@@ -45,6 +52,7 @@ TOKENIZER_SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_toke
 QUANT_ONLINE = {"quant_method": "bitnet", "linear_class": "autobitlinear", "quantization_mode": "online"}
 RELEASE_DTYPE = torch.bfloat16
 QUANT_OFFLINE = {"quant_method": "bitnet", "linear_class": "autobitlinear", "quantization_mode": "offline"}
+QWEN3_LATENT = {"quant_method": "bitmtp-latent", "weights": "group128"}
 
 
 class CheckpointError(RuntimeError):
@@ -59,8 +67,19 @@ class Checkpoint:
     corpus_sha256: str | None
     compact: bool
 
+    @property
+    def quant(self) -> QuantConfig:
+        return quant_config(self.model)
+
+
+def quant_config(cfg: ModelConfig) -> QuantConfig:
+    """BitNet: per-tensor absmean weights + int8 activations; Qwen3 (Bonsai): group-128, weight-only."""
+    return QuantConfig() if cfg.family == "bitnet" else QuantConfig(weights="group128", activations="none")
+
 
 def hf_config(cfg: ModelConfig, compact: bool) -> dict:
+    if cfg.family == "qwen3":
+        return _qwen3_config(cfg, compact)
     eos = list(cfg.eos_token_ids)
     return {
         "architectures": ["BitNetForCausalLM"],
@@ -90,12 +109,42 @@ def hf_config(cfg: ModelConfig, compact: bool) -> dict:
     }
 
 
+def _qwen3_config(cfg: ModelConfig, compact: bool) -> dict:
+    eos = list(cfg.eos_token_ids)
+    d = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": eos[0] if len(eos) == 1 else eos,
+        "use_cache": True,
+        "torch_dtype": "bfloat16" if compact else "float32",
+    }
+    if not compact:
+        d["quantization_config"] = dict(QWEN3_LATENT)
+    return d
+
+
 def model_config_from_hf(d: dict, where: str) -> ModelConfig:
     try:
         eos = d.get("eos_token_id")
         eos_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
         return ModelConfig(
-            family="bitnet", vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
+            family=d["model_type"], vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
             intermediate_size=d["intermediate_size"], num_layers=d["num_hidden_layers"],
             num_heads=d["num_attention_heads"], num_kv_heads=d["num_key_value_heads"],
             head_dim=d.get("head_dim", d["hidden_size"] // d["num_attention_heads"]),
@@ -161,12 +210,16 @@ def save_latent(model: TernaryLM, folder: str | Path, tokenizer_dir: Path | None
 
 
 def compact_state(model: TernaryLM) -> dict[str, torch.Tensor]:
-    """The compact (packed, ``offline``) tensors of a latent-weight model."""
+    """The compact tensors of a latent-weight model: packed ``offline`` BitNet, or Qwen3
+    group-128 projections as exact {-s, 0, +s} bfloat16 (scales rounded to bfloat16 first)."""
     projections = set(_projection_names(model))
     out: dict[str, torch.Tensor] = {}
     for name, t in model.state_dict().items():
         base = name.rsplit(".", 1)[0]
-        if base in projections:
+        if base in projections and model.cfg.family == "qwen3":
+            codes, scale = ternarize_group_absmax(t.detach().float().cpu())
+            out[name] = dequantize_ternary(codes, scale.to(RELEASE_DTYPE), RELEASE_DTYPE).contiguous()
+        elif base in projections:
             codes, scale = ternarize_absmean(t.detach().float().cpu())
             out[f"{base}.weight"] = pack_hf_bitnet(codes).contiguous()
             out[f"{base}.weight_scale"] = scale.to(RELEASE_DTYPE).reshape(1)
@@ -209,10 +262,10 @@ def read_checkpoint(folder: str | Path) -> Checkpoint:
     if not cfg_path.is_file():
         raise CheckpointError(f"{cfg_path}: missing; {folder} is not a checkpoint written by tools.train")
     d = json.loads(cfg_path.read_text())
-    if d.get("model_type") != "bitnet":
-        raise CheckpointError(f"{cfg_path}: model_type {d.get('model_type')!r}, expected 'bitnet'")
+    if d.get("model_type") not in ("bitnet", "qwen3"):
+        raise CheckpointError(f"{cfg_path}: model_type {d.get('model_type')!r}, expected 'bitnet' (or 'qwen3')")
     q = d.get("quantization_config") or {}
-    compact = q.get("quantization_mode") == "offline"
+    compact = q.get("quantization_mode") == "offline" if d["model_type"] == "bitnet" else not q
     mtp, corpus = None, None
     if (folder / BITMTP).is_file():
         b = json.loads((folder / BITMTP).read_text())
@@ -238,7 +291,7 @@ def load_latent_model(folder: str | Path) -> tuple[TernaryLM, Checkpoint]:
     if ck.compact:
         raise CheckpointError(f"{ck.folder}: a compact (packed) checkpoint has no latent weights to train on; "
                               "resume from the run's latent checkpoint instead")
-    model = TernaryLM(ck.model, QuantConfig(), linear_cls=LatentTernaryLinear)
+    model = TernaryLM(ck.model, ck.quant, linear_cls=LatentTernaryLinear)
     model.load_state_dict(_load_state(ck.folder))
     return model, ck
 
@@ -248,11 +301,14 @@ def load_runtime_model(folder: str | Path, dtype: torch.dtype = torch.float64, d
     with its int8 draft head attached, as an exported artifact would build it."""
     ck = read_checkpoint(folder)
     raw = _load_state(ck.folder)
-    model = TernaryLM(ck.model, QuantConfig()).to(dtype)  # int8 codes stay int8
+    model = TernaryLM(ck.model, ck.quant).to(dtype)  # int8 codes stay int8
     state = {}
     for name, ref in model.state_dict().items():
         base, leaf = name.rsplit(".", 1)
-        if leaf == "codes":
+        if ck.quant.weights == "group128" and leaf in ("codes", "scale"):
+            codes, scale = ternarize_group_absmax(raw[f"{base}.weight"])
+            state[name] = codes if leaf == "codes" else scale
+        elif leaf == "codes":
             if ck.compact:
                 state[name] = unpack_hf_bitnet(raw[f"{base}.weight"])
             else:

@@ -12,6 +12,23 @@ gradients — the quantisers of ``kernels_ampere.numerics``, which the exporter 
 Each row is the SDLM layout of ``tools.blocks``: the loss is NTP cross-entropy on the clean
 causal stream plus ``mtp_weight`` × the cross-entropy of the mask blocks.
 
+Fine-tuning and self-distillation (issue 14)::
+
+    # an existing ternary checkpoint (any form bitmtp-export reads) -> BitMTP D = 8
+    python -m tools.train --init tools/checkpoints/sft-27m --data runs/data --out runs/sft2mtp --lr 1e-3 ...
+    # self-distillation: mask blocks on the model's own greedy continuations (tools.distill)
+    python -m tools.train --init tools/checkpoints/bitmtp-d8-27m --distill runs/distill --kl-weight 1 ...
+    # two GPUs of one host (DistributedDataParallel; --batch-size is the global batch)
+    torchrun --nproc-per-node 2 -m tools.train ...
+
+With ``--distill DIR`` a fraction ``--distill-frac`` of every batch are rows of the model's
+own greedy continuations (``tools.distill``): their blocks are anchored in the generated part,
+so the MTP cross-entropy is on the teacher's greedy tokens; their clean stream carries no NTP
+loss (the NTP term stays on corpus rows). ``--kl-weight`` adds, on every row, the KL from
+the clean stream's own distribution at the position a block slot predicts (detached: the
+verifier as it is at this step) to the slot's distribution, the calibration signal hybrid
+decoding's confidence test needs. ``--slot-weights`` weights the MTP terms per slot.
+
 Outputs under ``--out``: ``final/`` (latent float32 HF checkpoint), ``compact/`` (packed
 HF BitNet, the release form), ``latest/`` + ``resume.pt`` (periodic, for ``--resume``),
 ``train_log.json`` (config, loss history, validation, summary).
@@ -32,11 +49,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bitmtp_edge.format.config import ModelConfig, MTPConfig, QuantConfig
+from bitmtp_edge.format.config import ModelConfig, MTPConfig
 from bitmtp_edge.runtime.model import LatentTernaryLinear, TernaryLM
 from tools.blocks import IGNORE, BlockLayout, build_rows, clean_mask, sample_anchors
 from tools.corpus import CorpusIndex, load_split
-from tools.hf_checkpoint import load_latent_model, save_compact, save_latent
+from tools.hf_checkpoint import load_latent_model, quant_config, save_compact, save_latent
 
 # Named model shapes (gpt-fast style presets). Every projection's K is a multiple of 128.
 PRESETS: dict[str, dict] = {
@@ -46,6 +63,7 @@ PRESETS: dict[str, dict] = {
 }
 MAX_BLOCK = 16  # windows are sampled as if D were this large, so every run sees the same data
 PLAN_POLL_EVERY = 25
+SYNC_EVERY = 5
 
 
 @dataclass(frozen=True)
@@ -91,6 +109,12 @@ class TrainConfig:
     fit_marks: tuple[int, ...] = (10, 60, 300, 600, 1000)
     tau: float = 0.9
     min_prefix: int = 3
+    # fine-tuning and self-distillation
+    init: str | None = None
+    distill: str | None = None
+    distill_frac: float = 0.5
+    kl_weight: float = 0.0
+    slot_weights: tuple[float, ...] | None = None
 
     @property
     def layout(self) -> BlockLayout:
@@ -115,15 +139,45 @@ def lr_at(step: int, tc: TrainConfig, max_steps: int) -> float:
     return tc.lr * (tc.min_lr_ratio + (1 - tc.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def joint_loss(model: TernaryLM, ids, pos, mask, tgt, clean_len: int, mtp_weight: float):
-    """(loss, ntp, mtp): NTP CE over the clean rows + mtp_weight × CE over the block rows."""
-    logits = model.verify_logits(model(ids, pos, mask))  # [B, S, V] float32
+class LogitsModel(torch.nn.Module):
+    """The model and its head as one module: what DistributedDataParallel wraps."""
+
+    def __init__(self, model: TernaryLM):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, pos, mask):
+        return self.model.verify_logits(self.model(ids, pos, mask))  # [B, S, V] float32
+
+
+def joint_loss(logits_fn, ids, pos, mask, tgt, clean_len: int, mtp_weight: float, block_size: int = 0,
+               anchors=None, slot_weights=None, kl_weight: float = 0.0):
+    """(loss, ntp, mtp, kl): NTP CE over the clean rows + mtp_weight × (CE over the block rows,
+    weighted per slot + kl_weight × KL(clean stream at the predicted position ‖ block slot))."""
+    logits = logits_fn(ids, pos, mask)
     v = logits.shape[-1]
     ntp = F.cross_entropy(logits[:, :clean_len].reshape(-1, v), tgt[:, :clean_len].reshape(-1), ignore_index=IGNORE)
+    zero = torch.zeros_like(ntp)
     if logits.shape[1] == clean_len:
-        return ntp, ntp, torch.zeros_like(ntp)
-    mtp = F.cross_entropy(logits[:, clean_len:].reshape(-1, v), tgt[:, clean_len:].reshape(-1), ignore_index=IGNORE)
-    return ntp + mtp_weight * mtp, ntp, mtp
+        return ntp, ntp, zero, zero
+    blk, bt = logits[:, clean_len:], tgt[:, clean_len:]
+    ce = F.cross_entropy(blk.reshape(-1, v), bt.reshape(-1), ignore_index=IGNORE, reduction="none").view(bt.shape)
+    valid = (bt != IGNORE).float()
+    w = valid if slot_weights is None else valid * slot_weights.repeat(bt.shape[1] // block_size)
+    mtp = (ce * w).sum() / w.sum().clamp(min=1e-6)
+    kl = zero
+    if kl_weight > 0:
+        # Slot j of the block anchored at p drafts x_{p+j+1}: the clean row p + j predicts the
+        # same token with the whole true prefix — the verifier's distribution for that draft.
+        b, k = anchors.shape
+        at = (anchors.unsqueeze(-1) + torch.arange(block_size, device=anchors.device)).view(b, k * block_size)
+        has_teacher = (at < clean_len) & (bt != IGNORE)
+        teacher = logits[:, :clean_len].detach().gather(1, at.clamp(max=clean_len - 1).unsqueeze(-1).expand(-1, -1, v))
+        kl_tok = F.kl_div(F.log_softmax(blk, -1), F.log_softmax(teacher, -1), log_target=True,
+                          reduction="none").sum(-1)
+        wk = has_teacher.float() if slot_weights is None else has_teacher.float() * slot_weights.repeat(k)
+        kl = (kl_tok * wk).sum() / wk.sum().clamp(min=1e-6)
+    return ntp + mtp_weight * (mtp + kl_weight * kl), ntp, mtp, kl
 
 
 class Batches:
@@ -146,16 +200,18 @@ class Batches:
         self._span = torch.arange(layout.window, device=device)
 
     def rows(self, offsets: torch.Tensor, anchors: torch.Tensor):
-        """offsets [B], anchors [B, K] -> (input_ids, positions, mask, targets), the loss's argument order."""
+        """offsets [B], anchors [B, K] -> (input_ids, positions, mask, targets, anchors), the loss's argument order."""
         window = self.tokens[offsets.to(self.device).unsqueeze(1) + self._span].long()
-        ids, pos, tgt, mask = build_rows(window, anchors.to(self.device), self.layout, self.mask_id, self.eos_id)
+        anchors = anchors.to(self.device)
+        ids, pos, tgt, mask = build_rows(window, anchors, self.layout, self.mask_id, self.eos_id)
         if not self.layout.has_blocks:
             mask = clean_mask(self.layout.clean_len, self.device)  # one [1, L, L] mask broadcasts
-        return ids, pos, mask, tgt
+        return ids, pos, mask, tgt, anchors
 
-    def next(self):
-        offsets = torch.randint(0, self.high, (self.batch,), generator=self.g_data)
-        anchors = sample_anchors(self.layout, self.batch, self.g_anchor)
+    def next(self, n: int | None = None):
+        n = self.batch if n is None else n
+        offsets = torch.randint(0, self.high, (n,), generator=self.g_data)
+        anchors = sample_anchors(self.layout, n, self.g_anchor)
         return self.rows(offsets, anchors)
 
     def state(self) -> dict:
@@ -164,6 +220,48 @@ class Batches:
     def load_state(self, s: dict) -> None:
         self.g_data.set_state(s["g_data"])
         self.g_anchor.set_state(s["g_anchor"])
+
+
+class DistillRows:
+    """Rows of a teacher's own greedy continuations (``tools.distill``): prompt_len corpus
+    tokens then generated ones. Blocks are anchored in the generated part only, so every
+    block target is a teacher greedy token; the clean stream carries no NTP target."""
+
+    def __init__(self, folder: str, layout: BlockLayout, seed: int, device, mask_id: int, eos_id: int):
+        from tools.distill import load_rows
+
+        rows, meta = load_rows(folder)
+        self.prompt_len = int(meta["prompt_len"])
+        L, K = layout.clean_len, layout.num_blocks
+        if not layout.has_blocks:
+            raise ValueError("--distill trains the mask blocks; it needs the MTP term (--mtp-weight > 0)")
+        if rows.shape[1] < layout.window:
+            raise ValueError(f"{folder}: rows hold {rows.shape[1]} tokens, the layout needs {layout.window}; "
+                             f"regenerate with tools.distill --seq-len {L} or train with a shorter --seq-len")
+        if K > L - self.prompt_len + 1:
+            raise ValueError(f"{folder}: {K} blocks per row need {K} anchors in the {L - self.prompt_len + 1} "
+                             f"generated positions; use fewer --blocks or shorter prompts")
+        self.rows = torch.from_numpy(rows[:, :layout.window].astype(np.int32)).to(device)
+        self.layout, self.device, self.mask_id, self.eos_id = layout, device, mask_id, eos_id
+        self.meta = meta
+        self.g = torch.Generator().manual_seed(seed + 2)
+
+    def next(self, n: int):
+        L, K = self.layout.clean_len, self.layout.num_blocks
+        idx = torch.randint(0, self.rows.shape[0], (n,), generator=self.g)
+        keys = torch.rand(n, L, generator=self.g)
+        keys[:, : self.prompt_len - 1] = -1.0  # anchor p >= P - 1: targets x_{p+1}.. are all generated
+        anchors = keys.topk(K, dim=1).indices.sort(dim=1).values.to(self.device)
+        window = self.rows[idx.to(self.device)].long()
+        ids, pos, tgt, mask = build_rows(window, anchors, self.layout, self.mask_id, self.eos_id)
+        tgt[:, :L] = IGNORE  # NTP stays on the corpus
+        return ids, pos, mask, tgt, anchors
+
+    def state(self) -> dict:
+        return {"g": self.g.get_state()}
+
+    def load_state(self, s: dict) -> None:
+        self.g.set_state(s["g"])
 
 
 def fixed_val_rows(tokens: np.ndarray, layout: BlockLayout, n_rows: int, seed: int):
@@ -186,7 +284,7 @@ def evaluate(model, val: Batches, offsets, anchors, tc: TrainConfig, autocast) -
     slot_hits = torch.zeros(max(layout.block_size, 1), dtype=torch.float64)
     slot_n = torch.zeros_like(slot_hits)
     for i in range(0, len(offsets), tc.batch_size):
-        ids, pos, mask, tgt = val.rows(offsets[i:i + tc.batch_size], anchors[i:i + tc.batch_size])
+        ids, pos, mask, tgt, _ = val.rows(offsets[i:i + tc.batch_size], anchors[i:i + tc.batch_size])
         with autocast():
             logits = model.verify_logits(model(ids, pos, mask))
         L, v = layout.clean_len, logits.shape[-1]
@@ -244,19 +342,87 @@ class PlanFile:
         return int(d["max_steps"])
 
 
+class Dist:
+    """Where this process stands under ``torchrun`` (world 1 without it).
+
+    Nothing here but torch.distributed's own initialisation from the torchrun environment
+    (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``PORT``): NCCL on CUDA, gloo on CPU."""
+
+    def __init__(self, device_spec: str):
+        import torch.distributed as dist
+
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = _device(device_spec)
+        if self.world > 1 and device.type == "cuda":
+            device = torch.device("cuda", self.local_rank)
+            torch.cuda.set_device(device)
+        self.device = device
+        if self.world > 1 and not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def agree(self, values: list[int]) -> list[int]:
+        """Element-wise max over ranks: rank 0's step plan, anyone's stop or save request."""
+        if self.world == 1:
+            return values
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return [int(x) for x in t.tolist()]
+
+    def gather(self, obj) -> list:
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if self.world > 1 and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
+
 class Trainer:
     def __init__(self, tc: TrainConfig, log=print):
-        self.tc, self.log = tc, log
+        self.dist = Dist(tc.device)
+        self.tc, self.log = tc, (log if self.dist.main else (lambda m: None))
         self.t_start = time.perf_counter()
         self.deadline = self.t_start + tc.time_budget_s if tc.time_budget_s else None
         if tc.max_steps == 0 and not tc.time_budget_s and not tc.steps_from:
             raise ValueError("--max-steps 0 fits the run to --time-budget-s; give a budget (or a step count)")
-        self.device = _device(tc.device)
+        if tc.batch_size % self.dist.world:
+            raise ValueError(f"--batch-size {tc.batch_size} (the global batch) is not a multiple of the "
+                             f"{self.dist.world} processes")
+        self.device = self.dist.device
         torch.manual_seed(tc.seed)
         self.out = Path(tc.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.index = CorpusIndex.load(tc.data)
-        self.cfg = model_config(tc, self.index)
+        self.init_info = None
+        if tc.init:
+            from tools.init_checkpoint import load_for_training
+
+            self.model, self.init_info = load_for_training(tc.init, self.index.mask_token_id,
+                                                           Path(tc.data) / self.index.tokenizer)
+            self.cfg = self.model.cfg
+            self.log(f"initialised from {tc.init} ({self.init_info.format}, {self.init_info.family}; "
+                     f"mask row {self.init_info.mask_row})")
+        else:
+            self.cfg = model_config(tc, self.index)
+            self.model = TernaryLM(self.cfg, quant_config(self.cfg), linear_cls=LatentTernaryLinear)
+            # nn.Embedding starts at N(0, 1); with a tied head that means logits of std ~sqrt(H).
+            torch.nn.init.normal_(self.model.model.embed_tokens.weight, std=0.02)
         self.mtp = (MTPConfig(tc.block_size, self.index.mask_token_id, tc.tau, tc.min_prefix)
                     if tc.layout.has_blocks else None)
         bf16 = tc.precision == "bf16" or (tc.precision == "auto" and self.device.type == "cuda")
@@ -265,14 +431,27 @@ class Trainer:
         self.precision = "bf16" if bf16 else "fp32"
         layout = tc.layout
         ids = (self.index.mask_token_id, self.index.eos_token_id)
-        self.train_data = Batches(load_split(tc.data, "train"), layout, tc.batch_size, tc.seed, self.device, *ids)
+        self.local_batch = tc.batch_size // self.dist.world
+        self.n_distill = round(self.local_batch * tc.distill_frac) if tc.distill else 0
+        seed = tc.seed + 1000 * self.dist.rank  # each rank its own windows
+        self.train_data = Batches(load_split(tc.data, "train"), layout, self.local_batch - self.n_distill, seed,
+                                  self.device, *ids)
+        self.distill_data = DistillRows(tc.distill, layout, seed, self.device, *ids) if tc.distill else None
         self.val_data = Batches(load_split(tc.data, "val"), layout, tc.batch_size, tc.seed, self.device, *ids)
         self.val_offsets, self.val_anchors = fixed_val_rows(load_split(tc.data, "val"), layout,
                                                             tc.eval_batches * tc.batch_size, tc.seed)
-        self.model = TernaryLM(self.cfg, QuantConfig(), linear_cls=LatentTernaryLinear)
-        # nn.Embedding starts at N(0, 1); with a tied head that means logits of std ~sqrt(H).
-        torch.nn.init.normal_(self.model.model.embed_tokens.weight, std=0.02)
+        if tc.slot_weights is not None and len(tc.slot_weights) != layout.block_size:
+            raise ValueError(f"--slot-weights has {len(tc.slot_weights)} values; give one per slot (D = {layout.block_size})")
+        self.slot_weights = (torch.tensor(tc.slot_weights, dtype=torch.float32, device=self.device)
+                             if tc.slot_weights is not None else None)
         self.model.to(self.device).train()
+        self.logits_model = LogitsModel(self.model)
+        if self.dist.world > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            # Broadcasts rank 0's weights; gradients are averaged over ranks in backward.
+            self.logits_model = DDP(self.logits_model, device_ids=[self.device.index] if self.device.type == "cuda"
+                                    else None)
         decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2]
         no_decay = [p for n, p in self.model.named_parameters() if p.dim() < 2]
         self.opt = torch.optim.AdamW(
@@ -284,8 +463,8 @@ class Trainer:
         self.evals: list[dict] = []
         self.events: list[str] = []
         self.compiled = None
-        self.plan_out = PlanFile(tc.share_plan)
-        self.plan_in = PlanFile(tc.steps_from)
+        self.plan_out = PlanFile(tc.share_plan if self.dist.main else None)
+        self.plan_in = PlanFile(tc.steps_from if self.dist.main else None)
         self.elapsed_before = 0.0
         if tc.resume:
             self._resume()
@@ -302,6 +481,12 @@ class Trainer:
     def _remaining(self) -> float:
         return math.inf if self.deadline is None else self.deadline - time.perf_counter()
 
+    def _data_state(self) -> dict:
+        s = {"corpus": self.train_data.state()}
+        if self.distill_data is not None:
+            s["distill"] = self.distill_data.state()
+        return s
+
     def _resume(self) -> None:
         state_path = self.out / "resume.pt"
         if not state_path.is_file():
@@ -310,58 +495,81 @@ class Trainer:
         self.model.load_state_dict(model.state_dict())
         s = torch.load(state_path, map_location=self.device, weights_only=True)
         self.opt.load_state_dict(s["optimizer"])
-        self.train_data.load_state(s["data"])
+        ranks = s["data"]
+        if len(ranks) != self.dist.world:
+            raise ValueError(f"{state_path}: saved by {len(ranks)} process(es), resumed with {self.dist.world}; "
+                             "resume with the same --nproc-per-node")
+        mine = ranks[self.dist.rank]
+        self.train_data.load_state(mine["corpus"])
+        if self.distill_data is not None:
+            self.distill_data.load_state(mine["distill"])
         self.step, self.max_steps = s["step"], s["max_steps"] if self.tc.max_steps == 0 else self.tc.max_steps
         self.history, self.evals, self.elapsed_before = s["history"], s["evals"], s["elapsed_s"]
         self._note(f"resumed at step {self.step} of {self.max_steps}")
 
     def _save_resume(self) -> None:
+        """Collective under torchrun (every rank's data generators); rank 0 writes."""
+        data = self.dist.gather(self._data_state())
+        if not self.dist.main:
+            return
         save_latent(self.model, self.out / "latest", Path(self.tc.data), self.mtp, self.index.corpus_sha256)
-        state = {"optimizer": self.opt.state_dict(), "data": self.train_data.state(), "step": self.step,
+        state = {"optimizer": self.opt.state_dict(), "data": data, "step": self.step,
                  "max_steps": self.max_steps, "history": self.history, "evals": self.evals,
-                 "elapsed_s": self.elapsed_before + time.perf_counter() - self.t_start}
+                 "elapsed_s": self.elapsed_before + time.perf_counter() - self.t_start, "world": self.dist.world}
         torch.save(state, self.out / "resume.pt.tmp")
         os.replace(self.out / "resume.pt.tmp", self.out / "resume.pt")
 
     def write_log(self, summary: dict | None = None) -> None:
+        if not self.dist.main:
+            return
         tc = self.tc
         d = {"config": asdict(tc), "model": self.cfg.to_dict(), "params": self.n_params,
              "layout": asdict(tc.layout), "seq_len_total": tc.layout.seq_len, "precision": self.precision,
-             "compiled": bool(self.compiled), "device": str(self.device),
+             "compiled": bool(self.compiled), "device": str(self.device), "world_size": self.dist.world,
              "device_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
              "torch": torch.__version__, "corpus_sha256": self.index.corpus_sha256, "max_steps": self.max_steps,
+             "init": asdict(self.init_info) if self.init_info else None,
+             "distill": self.distill_data.meta if self.distill_data is not None else None,
              "history": self.history, "evals": self.evals, "events": self.events, "summary": summary}
         tmp = self.out / "train_log.json.tmp"
-        tmp.write_text(json.dumps(d, indent=1) + "\n")
+        tmp.write_text(json.dumps(d, indent=1, default=str) + "\n")
         os.replace(tmp, self.out / "train_log.json")
 
     # -- the step ------------------------------------------------------------------------
-    def _loss_fn(self):
+    def _next_batch(self):
+        corpus = self.train_data.next()
+        if self.distill_data is None or self.n_distill == 0:
+            return corpus
+        distill = self.distill_data.next(self.n_distill)
+        return tuple(torch.cat([a, b]) for a, b in zip(corpus, distill))
+
+    def _loss_fn(self, logits_model):
         tc, L = self.tc, self.tc.layout.clean_len
 
-        def fn(ids, pos, mask, tgt):
+        def fn(ids, pos, mask, tgt, anchors):
             with self.autocast():
-                return joint_loss(self.model, ids, pos, mask, tgt, L, tc.mtp_weight)
+                return joint_loss(logits_model, ids, pos, mask, tgt, L, tc.mtp_weight, tc.layout.block_size,
+                                  anchors, self.slot_weights, tc.kl_weight)
         return fn
 
     def _want_compile(self) -> bool:
         return self.tc.compile == "on" or (self.tc.compile == "auto" and self.device.type == "cuda")
 
     def _train_step(self, fn, batch):
-        """One optimiser step -> (loss, ntp, mtp, grad norm) as device tensors, and the lr."""
+        """One optimiser step -> (loss, ntp, mtp, kl, grad norm) as device tensors, and the lr."""
         lr = lr_at(self.step, self.tc, self.max_steps)
         for g in self.opt.param_groups:
             g["lr"] = lr
-        loss, ntp, mtp = fn(*batch)
+        loss, ntp, mtp, kl = fn(*batch)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.grad_clip)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        return loss, ntp, mtp, gnorm, lr
+        return loss, ntp, mtp, kl, gnorm, lr
 
     def _first_step(self, batch):
         """The first step, compiled if asked; any compile failure falls back to eager."""
-        eager = self._loss_fn()
+        eager = self._loss_fn(self.logits_model)
         if self._want_compile():
             try:
                 import torch._dynamo
@@ -384,41 +592,51 @@ class Trainer:
         rate = (self.step - s_from) / max(time.perf_counter() - t_from, 1e-6)
         left = self._remaining() - self.tc.reserve_s
         steps = self.step + int(0.93 * rate * max(left, 0.0))
-        self.max_steps = max(steps, self.step + 1)
-        self.plan_out.write(self.max_steps, version, {"rate_steps_s": rate, "at_step": self.step})
-        self._note(f"fitted {self.max_steps} steps to the budget ({rate:.2f} steps/s, v{version})")
+        self.plan_steps = max(steps, self.step + 1)
+        self.plan_out.write(self.plan_steps, version, {"rate_steps_s": rate, "at_step": self.step})
+        self._note(f"fitted {self.plan_steps} steps to the budget ({rate:.2f} steps/s, v{version})")
 
     def _follow_plan(self, wait: bool) -> None:
         t0 = time.perf_counter()
         while True:
             steps = self.plan_in.read()
             if steps is not None:
-                if steps != self.max_steps:
+                if steps != self.plan_steps:
                     self._note(f"adopted {steps} steps from {self.plan_in.path}")
-                self.max_steps = steps
+                self.plan_steps = steps
                 return
             if not wait or self.plan_in.version >= 0:
                 return
             if time.perf_counter() - t0 > self.tc.plan_wait_s or self._remaining() < self.tc.reserve_s:
                 self._note(f"no plan in {self.plan_in.path} after {self.tc.plan_wait_s:.0f}s; "
-                           f"keeping {self.max_steps or 'a budget-fitted'} steps")
+                           f"keeping {self.plan_steps or 'a budget-fitted'} steps")
                 return
             time.sleep(0.5)
 
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> dict:
+        try:
+            return self._run()
+        finally:
+            self.dist.close()
+
+    def _run(self) -> dict:
         tc = self.tc
         from tqdm import tqdm
 
         tty = sys.stderr.isatty()
         bar = tqdm(total=self.max_steps or None, initial=self.step, desc=self.out.name, dynamic_ncols=True,
-                   mininterval=0.5 if tty else 20.0, disable=None if tty else False)
+                   mininterval=0.5 if tty else 20.0, disable=None if tty else not self.dist.main)
         fn = None
         marks: dict[int, float] = {}  # step -> time, for fitting the step count
         t_log, s_log = time.perf_counter(), self.step
         last_save = time.perf_counter()
         stop_reason = "max_steps"
         clean_per_step = tc.batch_size * tc.seq_len
+        diverged = False
+        self.plan_steps = self.max_steps
+        # Under torchrun the ranks agree every SYNC_EVERY steps (a host sync); alone, every step.
+        sync_every = 1 if self.dist.world == 1 else SYNC_EVERY
         while True:
             if self.plan_in.path is not None and (self.step % PLAN_POLL_EVERY == 0 or self.max_steps == 0):
                 self._follow_plan(wait=self.step >= tc.warmup_steps and self.plan_in.version < 0)
@@ -426,25 +644,40 @@ class Trainer:
             if self.deadline is not None and tc.max_steps == 0 and self.step in marks and self.step in fm[1:]:
                 if self.max_steps == 0 or (self.step != fm[1] and self.plan_in.path is None):
                     prev = max(s for s in marks if s < self.step)
-                    self._fit_steps(marks[prev], prev, fm.index(self.step))
+                    if self.dist.main:
+                        self._fit_steps(marks[prev], prev, fm.index(self.step))
+            # Every rank takes the same decisions: rank 0's step plan and clock, anyone's divergence.
+            want_save = out_of_time = False
+            if self.step % sync_every == 0:
+                want_save = time.perf_counter() - last_save > tc.save_every_s
+                out_of_time = self._remaining() < tc.reserve_s
+                plan, out_of_time, want_save, diverged = self.dist.agree(
+                    [self.plan_steps if self.dist.main else 0, int(out_of_time), int(want_save), int(diverged)])
+                self.max_steps = plan
             if bar.total != (self.max_steps or None):
                 bar.total = self.max_steps or None
                 bar.refresh()
+            if diverged:
+                stop_reason = "diverged"
+                break
             if self.max_steps and self.step >= self.max_steps:
                 break
             if tc.stop_at is not None and self.step >= tc.stop_at:
                 stop_reason = "stop_at"
                 break
-            if self._remaining() < tc.reserve_s:
+            if out_of_time:
                 stop_reason = "time_budget"
                 self._note(f"time budget reached at step {self.step}; stopping and saving")
                 break
-            batch = self.train_data.next()
+            if want_save and self.step:
+                self._save_resume()
+                last_save = time.perf_counter()
+            batch = self._next_batch()
             if fn is None:
-                loss, ntp, mtp, gnorm, lr = self._first_step(batch)
-                fn = self.compiled or self._loss_fn()
+                loss, ntp, mtp, kl, gnorm, lr = self._first_step(batch)
+                fn = self.compiled or self._loss_fn(self.logits_model)
             else:
-                loss, ntp, mtp, gnorm, lr = self._train_step(fn, batch)
+                loss, ntp, mtp, kl, gnorm, lr = self._train_step(fn, batch)
             self.step += 1
             bar.update(1)
             if self.step in tc.fit_marks:
@@ -452,36 +685,35 @@ class Trainer:
                     torch.cuda.synchronize()
                 marks[self.step] = time.perf_counter()
             if self.step % tc.log_every == 0 or self.step == 1:
-                loss_v, ntp_v, mtp_v, g_v = (float(x.detach()) for x in (loss, ntp, mtp, gnorm))
+                loss_v, ntp_v, mtp_v, kl_v, g_v = (float(x.detach()) for x in (loss, ntp, mtp, kl, gnorm))
                 if not math.isfinite(loss_v):
-                    stop_reason = "diverged"
+                    diverged = True
                     self._note(f"loss is {loss_v}; stopping")
-                    break
                 now = time.perf_counter()
                 tok_s = (self.step - s_log) * clean_per_step / max(now - t_log, 1e-9)
                 t_log, s_log = now, self.step
                 self.history.append({"step": self.step, "loss": round(loss_v, 4), "ntp": round(ntp_v, 4),
-                                     "mtp": round(mtp_v, 4), "grad_norm": round(g_v, 3), "lr": lr,
-                                     "clean_tok_s": round(tok_s), "elapsed_s": round(self._elapsed(), 1)})
+                                     "mtp": round(mtp_v, 4), "kl": round(kl_v, 4), "grad_norm": round(g_v, 3),
+                                     "lr": lr, "clean_tok_s": round(tok_s), "elapsed_s": round(self._elapsed(), 1)})
                 bar.set_postfix(loss=f"{loss_v:.3f}", ntp=f"{ntp_v:.3f}", mtp=f"{mtp_v:.3f}", tok_s=f"{tok_s / 1e3:.0f}k")
                 self.write_log()
-            if tc.eval_every and self.step % tc.eval_every == 0:
+            if tc.eval_every and self.step % tc.eval_every == 0 and self.dist.main:
                 self._eval()
-            if time.perf_counter() - last_save > tc.save_every_s:
-                self._save_resume()
-                last_save = time.perf_counter()
         bar.close()
-        final = self._eval()
         self._save_resume()
-        save_latent(self.model, self.out / "final", Path(tc.data), self.mtp, self.index.corpus_sha256)
-        save_compact(self.model, self.out / "compact", Path(tc.data), self.mtp, self.index.corpus_sha256)
-        summary = {"steps": self.step, "max_steps": self.max_steps, "stop_reason": stop_reason,
-                   "clean_tokens": self.step * clean_per_step,
-                   "block_tokens": self.step * tc.batch_size * (tc.layout.seq_len - tc.seq_len),
-                   "wall_s": round(self._elapsed(), 1), "params": self.n_params,
-                   "final_train": self.history[-1] if self.history else None, **final}
-        self.write_log(summary)
-        self.log(json.dumps({k: summary[k] for k in ("steps", "clean_tokens", "wall_s", "val_ntp", "stop_reason")}))
+        summary: dict = {}
+        if self.dist.main:
+            final = self._eval()
+            save_latent(self.model, self.out / "final", Path(tc.data), self.mtp, self.index.corpus_sha256)
+            save_compact(self.model, self.out / "compact", Path(tc.data), self.mtp, self.index.corpus_sha256)
+            summary = {"steps": self.step, "max_steps": self.max_steps, "stop_reason": stop_reason,
+                       "clean_tokens": self.step * clean_per_step,
+                       "block_tokens": self.step * tc.batch_size * (tc.layout.seq_len - tc.seq_len),
+                       "distill_rows": self.step * self.n_distill * self.dist.world,
+                       "wall_s": round(self._elapsed(), 1), "params": self.n_params, "world_size": self.dist.world,
+                       "final_train": self.history[-1] if self.history else None, **final}
+            self.write_log(summary)
+            self.log(json.dumps({k: summary[k] for k in ("steps", "clean_tokens", "wall_s", "val_ntp", "stop_reason")}))
         return summary
 
     def _elapsed(self) -> float:
@@ -532,9 +764,22 @@ def main(argv: list[str] | None = None) -> None:
     @click.option("--steps-from", default=None, help="adopt the step count another run wrote (same steps)")
     @click.option("--tau", default=defaults["tau"], show_default=True, help="default τ written to bitmtp.json")
     @click.option("--min-prefix", default=defaults["min_prefix"], show_default=True, help="default m for bitmtp.json")
-    def cli(compile_, **kw):
+    @click.option("--init", default=None, type=click.Path(exists=True, file_okay=False),
+                  help="start from this checkpoint (any form bitmtp-export reads; the corpus must use its tokenizer)")
+    @click.option("--distill", default=None, type=click.Path(exists=True, file_okay=False),
+                  help="folder of the teacher's greedy continuations (python -m tools.distill)")
+    @click.option("--distill-frac", default=defaults["distill_frac"], show_default=True,
+                  help="fraction of each batch taken from --distill rows")
+    @click.option("--kl-weight", default=defaults["kl_weight"], show_default=True,
+                  help="weight of KL(clean stream ‖ block slot) inside the MTP term")
+    @click.option("--slot-weights", default=None, help="comma list of D per-slot MTP weights, e.g. 1,1,1,1,2,2,2,2")
+    def cli(compile_, slot_weights, **kw):
         """Train a ternary LM with the joint NTP + MTP objective (or the SFT baseline)."""
-        tc = TrainConfig(compile=compile_, **kw)
+        try:
+            sw = tuple(float(x) for x in slot_weights.split(",")) if slot_weights else None
+        except ValueError:
+            raise click.BadParameter(f"{slot_weights!r}: expected comma-separated numbers", param_hint="--slot-weights")
+        tc = TrainConfig(compile=compile_, slot_weights=sw, **kw)
         Trainer(tc, log=lambda m: print(m, flush=True)).run()
 
     cli.main(args=argv, prog_name="python -m tools.train", standalone_mode=True)

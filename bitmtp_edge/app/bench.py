@@ -51,6 +51,13 @@ SCHEMA_VERSION = 1
 MONITOR_CHOICES = ("auto", "tegrastats", "jtop", "nvml", "psutil", "none")
 
 
+# ``bitmtp bench`` sizes when none are given. On a CPU (the reference backend, a pipeline
+# check) the GPU sizes took ~100 minutes on 2 cores: 2 prompts × 32 tokens × 1 repeat keep
+# every route measured in a few minutes.
+GPU_DEFAULTS = {"num_prompts": 8, "max_new_tokens": 128, "repeats": 3}
+CPU_DEFAULTS = {"num_prompts": 2, "max_new_tokens": 32, "repeats": 1}
+
+
 class BenchError(ValueError):
     """A benchmark that cannot run as asked: says which file, line or option, and what to do."""
 
@@ -230,6 +237,7 @@ class RunRecord:
             "new_tokens": s.new_tokens, "prompt_tokens": s.prompt_tokens, "iterations": s.iterations,
             "decode_tok_s": s.decode_tokens_per_s, "tokens_per_iteration": s.tokens_per_iteration,
             "verifier_calls": s.verifier_calls, "verifier_call_rate": s.verifier_call_rate,
+            "forward_passes": s.forward_passes, "tokens_per_forward": s.tokens_per_forward,
             "prefill_s": s.prefill_s, "decode_s": s.decode_s, "finish_reason": s.finish_reason,
             "accepted_histogram": {str(k): v for k, v in sorted(s.accepted_histogram.items())},
             "decode_window": [self.decode_start - t0, self.decode_end - t0],
@@ -289,6 +297,8 @@ class BenchReport:
     samples: list = field(default_factory=list)  # monitor Samples, whole benchmark
     monitor: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    planned_runs: int = 0
+    partial: bool = False  # interrupted (Ctrl-C): what was measured, fewer runs than planned
 
     def to_dict(self) -> dict:
         measured = [r for r in self.runs if not r.warmup]
@@ -304,6 +314,8 @@ class BenchReport:
             "timeline": _timeline(self.samples, self.runs, self.t0),
             "notes": list(self.notes),
             "files": list(FILES),
+            "partial": self.partial,
+            "planned_runs": self.planned_runs,
         }
 
 
@@ -313,7 +325,9 @@ def run_bench(engine: Engine, prompts: Sequence[BenchPrompt], routes: Sequence[R
               command: str | None = None, workload_source: str = "") -> BenchReport:
     """Run the benchmark. ``posture``: already checked by the caller (the CLI checks it
     before loading the model), else read here under ``config.strict``. ``sampler``: an
-    unstarted Sampler to use instead of one made from ``config.monitor``."""
+    unstarted Sampler to use instead of one made from ``config.monitor``. Ctrl-C
+    (KeyboardInterrupt) ends the runs early: the report then holds what was measured, with
+    ``partial`` set, for the caller to write."""
     from ..runtime.decoding import DecodingError
     from ..jetson.monitor import Sampler
 
@@ -333,16 +347,20 @@ def run_bench(engine: Engine, prompts: Sequence[BenchPrompt], routes: Sequence[R
     try:
         plan = [(-1, 0, r) for _ in range(config.warmup) for r in routes]
         plan += [(rep, i, r) for i in range(len(prompts)) for rep in range(config.repeats) for r in routes]
+        report.planned_runs = len(plan)
         progress.start(len(plan))
-        for rep, i, route in plan:
-            try:
-                rec = run_once(engine, prompts[i].text, route, config)
-            except DecodingError as e:
-                raise BenchError(f"{prompts[i].where}: {e}") from None
-            rec.prompt_index, rec.repeat = i, rep
-            report.runs.append(rec)
-            what = "warm-up" if rep < 0 else f"prompt {i + 1}/{len(prompts)}, repeat {rep + 1}/{config.repeats}"
-            progress.advance(f"{route.name:<22} {what}: {rec.stats.decode_tokens_per_s:8.1f} tok/s")
+        try:
+            for rep, i, route in plan:
+                try:
+                    rec = run_once(engine, prompts[i].text, route, config)
+                except DecodingError as e:
+                    raise BenchError(f"{prompts[i].where}: {e}") from None
+                rec.prompt_index, rec.repeat = i, rep
+                report.runs.append(rec)
+                what = "warm-up" if rep < 0 else f"prompt {i + 1}/{len(prompts)}, repeat {rep + 1}/{config.repeats}"
+                progress.advance(f"{route.name:<22} {what}: {rec.stats.decode_tokens_per_s:8.1f} tok/s")
+        except KeyboardInterrupt:  # keep what was measured: minutes of runs are not thrown away
+            report.partial = True
         if sampler is not None:
             # Marked at the end (the sampler still running): every window's closing sample
             # exists by then, so no per-run wait inflates the benchmark.
@@ -395,6 +413,10 @@ def _bench_notes(report: BenchReport, config: BenchConfig) -> list[str]:
         notes.append("AR is not among the routes: no speedups (add ar to --policies)")
     if report.meta["engine"]["device"] == "cpu":
         notes.append("ran on the CPU: the numbers check the pipeline, they are not edge performance")
+    if report.partial:
+        done = sum(1 for r in report.runs)
+        notes.insert(0, f"PARTIAL: interrupted after {done} of {report.planned_runs} runs; "
+                        "routes and prompts without runs are empty")
     return notes
 
 
@@ -416,6 +438,7 @@ def summarize_route(route: Route, measured: Sequence[RunRecord], ar: Route | Non
     tokens = sum(r.stats.new_tokens for r in runs)
     iterations = sum(r.stats.iterations for r in runs)
     verifier = sum(r.stats.verifier_calls for r in runs)
+    passes = sum(r.stats.forward_passes for r in runs)
     tok_s = [r.stats.decode_tokens_per_s for r in runs]
     per_prompt = {}
     for i in sorted({r.prompt_index for r in runs}):
@@ -454,6 +477,8 @@ def summarize_route(route: Route, measured: Sequence[RunRecord], ar: Route | Non
         "speedup_vs_ar": speedup,
         "tokens_per_iteration": tokens / iterations if iterations else None,
         "verifier_call_rate": verifier / iterations if iterations else None,
+        "forward_passes": passes,
+        "tokens_per_forward": tokens / passes if passes else None,
         "prefill_s": _med([r.stats.prefill_s for r in runs]),
         "accepted_histogram": {str(k): hist[k] for k in sorted(hist)},
         "avg_power_w": _med([w.avg_power_w for w in windows]),

@@ -12,7 +12,13 @@ import json
 import os
 from pathlib import Path
 
-FILES = ("bench.json", "bench.md", "tok_s.png", "power.png", "tokens_per_iteration.png")
+FILES = ("bench.json", "bench.md", "bench.csv", "tok_s.png", "power.png", "tokens_per_iteration.png")
+
+# bench.csv: one row per route, the numbers of bench.md unformatted (for spreadsheets and pandas).
+CSV_COLUMNS = ("name", "policy", "tau", "min_prefix", "runs", "new_tokens", "decode_tok_s", "decode_tok_s_min",
+               "decode_tok_s_max", "speedup_vs_ar", "tokens_per_iteration", "verifier_call_rate", "prefill_s",
+               "avg_power_w", "peak_power_w", "energy_j", "j_per_token", "tokens_per_joule", "max_temp_c",
+               "avg_gpu_load_pct", "peak_ram_used_mb", "peak_gpu_mem_used_mb", "peak_torch_mb", "peak_rss_mb")
 
 
 class ReportError(OSError):
@@ -20,7 +26,7 @@ class ReportError(OSError):
 
 
 def write_report(report: dict, out_dir: str | os.PathLike) -> list[Path]:
-    """Write bench.json, bench.md and the PNG plots into ``out_dir``; returns the paths."""
+    """Write bench.json, bench.md, bench.csv and the PNG plots into ``out_dir``; returns the paths."""
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -29,10 +35,22 @@ def write_report(report: dict, out_dir: str | os.PathLike) -> list[Path]:
     paths = [out / name for name in FILES]
     paths[0].write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
     paths[1].write_text(render_markdown(report))
-    plot_tok_s(report, paths[2])
-    plot_power(report, paths[3])
-    plot_tokens_per_iteration(report, paths[4])
+    write_csv(report, paths[2])
+    plot_tok_s(report, paths[3])
+    plot_power(report, paths[4])
+    plot_tokens_per_iteration(report, paths[5])
     return paths
+
+
+def write_csv(report: dict, path: Path) -> None:
+    import csv
+
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*CSV_COLUMNS, "partial"])
+        for route in report["routes"]:
+            writer.writerow([*("" if route.get(c) is None else route.get(c) for c in CSV_COLUMNS),
+                             bool(report.get("partial"))])
 
 
 def _fmt(v, spec: str = ".1f", none: str = "–") -> str:
@@ -59,10 +77,10 @@ def _mem(route: dict) -> str:
     return ", ".join(parts) or "–"
 
 
-TABLE_COLUMNS = ("route", "decode tok/s", "speedup vs AR", "tokens/iter", "verifier-call rate", "avg power W",
+TABLE_COLUMNS = ("route", "decode tok/s", "speedup vs AR", "tokens/iter", "tokens/forward", "verifier-call rate", "avg power W",
                  "J/token", "peak temp °C", "GPU MHz", "CPU MHz", "mem MB")
 # The same columns, short enough for an 80-column terminal.
-TERMINAL_COLUMNS = ("route", "tok/s", "×AR", "tok/it", "verify", "W", "J/tok", "°C", "GPU MHz", "CPU MHz", "mem MB")
+TERMINAL_COLUMNS = ("route", "tok/s", "×AR", "tok/it", "tok/fw", "verify", "W", "J/tok", "°C", "GPU MHz", "CPU MHz", "mem MB")
 
 
 def table_rows(report: dict) -> list[list[str]]:
@@ -70,7 +88,8 @@ def table_rows(report: dict) -> list[list[str]]:
     for r in report["routes"]:
         rows.append([
             r["name"], _fmt(r["decode_tok_s"]), _fmt(r["speedup_vs_ar"], ".2f") if r["speedup_vs_ar"] else "–",
-            _fmt(r["tokens_per_iteration"], ".2f"), _fmt(r["verifier_call_rate"], ".2f"),
+            _fmt(r["tokens_per_iteration"], ".2f"), _fmt(r.get("tokens_per_forward"), ".2f"),
+            _fmt(r["verifier_call_rate"], ".2f"),
             _fmt(r["avg_power_w"]), _fmt(r["j_per_token"], ".3g"), _fmt(r["max_temp_c"], ".0f"),
             _clock(r, "gpu"), _clock(r, "cpu"), _mem(r),
         ])
@@ -116,7 +135,7 @@ def render_markdown(report: dict) -> str:
     git_s = "not a git checkout" if git is None else f"`{git['commit'][:12]}`" + (" (uncommitted changes)" if git["dirty"] else "")
     mtp = f"D={a['block_size']}, τ={a['tau']}, m={a['min_prefix']}" if a["block_size"] else "AR-only"
     lines = [
-        f"# bitmtp bench — {report['device']}",
+        f"# bitmtp bench — {report['device']}" + (" (PARTIAL: interrupted)" if report.get("partial") else ""),
         "",
         "| | |",
         "|---|---|",
@@ -134,7 +153,8 @@ def render_markdown(report: dict) -> str:
         "",
         *markdown_table(report),
     ]
-    lines += ["", ("Decode tok/s: median over runs; tokens/iter and verifier-call rate: pooled over runs; "
+    lines += ["", ("Decode tok/s: median over runs; tokens/iter, tokens/forward (committed tokens per decode "
+                   "forward pass: draft, verify and AR steps) and verifier-call rate: pooled over runs; "
                    "speedup: median over prompts of the per-prompt ratio to AR; power and J/token: decode window "
                    "only (after prefill), medians over runs."), ""]
     lines += _energy_table(report)

@@ -19,10 +19,11 @@ from pathlib import Path
 import click
 
 from ..runtime.policies import POLICIES
-from .bench import MONITOR_CHOICES
 
-# Copies of engine.BACKENDS and RuntimeOptions.PRESETS, so that building the options does
-# not import torch; tests/test_cli.py checks that they agree.
+# Copies of engine.BACKENDS, RuntimeOptions.PRESETS and bench.MONITOR_CHOICES, so that building
+# the options imports neither torch nor the bench (``--help`` stays fast); tests/test_cli.py and
+# tests/test_cli_inputs.py check that they agree.
+MONITOR_CHOICES = ("auto", "tegrastats", "jtop", "nvml", "psutil", "none")
 BACKEND_NAMES = ("auto", "reference", "ampere", "server")
 RUNTIME_NAMES = ("generic", "m1", "m1+m2", "full")
 ARGV_KEY = "bitmtp.argv"
@@ -76,6 +77,22 @@ def _load_engine(artifact, backend, device, runtime: str = "full"):
     return eng
 
 
+def policy_for(eng, policy: str | None) -> str:
+    """The policy ``generate``, ``chat`` and ``serve`` run, one rule for all three: left out, it
+    is the best the model supports (hybrid; ar for an AR-only model, said in one line); an MTP
+    policy asked for by name on an AR-only model is refused before anything runs, never
+    silently replaced by another (a user comparing policies must not get ar numbers)."""
+    if eng.manifest.mtp is not None:
+        return policy or "hybrid"
+    if policy is None:
+        click.echo(f"note: {eng.path} is AR-only (no MTP block): decoding with policy ar", err=True)
+        return "ar"
+    if policy != "ar":
+        raise click.ClickException(f"--policy {policy}: {eng.path} is AR-only (no MTP block); "
+                                   "use --policy ar or leave --policy out")
+    return policy
+
+
 artifact_option = click.option("--artifact", "-a", type=click.Path(file_okay=False), default=None,
                                help="Artifact folder from bitmtp-export (default: the embedded model).")
 backend_option = click.option("--backend", type=click.Choice(BACKEND_NAMES), default="auto", show_default=True)
@@ -89,7 +106,8 @@ m_help = "Hybrid: commit without verifying when h ≥ m [default: the model's]."
 def decoding_options(command):
     """--policy, --max-new-tokens, --tau, --min-prefix and sampling: one decode's settings (generate, chat)."""
     for option in reversed((
-        click.option("--policy", type=click.Choice(POLICIES), default="hybrid", show_default=True),
+        click.option("--policy", type=click.Choice(POLICIES), default=None,
+                     help="Decoding policy [default: hybrid, or ar for an AR-only model]."),
         click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True),
         click.option("--tau", type=click.FloatRange(0, 1, min_open=True), default=None, help=tau_help),
         click.option("--min-prefix", "-m", type=click.IntRange(min=1), default=None, help=m_help),
@@ -127,6 +145,7 @@ def generate(prompt, artifact, backend, device, policy, max_new_tokens, tau, min
     from ..runtime.decoding import DecodingError
 
     eng = _load_engine(artifact, backend, device)
+    policy = policy_for(eng, policy)
     try:
         res = eng.generate(prompt, max_new_tokens=max_new_tokens, policy=policy, tau=tau,
                            min_prefix=min_prefix, stop=list(stop) or None,
@@ -139,7 +158,8 @@ def generate(prompt, artifact, backend, device, policy, max_new_tokens, tau, min
     click.echo(prompt + res.text)
     s = res.stats
     click.echo(f"\n[{policy}] {s.new_tokens} tokens, {s.decode_tokens_per_s:.1f} tok/s, "
-               f"{s.tokens_per_iteration:.2f} tokens/iteration, {s.verifier_calls} verifier calls", err=True)
+               f"{s.tokens_per_iteration:.2f} tokens/iteration, {s.verifier_calls} verifier calls, "
+               f"stopped: {s.finish_reason}", err=True)
 
 
 @main.command()
@@ -183,8 +203,7 @@ def chat(ctx, artifact, backend, device, policy, max_new_tokens, tau, min_prefix
     from ..runtime.decoding import DecodingError
 
     eng = _load_engine(artifact, backend, device)
-    if eng.manifest.mtp is None and ctx.get_parameter_source("policy") == click.core.ParameterSource.DEFAULT:
-        policy = "ar"
+    policy = policy_for(eng, policy)
     try:
         session = ChatSession(eng, policy=policy, max_new_tokens=max_new_tokens, tau=tau, min_prefix=min_prefix,
                               sampling=_sampling(temperature, top_p, top_k, seed),
@@ -227,8 +246,8 @@ def _parse_policies(ctx, param, value):
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
               help="JSONL workload, one {\"prompt\": ...} per line [default: the held-out prompts beside the "
                    "artifact (prompts.jsonl), else built-in code prompts].")
-@click.option("--num-prompts", type=click.IntRange(min=0), default=8, show_default=True,
-              help="Use the first N prompts (0: all).")
+@click.option("--num-prompts", type=click.IntRange(min=0), default=None,
+              help="Use the first N prompts (0: all) [default: 8; 2 on a CPU].")
 @click.option("--policies", callback=_parse_policies, default=None, metavar="LIST",
               help=f"Comma-separated routes from {','.join(POLICIES)} [default: all the model supports]. "
                    "Put ar in for speedups.")
@@ -237,11 +256,12 @@ def _parse_policies(ctx, param, value):
 @click.option("--min-prefix", "-m", multiple=True, type=click.IntRange(min=1), help=m_help + " Repeat to sweep.")
 @click.option("--block-size", "-D", type=click.IntRange(min=2), default=None,
               help="Must be the D the model was trained for [default: the artifact's].")
-@click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=None,
+              help="[default: 128; 32 on a CPU].")
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
               help="Discarded runs per route (first prompt).")
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Measured runs per route and prompt (medians are reported).")
+@click.option("--repeats", type=click.IntRange(min=1), default=None,
+              help="Measured runs per route and prompt (medians are reported) [default: 3; 1 on a CPU].")
 @click.option("--ignore-eos", is_flag=True, help="Generate exactly --max-new-tokens every run (fixed lengths).")
 @click.option("--strict", is_flag=True, help="Refuse on a Jetson not at MAXN/MAXN_SUPER with locked clocks.")
 @click.option("--monitor", type=click.Choice(MONITOR_CHOICES), default="auto", show_default=True,
@@ -259,7 +279,9 @@ def bench(ctx, artifact, backend, device, runtime, prompts_file, num_prompts, po
 
     Per route: decode tok/s, tokens per iteration, verifier-call rate, speedup over AR,
     average power, energy per token (J/token), peak temperatures, clocks, memory, and
-    the board's power posture. Writes bench.json, bench.md and PNG plots to --out.
+    the board's power posture. Writes bench.json, bench.md, bench.csv and PNG plots to --out.
+    On a CPU the defaults are smaller (a few minutes, not hours). Ctrl-C stops early and
+    still writes what was measured, marked partial.
     """
     from . import bench as B
     from .bench_report import ReportError, write_report
@@ -270,8 +292,6 @@ def bench(ctx, artifact, backend, device, runtime, prompts_file, num_prompts, po
 
     try:
         prompts = B.load_prompts(prompts_file) if prompts_file else None
-        config = B.BenchConfig(max_new_tokens=max_new_tokens, warmup=warmup, repeats=repeats, ignore_eos=ignore_eos,
-                               strict=strict, monitor=monitor, interval_s=interval_ms / 1000)
     except B.BenchError as e:
         raise click.ClickException(str(e)) from None
     try:
@@ -282,6 +302,18 @@ def bench(ctx, artifact, backend, device, runtime, prompts_file, num_prompts, po
         click.echo("note: not a Jetson: power-mode and clock checks skipped", err=True)
 
     eng = _load_engine(artifact, backend, device, runtime)
+    sizes = B.CPU_DEFAULTS if eng.device.type == "cpu" else B.GPU_DEFAULTS
+    num_prompts = sizes["num_prompts"] if num_prompts is None else num_prompts
+    max_new_tokens = sizes["max_new_tokens"] if max_new_tokens is None else max_new_tokens
+    repeats = sizes["repeats"] if repeats is None else repeats
+    if eng.device.type == "cpu" and not quiet:
+        click.echo(f"note: CPU defaults: {num_prompts} prompts, {max_new_tokens} new tokens, {repeats} repeat(s) "
+                   "(--num-prompts, --max-new-tokens, --repeats for more)", err=True)
+    try:
+        config = B.BenchConfig(max_new_tokens=max_new_tokens, warmup=warmup, repeats=repeats, ignore_eos=ignore_eos,
+                               strict=strict, monitor=monitor, interval_s=interval_ms / 1000)
+    except B.BenchError as e:
+        raise click.ClickException(str(e)) from None
     if block_size is not None and block_size != eng.block_size:
         have = f"D={eng.block_size}" if eng.block_size else "no MTP block (AR-only)"
         raise click.ClickException(f"--block-size {block_size}: {eng.path} was trained with {have}; "
@@ -309,10 +341,14 @@ def bench(ctx, artifact, backend, device, runtime, prompts_file, num_prompts, po
         raise click.ClickException(f"--monitor {monitor}: {e}; choose another --monitor (or none)") from None
     if as_json:
         click.echo(json.dumps(data, allow_nan=False))
-        return
-    if not quiet:
-        print_bench_table(data)
-    click.echo(f"wrote {', '.join(str(p) for p in paths)}", err=True)
+    else:
+        if not quiet:
+            print_bench_table(data)
+        click.echo(f"wrote {', '.join(str(p) for p in paths)}", err=True)
+    if report.partial:
+        click.echo(f"interrupted: wrote the {len(report.runs)} of {report.planned_runs} runs measured "
+                   "(marked partial)", err=True)
+        sys.exit(130)  # the shell's code for Ctrl-C
 
 
 # ----------------------------------------------------------------------------- doctor
@@ -394,7 +430,7 @@ def serve(artifact, backend, device, runtime, host, port, socket_path, policy, m
     eng = _load_engine(artifact, backend, device, runtime)
     if not no_warmup:
         warm_up(eng)
-    default_policy = policy or ("hybrid" if eng.manifest.mtp else "ar")
+    default_policy = policy_for(eng, policy)
     if port is not None:
         _serve_http(eng, host or "127.0.0.1", port, default_policy, max_new_tokens, model_name, max_queue, monitor,
                     log_level, artifact is None, t0)
@@ -410,15 +446,14 @@ def serve(artifact, backend, device, runtime, host, port, socket_path, policy, m
         return
     import signal
 
+    def _stop(signum, frame):  # systemd stops with SIGTERM: leave through the finally below
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _stop)  # before binding: no moment where the socket could be left behind
     try:
         server = UnixServer(socket_path, eng, defaults)
     except OSError as e:
         raise click.ClickException(f"--socket {socket_path}: {e}") from None
-
-    def _stop(signum, frame):  # systemd stops with SIGTERM: leave through the finally below
-        raise SystemExit(0)
-
-    signal.signal(signal.SIGTERM, _stop)
     try:
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:

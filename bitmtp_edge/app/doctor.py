@@ -111,6 +111,12 @@ def check_backend(torch) -> Check:
            "ampere": "Triton W2A8 kernels + CUDA graphs, no FP8",
            "server": "ampere + FP8 draft head (sm_89/sm_90+)"}[chosen]
     details = {"auto": chosen, "device": str(device)}
+    if chosen == "reference" and device.type == "cpu":
+        from ..runtime.engine import cpu_threads_rule
+
+        threads, rule = cpu_threads_rule()
+        details["cpu_threads"] = threads if threads is not None else torch.get_num_threads()
+        why += f"; {details['cpu_threads']} torch thread(s): {rule}"
     if chosen != "reference":  # kernel launches overlap their predecessors on sm_90+
         from kernels_ampere.common import pdl_status
 
@@ -191,7 +197,8 @@ def check_artifact(path: str | os.PathLike | None, explicit: bool) -> Check:
     """Manifest and every checksum. ``explicit``: the user named it (a failure is ``fail``);
     otherwise it is the embedded model, whose absence is only a warning."""
     try:
-        from ..format.manifest import read_manifest, verify_files
+        from ..format.manifest import WEIGHTS, read_manifest, verify_files
+        from ..format.validate import artifact_file, check_weights_header
         from ..runtime.engine import embedded_artifact_path
     except Exception as e:  # noqa: BLE001 - torch broken: reported by the torch check
         return Check("artifact", "fail", f"cannot check artifacts without torch ({e})", {"path": str(path)})
@@ -200,6 +207,7 @@ def check_artifact(path: str | os.PathLike | None, explicit: bool) -> Check:
     try:
         manifest = read_manifest(folder)
         verify_files(folder, manifest)
+        check_weights_header(manifest, artifact_file(folder, WEIGHTS))  # header only: no tensor loaded
     except Exception as e:  # noqa: BLE001 - ArtifactError carries the file and what to do
         details["error"] = str(e)
         if not explicit and not folder.exists():

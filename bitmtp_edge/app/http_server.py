@@ -158,7 +158,7 @@ class Worker:
         text = TextStream(self.engine.tokenizer, job.stop)
         started = time.monotonic()
         try:
-            chunks = self.engine.stream_ids(job.prompt_ids, stats=stats, cancelled=job.cancel.is_set, **job.decode_kw)
+            chunks = self.engine.stream_ids(job.prompt_ids, stats=stats, should_stop=job.cancel.is_set, **job.decode_kw)
             for chunk in chunks:
                 piece = text.push(chunk)
                 if piece:

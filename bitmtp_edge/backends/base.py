@@ -28,6 +28,21 @@ def check_pending(pending: list[int], block_size: int) -> None:
     assert 1 <= len(pending) <= block_size, f"{len(pending)} pending tokens for D = {block_size}"
 
 
+# The token a step reports for a row whose hidden state is not finite (NaN/Inf: corrupt
+# weights or an overflow). Graph backends compute it on the device, so the host learns of
+# it from the values it reads anyway; ``decoding.decode`` turns it into an error.
+NON_FINITE_TOKEN = -1
+
+
+def flag_non_finite(hidden: torch.Tensor, tokens: torch.Tensor, confidences: torch.Tensor | None = None) -> torch.Tensor:
+    """``tokens`` [M] with ``NON_FINITE_TOKEN`` where the row of ``hidden`` [M, H] is not
+    finite, or its ``confidences`` [M] (max-softmax: NaN as soon as one logit is) are not."""
+    ok = torch.isfinite(hidden).all(dim=-1)
+    if confidences is not None:
+        ok = ok & torch.isfinite(confidences)
+    return torch.where(ok, tokens, torch.full_like(tokens, NON_FINITE_TOKEN))
+
+
 class DraftResult:
     """d_1..d_D and their confidences (max softmax of each block row).
 

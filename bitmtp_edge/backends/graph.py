@@ -47,7 +47,7 @@ from ..runtime.kv import KVStore
 from ..runtime.masks import draft_in_place_mask, history_step_mask, prefill_mask
 from ..runtime.replay import ReplayState
 from ..runtime.sampling import filtered_probs, inverse_cdf, penalize, sample_drafts, speculative_accept, target_probs
-from .base import PREFILL_CHUNK, DraftResult, StepLog, VerifyResult, check_pending
+from .base import NON_FINITE_TOKEN, PREFILL_CHUNK, DraftResult, StepLog, VerifyResult, check_pending, flag_non_finite
 from .fast_model import FastModel
 
 
@@ -244,7 +244,8 @@ class GraphBackend:
         mask = history_step_mask(cap, self.kv.workspace, st.history_len, 1, self.device)
         x = self._forward(seg, st.ar_token, st.history_len, st.history_len, mask, 1)
         if sampled is None:
-            top, _ = self.fast.verify_top1(x)
+            top, conf = self.fast.verify_top1(x)
+            top = flag_non_finite(x, top, conf)  # read with the token: no extra sync
         else:
             si = self.sample_inputs
             temperature, top_k, top_p, rep, freq, pres = si.params
@@ -252,9 +253,10 @@ class GraphBackend:
             if sampled:
                 logits = penalize(logits, si.seen, si.generated, rep, freq, pres)
             top = inverse_cdf(filtered_probs(logits, temperature, top_k, top_p), si.u_ar)
+            top = flag_non_finite(x, top, logits.max(-1).values)
         st.history_len += 1
         st.ar_out.copy_(top)
-        st.ar_token.copy_(top)
+        st.ar_token.copy_(top.clamp_min(0))  # a flagged row must not index the embedding
 
     def _draft_body(self, seg: int, k: int, sampled: bool | None = None) -> None:
         st, d, cap = self.static, self.block_size, self.plan.segments[seg].capacity
@@ -266,17 +268,19 @@ class GraphBackend:
         x = self._forward(seg, tokens, L + st.draft_offsets[k], slots, mask, k)
         if sampled is None:
             top, conf = self.fast.draft_top1(x[k:])
+            top = flag_non_finite(x[k:], top, conf)
         else:
             si = self.sample_inputs
             top, q, conf = sample_drafts(self.fast.draft_sample_logits(x[k:]), si.seen, si.generated, si.params,
                                          si.u_draft, sampled)
             si.q.copy_(q)  # the verify compares against these very distributions
+            top = flag_non_finite(x[k:], top, conf)
         L += k
         st.readback[2:2 + d].copy_(top)
         st.readback[2 + d:].copy_(conf)
         if self.opts.hoist_verify:  # M3: the verifier's inputs are ready before the host looks
             st.verify_tokens[:1].copy_(pending[-1:])
-            st.verify_tokens[1:].copy_(top)
+            st.verify_tokens[1:].copy_(top.clamp_min(0))
 
     def _verify_body(self, seg: int, sampled: bool | None = None) -> None:
         st, d, cap = self.static, self.block_size, self.plan.segments[seg].capacity
@@ -285,16 +289,19 @@ class GraphBackend:
         positions = first + st.workspace_rows[: d + 1]
         x = self._forward(seg, st.verify_tokens, positions, positions, mask, d)
         if sampled is None:
-            greedy, _ = self.fast.verify_top1(x)  # [D + 1]
+            greedy, conf = self.fast.verify_top1(x)  # [D + 1]
+            greedy = flag_non_finite(x, greedy, conf)
             accepted, verifier = accept_on_device(st.verify_tokens, greedy)
         else:
             si, drafts = self.sample_inputs, st.verify_tokens[1:]
             p = target_probs(self.fast.verify_sample_logits(x), drafts, si.seen, si.generated, si.params, sampled)
             accepted, verifier = speculative_accept(p, si.q, drafts, si.u_verify[:d], si.u_verify[d:])
+            finite = torch.isfinite(x).all() & torch.isfinite(p).all()  # NaN anywhere: flag the commit
+            verifier = torch.where(finite, verifier, torch.full_like(verifier, NON_FINITE_TOKEN))
         st.history_len += accepted  # d_1..d_a are already at their slots
         st.readback[0:1].copy_(accepted)
         st.readback[1:2].copy_(verifier)
-        st.pending[:1].copy_(verifier)
+        st.pending[:1].copy_(verifier.clamp_min(0))
 
     def _body(self, state: ReplayState, sampled: bool | None = None):
         d = self.block_size or 0
@@ -453,7 +460,7 @@ class GraphBackend:
     def verify_step(self, anchor: int, draft: DraftResult, sampler=None) -> VerifyResult:
         d, st = self.block_size, self.static
         if not self.opts.hoist_verify:  # Generic: prepare the verifier's inputs after the branch
-            self._upload(st.verify_tokens, [anchor] + list(draft.tokens))
+            self._upload(st.verify_tokens, [anchor] + [max(t, 0) for t in draft.tokens])
         sampled = self._stage(sampler, "u_verify")
         self._replay(ReplayState(d + 1, self.kv.segment, "verify"), sampled)
         values = self._slice_out(st.readback)  # a, v, drafts, confidences: one transfer

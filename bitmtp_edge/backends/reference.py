@@ -16,7 +16,7 @@ from ..runtime.kv import KVStore, KVView
 from ..runtime.masks import draft_in_place_mask, history_step_mask, prefill_mask
 from ..runtime.model import TernaryLM
 from ..runtime.replay import ReplayState
-from .base import PREFILL_CHUNK, DraftResult, StepLog, VerifyResult, check_pending
+from .base import NON_FINITE_TOKEN, PREFILL_CHUNK, DraftResult, StepLog, VerifyResult, check_pending, flag_non_finite
 
 
 class ReferenceBackend:
@@ -78,8 +78,11 @@ class ReferenceBackend:
         self._record(1, "verify")
         self.kv.advance(1)  # the row sits at its own slot: materialising = moving L
         self.log.host_syncs += 1
+        if sampler is None:
+            return int(self._greedy(hidden)[0])
         logits = self.model.verify_logits(hidden)  # [1, V]
-        return int(logits.argmax(-1)[0]) if sampler is None else sampler.next_token(logits)
+        token = torch.tensor([sampler.next_token(logits)], device=self.device)
+        return int(flag_non_finite(hidden, token, logits.max(-1).values)[0])
 
     def draft_step(self, pending: list[int], block_size: int, sampler=None) -> DraftResult:
         if self.mask_token_id is None:
@@ -102,8 +105,10 @@ class ReferenceBackend:
         self.log.host_syncs += 1
         if sampler is not None:
             drafts, q, conf = sampler.draft(logits)
+            drafts = flag_non_finite(hidden[k:], drafts, logits.max(-1).values)
             return DraftResult(drafts.tolist(), conf.tolist(), probs=q)
         conf, top = torch.softmax(logits, dim=-1).max(dim=-1)
+        top = flag_non_finite(hidden[k:], top, conf)
         return DraftResult(top.tolist(), conf.tolist())
 
     def verify_step(self, anchor: int, draft: DraftResult, sampler=None) -> VerifyResult:
@@ -119,20 +124,29 @@ class ReferenceBackend:
         kv = self.kv.view()  # the draft step reserved the slots of d_1..d_D
         mask = history_step_mask(kv.capacity, kv.workspace, first, width, self.device)
         slots = torch.arange(first, first + width, device=self.device)
-        hidden = self._run(kv, [anchor] + drafts, list(range(first, first + width)), mask, slots)
+        hidden = self._run(kv, [anchor] + [max(t, 0) for t in drafts], list(range(first, first + width)), mask, slots)
         self._record(width, "verify")
         self.log.host_syncs += 1
-        logits = self.model.verify_logits(hidden)  # [D + 1, V]
         if sampler is not None:
             if draft.probs is None:
                 raise RuntimeError("a sampled verify needs the draft distributions; draft with the same sampler")
+            logits = self.model.verify_logits(hidden)  # [D + 1, V]
             a, v = sampler.verify(logits, torch.tensor(drafts, device=self.device), draft.probs)
+            if not bool(torch.isfinite(logits[: a + 1]).all()):  # NaN rows: flag the commit, as greedy does
+                v = NON_FINITE_TOKEN
             self.kv.advance(a)
             return VerifyResult(a, v)
-        greedy = logits.argmax(-1).tolist()
+        greedy = self._greedy(hidden).tolist()
         a = accepted_prefix(drafts, greedy)
         self.kv.advance(a)  # promote d_1..d_a
         return VerifyResult(a, greedy[a])
+
+    def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Greedy tokens of the verify head; ``NON_FINITE_TOKEN`` where a row is NaN/Inf
+        (argmax over NaN logits would pick token 0 and decode garbage silently)."""
+        logits = self.model.verify_logits(hidden)
+        top_value, top = logits.max(-1)  # max propagates NaN: one NaN logit flags its row
+        return flag_non_finite(hidden, top, top_value)
 
     @torch.no_grad()
     def logits(self, token_ids: torch.Tensor) -> torch.Tensor:

@@ -76,6 +76,8 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = MANIFEST) -> "Manifest":
+        if not isinstance(d, dict):
+            raise ArtifactError(f"{where}: holds a JSON {type(d).__name__}, not the manifest's object; re-export the artifact")
         if d.get("format") != FORMAT_NAME:
             raise ArtifactError(f"{where}: not a BitMTP artifact manifest (format={d.get('format')!r})")
         version = d.get("format_version")
@@ -104,7 +106,12 @@ class Manifest:
             raise ArtifactError(f"{where}: missing key {e}; the file is incomplete or hand-edited") from None
         except ConfigError as e:
             raise ArtifactError(f"{where}: {e}") from None
-        expected = step_widths(manifest.mtp.block_size if manifest.mtp else None)
+        except (TypeError, ValueError, AttributeError) as e:  # a section of the wrong JSON type
+            raise ArtifactError(f"{where}: malformed ({e}); the file is hand-edited or corrupt, re-export the artifact") from None
+        block_size = manifest.mtp.block_size if manifest.mtp else None
+        if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int)):
+            raise ArtifactError(f"{where}: mtp.block_size must be an integer, got {block_size!r}; re-export the artifact")
+        expected = step_widths(block_size)
         if manifest.widths != expected:
             raise ArtifactError(f"{where}: widths {manifest.widths} do not match the MTP block (expected {expected}); "
                                 "the file was hand-edited: re-export the artifact")
@@ -112,10 +119,11 @@ class Manifest:
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """The sha256 of a regular file, read no further than its size (never blocks on a FIFO)."""
+    from .validate import read_regular
+
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
+    read_regular(Path(path), h.update, chunk)
     return h.hexdigest()
 
 
@@ -186,19 +194,30 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
         raise ArtifactError(f"{folder}: no such artifact folder; export one with `bitmtp-export CKPT {folder}`")
     if not mf.is_file():
         raise ArtifactError(f"{mf}: missing; {folder} is not an artifact (export one with bitmtp-export)")
+    from .validate import MAX_MANIFEST_BYTES, check_manifest, read_regular
+
+    raw = bytearray()
+    read_regular(mf, raw.extend, limit=MAX_MANIFEST_BYTES)
     try:
-        data = json.loads(mf.read_text())
+        data = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ArtifactError(f"{mf}: not valid JSON ({e}); re-export the artifact") from None
-    return Manifest.from_dict(data, where=str(mf))
+    except RecursionError:
+        raise ArtifactError(f"{mf}: nested too deeply to be a manifest; re-export the artifact") from None
+    manifest = Manifest.from_dict(data, where=str(mf))
+    try:
+        check_manifest(manifest)
+    except ArtifactError as e:  # its messages start "manifest.json: ": say which folder's
+        raise ArtifactError(f"{folder}{os.sep}{e}") from None
+    return manifest
 
 
 def verify_files(folder: Path, manifest: Manifest) -> None:
     """Check that every file the manifest lists exists and matches its sha256."""
+    from .validate import artifact_file
+
     for name, digest in manifest.files.items():
-        p = folder / name
-        if not p.is_file():
-            raise ArtifactError(f"{p}: listed in the manifest but missing; copy the whole artifact folder")
+        p = artifact_file(folder, name)  # a plain name, a regular file inside the folder
         if sha256_file(p) != digest:
             raise ArtifactError(f"{p}: sha256 mismatch (the file is corrupt or was modified); re-export or re-copy it")
     if WEIGHTS not in manifest.files:
@@ -211,7 +230,9 @@ def load_tensors(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    p = folder / WEIGHTS
+    from .validate import artifact_file
+
+    p = artifact_file(folder, WEIGHTS)
     try:
         return load_file(str(p))
     except (SafetensorError, OSError, ValueError) as e:

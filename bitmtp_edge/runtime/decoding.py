@@ -21,11 +21,13 @@ The same loop drives every backend.
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from ..backends.base import Backend
+from ..backends.base import NON_FINITE_TOKEN, Backend
 from ..format.config import DEFAULT_MIN_PREFIX, DEFAULT_TAU, MTPConfig
 from .decoding_rules import accepted_prefix, confident_prefix  # noqa: F401  (re-exported)
 from .policies import POLICIES
@@ -36,6 +38,11 @@ class DecodingError(ValueError):
     """A generation request that cannot be served (bad policy, block size, prompt...)."""
 
 
+class NonFiniteError(DecodingError):
+    """A step produced NaN/Inf hidden states or logits; generation stopped rather than
+    emitting the garbage an argmax over NaN would pick."""
+
+
 @dataclass(frozen=True)
 class DecodeOptions:
     policy: str
@@ -44,11 +51,15 @@ class DecodeOptions:
     tau: float = DEFAULT_TAU
     min_prefix: int = DEFAULT_MIN_PREFIX
     stop_token_ids: frozenset[int] = frozenset()
+    # Polled once per iteration (before each step): True ends the generation with
+    # finish_reason "cancelled" (a server's client went away). Must be cheap, never block.
+    should_stop: Callable[[], bool] | None = field(default=None, compare=False)
     sampling: SamplingParams | None = None  # None or plain greedy: argmax, the original path
 
     @classmethod
     def for_model(cls, mtp: MTPConfig | None, policy: str, max_new_tokens: int, *, tau: float | None = None,
                   min_prefix: int | None = None, stop_token_ids: frozenset[int] = frozenset(),
+                  should_stop: Callable[[], bool] | None = None,
                   sampling: SamplingParams | None = None) -> "DecodeOptions":
         """The options for a model with this MTP block (None: AR-only): τ and m default to the
         model's, the block size is the model's D."""
@@ -57,12 +68,20 @@ class DecodeOptions:
             block_size=mtp.block_size if mtp else None,
             tau=tau if tau is not None else (mtp.tau if mtp else DEFAULT_TAU),
             min_prefix=min_prefix if min_prefix is not None else (mtp.min_prefix if mtp else 1),
-            stop_token_ids=stop_token_ids, sampling=sampling,
+            stop_token_ids=stop_token_ids, should_stop=should_stop, sampling=sampling,
         )
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
+        if not isinstance(self.policy, str) or self.policy not in POLICIES:
             raise DecodingError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        _check_int("max_new_tokens", self.max_new_tokens)
+        _check_int("min_prefix", self.min_prefix)
+        if self.block_size is not None:
+            _check_int("block_size", self.block_size)
+        if isinstance(self.tau, bool) or not isinstance(self.tau, numbers.Real) or not math.isfinite(self.tau):
+            raise DecodingError(f"tau must be a number in (0, 1], got {self.tau!r} ({type(self.tau).__name__})")
+        if self.should_stop is not None and not callable(self.should_stop):
+            raise DecodingError(f"should_stop must be a callable returning bool, got {type(self.should_stop).__name__}")
         if self.max_new_tokens < 1:
             raise DecodingError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
         if self.policy != "ar" and self.block_size is None:
@@ -73,6 +92,12 @@ class DecodeOptions:
             raise DecodingError(f"min_prefix must be in 1..{self.block_size}, got {self.min_prefix}")
 
 
+def _check_int(name: str, value) -> None:
+    # bool is an int in Python, and 2.5 or "3" would only fail deep inside a step.
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise DecodingError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+
+
 @dataclass
 class DecodeStats:
     prompt_tokens: int = 0
@@ -80,6 +105,7 @@ class DecodeStats:
     iterations: int = 0
     verifier_calls: int = 0
     draft_calls: int = 0
+    forward_passes: int = 0  # every draft, verify and AR step the backend ran (prefill excluded)
     accepted_histogram: dict[int, int] = field(default_factory=dict)
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -100,12 +126,18 @@ class DecodeStats:
     def verifier_call_rate(self) -> float:
         return self.verifier_calls / self.iterations if self.iterations else 0.0
 
+    @property
+    def tokens_per_forward(self) -> float:
+        """Committed tokens per decode forward pass: what an iteration's extra passes cost."""
+        return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
+
     def to_dict(self) -> dict:
         return {
             "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
             "iterations": self.iterations, "tokens_per_iteration": self.tokens_per_iteration,
             "decode_tokens_per_s": self.decode_tokens_per_s, "verifier_calls": self.verifier_calls,
             "verifier_call_rate": self.verifier_call_rate, "draft_calls": self.draft_calls,
+            "forward_passes": self.forward_passes, "tokens_per_forward": self.tokens_per_forward,
             "accepted_histogram": {str(k): v for k, v in sorted(self.accepted_histogram.items())},
             "prefill_s": self.prefill_s, "decode_s": self.decode_s, "host_syncs": self.host_syncs,
             "segment_growths": self.segment_growths, "finish_reason": self.finish_reason,
@@ -128,12 +160,13 @@ def check_prompt_fits(prompt_tokens: int, opts: DecodeOptions, max_context: int)
 
 
 def decode(backend: Backend, prompt_ids: list[int], opts: DecodeOptions, stats: DecodeStats,
-           check_alignment: bool = True, cancelled: Callable[[], bool] | None = None) -> Iterator[list[int]]:
+           check_alignment: bool = True) -> Iterator[list[int]]:
     """Generate after ``prompt_ids``; yield each iteration's committed tokens.
 
     Stops at a stop token (it and anything after it in the block are dropped), at
-    ``max_new_tokens``, when the largest KV segment is full, or (finish reason
-    ``cancelled``) when ``cancelled()`` turns true, checked before every iteration.
+    ``max_new_tokens``, when the largest KV segment is full, or when ``opts.should_stop()``
+    says so (``finish_reason``: stop, length, context_full, cancelled). Raises
+    ``NonFiniteError`` when a step's hidden states or logits are NaN/Inf.
     """
     reserve = check_prompt_fits(len(prompt_ids), opts, backend.max_context)
     sampler = None
@@ -150,16 +183,22 @@ def decode(backend: Backend, prompt_ids: list[int], opts: DecodeOptions, stats: 
     t_start = time.perf_counter()
     try:
         while True:
-            if cancelled is not None and cancelled():
-                stats.finish_reason = "cancelled"
-                return
             if backend.history_length + len(pending) + reserve > backend.max_context:
                 stats.finish_reason = "context_full"
+                return
+            if opts.should_stop is not None and opts.should_stop():
+                stats.finish_reason = "cancelled"
                 return
             committed, pending = _iterate(backend, pending, opts, stats, sampler)
             stats.iterations += 1
             if sampler is not None:
                 sampler.commit(committed)
+            if NON_FINITE_TOKEN in committed:
+                stats.finish_reason = "non_finite"
+                raise NonFiniteError(
+                    f"step {stats.iterations} produced NaN/Inf hidden states or logits after {produced} new "
+                    "token(s); generation stopped. The weights are corrupt or overflow in this dtype: check "
+                    "the artifact with `bitmtp doctor -a ARTIFACT`, re-export it, or try --backend reference")
             stop_at = next((i for i, t in enumerate(committed) if t in opts.stop_token_ids), None)
             chunk = committed if stop_at is None else committed[:stop_at]
             chunk = chunk[: opts.max_new_tokens - produced]
@@ -193,18 +232,30 @@ def _iterate(backend: Backend, pending: list[int], opts: DecodeOptions, stats: D
     if opts.policy == "ar":
         nxt = backend.ar_step(pending[-1], *extra)  # AR always holds exactly one pending token
         stats.verifier_calls += 1
+        stats.forward_passes += 1
         return [nxt], [nxt]
     draft = backend.draft_step(pending, opts.block_size, *extra)
     stats.draft_calls += 1
+    stats.forward_passes += 1
     if opts.policy in ("confidence", "hybrid"):  # speculative never reads h: no host sync here
         h = confident_prefix(draft.confidences, opts.tau)
         if opts.policy == "confidence" or h >= opts.min_prefix:
             n = max(h, 1)
-            return draft.tokens[:n], draft.tokens[:n]
+            return _flag_confidences(draft, draft.tokens[:n]), draft.tokens[:n]
     verified = backend.verify_step(pending[-1], draft, *extra)
     stats.verifier_calls += 1
+    stats.forward_passes += 1
     a, v = verified.accepted, verified.verifier_token
-    return list(draft.tokens[:a]) + [v], [v]
+    # The drafts' confidences came back with the verify outputs: checking them costs nothing.
+    return _flag_confidences(draft, list(draft.tokens[:a]) + [v]), [v]
+
+
+def _flag_confidences(draft, committed: list[int]) -> list[int]:
+    """NaN/Inf draft confidences (logits overflowing although the hidden rows are finite)
+    flag the commit like a non-finite row does."""
+    if all(math.isfinite(c) for c in draft.confidences):
+        return committed
+    return committed + [NON_FINITE_TOKEN]
 
 
 def _check_alignment(backend: Backend, prompt_ids, produced, chunk, committed, pending) -> None:

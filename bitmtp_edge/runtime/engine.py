@@ -4,16 +4,15 @@
     eng = Engine.load("OUT/", backend="reference", device="cpu")
     res = eng.generate("def add(a, b):", max_new_tokens=128, policy="hybrid")
     res.text, res.token_ids, res.stats
-    eng.generate("def add(a, b):", temperature=0.8, top_p=0.95, seed=7)  # sampled, reproducible
-    eng.chat([{"role": "user", "content": "hi"}])  # models with a chat template
 """
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -22,9 +21,10 @@ from ..backends.fp8_head import fp8_supported
 from ..backends.graph import GraphBackend, RuntimeOptions
 from ..backends.ops import kernel_ops, kernel_ops_available
 from ..backends.reference import ReferenceBackend
-from ..format.manifest import ArtifactError, Manifest, load_tensors, read_manifest, verify_files
-from .chat_template import ChatTemplate, ChatTemplateError, load_chat_template
+from ..format.manifest import WEIGHTS, ArtifactError, Manifest, load_tensors, read_manifest, verify_files
+from ..format.validate import artifact_file, check_finite, check_kv_fits, check_weights_header
 from .decoding import DecodeOptions, DecodeStats, DecodingError, check_prompt_fits, decode
+from .chat_template import ChatTemplate, ChatTemplateError, load_chat_template
 from .detokenize import TextStream
 from .load import build_model
 from .sampling import SamplingParams
@@ -75,19 +75,31 @@ class Engine:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         dev = _resolve_device(device)
+        chosen = choose_backend(backend, dev)
+        opts = runtime if isinstance(runtime, RuntimeOptions) else RuntimeOptions.preset(runtime)
+        # Untrusted input: every size is checked (manifest, then against the safetensors
+        # header) before anything is allocated from it; see format/validate.py.
         manifest = read_manifest(folder)
         verify_files(folder, manifest)
+        check_weights_header(manifest, artifact_file(folder, WEIGHTS))
+        if chosen == "reference" and dtype is None:
+            dtype = torch.float64 if dev.type == "cpu" else torch.float32
+        kv_dtype = dtype if chosen == "reference" else opts.kv_dtype
+        check_kv_fits(manifest, torch.empty(0, dtype=kv_dtype).element_size(), dev)
         tensors = load_tensors(folder)
+        check_finite(tensors)
         tokenizer = _load_tokenizer(folder)
-        chosen = choose_backend(backend, dev)
         mask_id = manifest.mtp.mask_token_id if manifest.mtp else None
         if chosen == "reference":
-            if dtype is None:
-                dtype = torch.float64 if dev.type == "cpu" else torch.float32
-            model = build_model(manifest, tensors, dtype, dev)
+            threads = choose_cpu_threads() if dev.type == "cpu" else None
+            if threads is not None:
+                torch.set_num_threads(threads)
+            try:
+                model = build_model(manifest, tensors, dtype, dev)
+            except (ValueError, RuntimeError) as e:  # e.g. a code the packing never writes
+                raise ArtifactError(f"{folder / WEIGHTS}: cannot build the model ({e}); re-export the artifact") from None
             runtime_backend = ReferenceBackend(model, manifest.kv, mask_id, dtype, dev)
         else:
-            opts = runtime if isinstance(runtime, RuntimeOptions) else RuntimeOptions.preset(runtime)
             fast = FastModel(manifest, tensors, kernel_ops(specialize_widths=opts.specialize), dev,
                              draft_head="fp8" if chosen == "server" else "int8")
             runtime_backend = GraphBackend(fast, manifest.kv, mask_id, manifest.mtp.block_size if manifest.mtp else None,
@@ -105,6 +117,13 @@ class Engine:
 
     # -- generation ------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"encode() takes text (str), got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # lone surrogates, e.g. from non-UTF-8 argv bytes
+            raise DecodingError(f"the prompt is not valid Unicode text (character {e.start}: {text[e.start]!r} "
+                                "is a lone surrogate, often from non-UTF-8 input); pass UTF-8 text") from None
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode_ids(self, ids: Sequence[int]) -> str:
@@ -130,12 +149,13 @@ class Engine:
                       sampling: SamplingParams | None = None) -> DecodeOptions:
         """Everything a generation would refuse, checked up front (a server answers 400
         before queueing): policy, τ, m, max_new_tokens, token ids, prompt length."""
-        opts = self._options(policy, max_new_tokens, None, tau, min_prefix, sampling)
+        opts = self._options(policy, max_new_tokens, None, tau, min_prefix, sampling=sampling)
         ids = self._prompt_ids(list(prompt_ids))
         check_prompt_fits(len(ids), opts, self.backend.max_context)
         return opts
 
-    def _options(self, policy, max_new_tokens, block_size, tau, min_prefix, sampling=None) -> DecodeOptions:
+    def _options(self, policy, max_new_tokens, block_size, tau, min_prefix, should_stop=None,
+                 sampling=None) -> DecodeOptions:
         mtp = self.manifest.mtp
         if policy != "ar" and mtp is None:
             raise DecodingError(f"policy {policy!r} needs an MTP-trained model; {self.path} is AR-only, use policy='ar'")
@@ -145,14 +165,32 @@ class Engine:
         if block_size is not None and mtp is None and policy == "ar":
             raise DecodingError(f"block_size={block_size}: {self.path} is AR-only and has no MTP block")
         return DecodeOptions.for_model(mtp, policy, max_new_tokens, tau=tau, min_prefix=min_prefix,
-                                       stop_token_ids=self.eos_token_ids, sampling=sampling)
+                                       stop_token_ids=self.eos_token_ids, should_stop=should_stop,
+                                       sampling=sampling)
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, (bytes, bytearray, memoryview)):
+            raise TypeError("the prompt is bytes; pass text (decode it: prompt.decode('utf-8')) or a list of token ids")
         if isinstance(prompt, str):
             if not prompt:
                 raise DecodingError("the prompt is empty; give some text or token ids")
-            return self.encode(prompt)
-        ids = [int(t) for t in prompt]
+            ids = self.encode(prompt)
+            if not ids:
+                raise DecodingError("the prompt encodes to no tokens; give some text the tokenizer knows")
+        else:
+            if isinstance(prompt, torch.Tensor):
+                prompt = prompt.view(-1).tolist()
+            try:
+                ids = list(prompt)
+            except TypeError:
+                raise TypeError(f"the prompt must be text or a sequence of token ids, got {type(prompt).__name__}") from None
+            bad_type = [t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
+            if bad_type:
+                raise TypeError(f"token ids must be integers, got {bad_type[0]!r} ({type(bad_type[0]).__name__})")
+            ids = [int(t) for t in ids]
+            if not ids:
+                raise DecodingError("the prompt is empty; give some text or token ids")
+        # Also for text: a tokenizer larger than the model's vocabulary would index past the embedding.
         vocab = self.manifest.model.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
@@ -160,29 +198,36 @@ class Engine:
         return ids
 
     def stream_ids(self, prompt, *, max_new_tokens=128, policy="hybrid", block_size=None, tau=None,
-                   min_prefix=None, stats: DecodeStats | None = None, sampling: SamplingParams | None = None,
-                   cancelled=None, **sampling_kw) -> Iterator[list[int]]:
-        """Yield each iteration's committed token ids.
+                   min_prefix=None, stats: DecodeStats | None = None,
+                   should_stop: Callable[[], bool] | None = None, sampling: SamplingParams | None = None,
+                   **sampling_kw) -> Iterator[list[int]]:
+        """Yield each iteration's committed token ids. Arguments are checked when this is
+        called, before anything runs. ``should_stop()`` is polled once per iteration; True
+        ends the generation (``finish_reason`` "cancelled").
 
         Sampling: ``sampling=SamplingParams(...)`` or its fields as keywords
         (``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``frequency_penalty``,
-        ``presence_penalty``, ``seed``); temperature 0 (the default) is greedy.
-        ``cancelled()``: checked before every iteration; true ends the generation."""
-        opts = self._options(policy, max_new_tokens, block_size, tau, min_prefix, _sampling(sampling, sampling_kw))
+        ``presence_penalty``, ``seed``); temperature 0 (the default) is greedy."""
+        opts = self._options(policy, max_new_tokens, block_size, tau, min_prefix, should_stop,
+                             sampling=_sampling(sampling, sampling_kw))
         ids = self._prompt_ids(prompt)
-        yield from decode(self.backend, ids, opts, stats if stats is not None else DecodeStats(),
-                          cancelled=cancelled)
+        return decode(self.backend, ids, opts, stats if stats is not None else DecodeStats())
 
     def stream(self, prompt, *, max_new_tokens=128, policy="hybrid", block_size=None, tau=None,
                min_prefix=None, stop: Sequence[str] | None = None,
                stats: DecodeStats | None = None, **kw) -> Iterator[str]:
         """Yield text pieces as tokens are committed: decoded incrementally (O(1) per token,
         never a partial character), stop strings honoured (held back until they cannot
-        start one). Joined, the pieces equal ``generate(...).text``."""
+        start one). Joined, the pieces equal ``generate(...).text``. ``kw``: ``should_stop``
+        and sampling (see ``stream_ids``)."""
+        _check_stop(stop)
         stats = stats if stats is not None else DecodeStats()
-        text = TextStream(self.tokenizer, stop)
         chunks = self.stream_ids(prompt, max_new_tokens=max_new_tokens, policy=policy, block_size=block_size,
                                  tau=tau, min_prefix=min_prefix, stats=stats, **kw)
+        return self._stream_text(chunks, stop, stats)
+
+    def _stream_text(self, chunks, stop, stats) -> Iterator[str]:
+        text = TextStream(self.tokenizer, stop)
         for chunk in chunks:
             piece = text.push(chunk)
             if piece:
@@ -198,7 +243,8 @@ class Engine:
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, policy: str = "hybrid",
                  block_size: int | None = None, tau: float | None = None, min_prefix: int | None = None,
                  stop: Sequence[str] | None = None, **kw) -> GenerationResult:
-        """Generate after ``prompt``; ``kw``: sampling (see ``stream_ids``) and ``cancelled``."""
+        """Generate after ``prompt``; ``kw``: ``should_stop`` and sampling (see ``stream_ids``)."""
+        _check_stop(stop)
         stats = DecodeStats()
         ids: list[int] = []
         text = TextStream(self.tokenizer, stop)
@@ -225,10 +271,53 @@ class Engine:
     @torch.no_grad()
     def logits(self, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """[T] token ids -> [T, V] float32 verify-role logits (for scoring)."""
-        ids = torch.as_tensor(token_ids, dtype=torch.long).view(-1)
-        if ids.numel() == 0:
-            raise DecodingError("logits() needs at least one token id")
+        ids = torch.as_tensor(self._prompt_ids(token_ids), dtype=torch.long).view(-1)
+        if ids.numel() > self.backend.max_context:  # attention memory grows with T²
+            raise DecodingError(f"logits() got {ids.numel()} token ids but the largest KV segment holds "
+                                f"{self.backend.max_context}; score at most that many (a sliding window)")
         return self.backend.logits(ids).cpu()
+
+
+def _check_stop(stop) -> None:
+    if stop is None:
+        return
+    if isinstance(stop, str) or not all(isinstance(s, str) for s in stop):
+        raise TypeError(f"stop must be a list of strings, got {stop!r}")
+
+
+def choose_cpu_threads() -> int | None:
+    """Torch threads for the reference backend on the CPU (set by ``Engine.load``), or None
+    to leave torch's choice. See ``cpu_threads_rule`` for the rule and why."""
+    return cpu_threads_rule()[0]
+
+
+def cpu_threads_rule() -> tuple[int | None, str]:
+    """(threads, why). ``BITMTP_CPU_THREADS`` wins; ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``
+    mean the user chose (torch follows them); otherwise one thread per usable core up to
+    ``CPU_THREADS_MAX``, and one when the host is already busy (1-minute load ≥ cores): a
+    decode step is a chain of small ops, and a thread waiting for a core stalls every op's
+    barrier (measured on a loaded 2-core host: tools/results/cpu_threads.md)."""
+    if os.environ.get("BITMTP_CPU_THREADS"):
+        try:
+            n = max(1, int(os.environ["BITMTP_CPU_THREADS"]))
+        except ValueError:
+            raise ValueError(f"BITMTP_CPU_THREADS={os.environ['BITMTP_CPU_THREADS']!r}: not a number of threads") from None
+        return n, "BITMTP_CPU_THREADS"
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        if os.environ.get(var):
+            return None, f"{var}={os.environ[var]} (torch's choice)"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    if cores > 1 and load >= cores:
+        return 1, f"host busy (load {load:.1f} on {cores} cores)"
+    n = max(1, min(cores, CPU_THREADS_MAX))
+    return n, f"{cores} core(s) free, at most {CPU_THREADS_MAX}"
+
+
+CPU_THREADS_MAX = 4  # small decode steps stop scaling beyond a few threads
 
 
 def _sampling(sampling: SamplingParams | None, fields: dict) -> SamplingParams | None:

@@ -31,6 +31,7 @@ from kernels_ampere.numerics import (
     quantize_rows_int8,
     rope_cos_sin,
     ternarize_absmean,
+    ternarize_group_absmax,
 )
 
 from ..format.config import ModelConfig, QuantConfig
@@ -88,6 +89,12 @@ def ternary_absmean_ste(w: torch.Tensor) -> torch.Tensor:
     return _ste(w, (codes.float() * scale).to(w.dtype))
 
 
+def ternary_group_absmax_ste(w: torch.Tensor) -> torch.Tensor:
+    """Fake-quantised group-128 (absmax) ternary weight with a straight-through gradient."""
+    codes, scale = ternarize_group_absmax(w.detach())
+    return _ste(w, dequantize_ternary(codes, scale, torch.float32).to(w.dtype))
+
+
 def activations_int8_ste(x: torch.Tensor) -> torch.Tensor:
     """Fake-quantised per-token int8 activations with a straight-through gradient."""
     x_int, dq = quantize_activations(x.detach())
@@ -95,20 +102,31 @@ def activations_int8_ste(x: torch.Tensor) -> torch.Tensor:
 
 
 class LatentTernaryLinear(nn.Module):
-    """Training projection: latent weight, straight-through ternary + int8 fake quantisation."""
+    """Training projection: latent weight, straight-through ternary (per-tensor absmean or
+    group-128 absmax) + int8 fake quantisation of the activations when the scheme has it."""
 
     def __init__(self, in_features: int, out_features: int, quant: QuantConfig):
         super().__init__()
-        if quant.weights != "per_tensor":
-            raise ValueError("quantisation-aware training supports per_tensor (absmean) weights only")
         self.in_features, self.out_features, self.quant = in_features, out_features, quant
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.quant.quantize_activations:
-            x = activations_int8_ste(x)
-        return F.linear(x, ternary_absmean_ste(self.weight))
+        if self.quant.weights == "group128" or not self.quant.quantize_activations:
+            if self.quant.quantize_activations:
+                x = activations_int8_ste(x)
+            w = ternary_group_absmax_ste(self.weight) if self.quant.weights == "group128" else ternary_absmean_ste(self.weight)
+            return F.linear(x, w)
+        # W1.58A8 as the runtime computes it: the product of the integer grids (exact in float64,
+        # and in the float32 accumulators of a bf16 GEMM: |sum| <= 127 * K < 2**24), then the two
+        # scales in the runtime's order. The straight-through terms (t - t.detach()) are exactly
+        # zero in value, so in float64 this forward is bit-identical to PackedTernaryLinear.
+        x_int, a_scale = quantize_activations(x.detach())
+        codes, w_scale = ternarize_absmean(self.weight.detach())
+        xs = x / a_scale.unsqueeze(-1).to(x.dtype)
+        ws = self.weight / w_scale.to(self.weight.dtype)
+        acc = F.linear(x_int.to(x.dtype) + (xs - xs.detach()), codes.to(ws.dtype) + (ws - ws.detach()))
+        return acc * a_scale.unsqueeze(-1) * w_scale
 
 
 class Attention(nn.Module):

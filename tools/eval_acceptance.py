@@ -1,0 +1,188 @@
+"""Speculative and hybrid decoding replayed from two batched passes per prompt (a fast proxy
+for ``tools.eval_quality``'s decoding section, to compare training recipes).
+
+    python -m tools.eval_acceptance --data tools/checkpoints/data --model d8=tools/checkpoints/bitmtp-d8-27m \
+        --model d8sd=runs/d8sd/compact --prompts 40 --max-new-tokens 128 --json tools/results/acceptance.json
+
+Greedy speculative decoding is lossless, so the text it commits is the AR greedy
+continuation, and the draft block it runs at each iteration is the one anchored at the last
+committed token with exactly that prefix. So per prompt:
+
+1. the AR greedy continuation (``tools.distill.greedy_continue`` on the runtime model: exact
+   integer projections, static KV cache);
+2. one forward in the training layout (``tools.blocks``): the clean stream is prompt +
+   continuation and a mask block hangs from *every* position a decode can anchor at; the
+   int8 draft head gives each block's drafts and confidences, as the runtime's draft step does;
+3. the policies replayed over those tables: speculative accepts the longest prefix of drafts
+   equal to the continuation and commits one verifier token more; hybrid (τ, m) commits the
+   confident prefix h unverified when h >= m (counted as a disagreement when those drafts
+   differ from the continuation: the real decode would leave the AR text there; the replay
+   stays on it), else verifies.
+
+Speculative's numbers are those of the real decode (the test checks it against
+``bitmtp_edge.runtime.decoding`` on a small model); hybrid's are exact until its first unverified
+mistake. Integer products run in float32 where they are exact (|sum| < 2**24).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import weakref
+from pathlib import Path
+
+import torch
+
+from tools.blocks import BlockLayout, build_rows
+
+
+@contextlib.contextmanager
+def exact_float32_int_matmul():
+    """Within the block, the runtime's exact int matmul runs in float32, exact while
+    127 * 127 * K < 2**24, with the float copy of each weight cached (per live tensor)."""
+    import bitmtp_edge.runtime.model as model_mod
+
+    original = model_mod.int_matmul
+    cache: dict[int, tuple] = {}
+
+    def int_matmul(a, w):
+        if 127 * 127 * a.shape[-1] >= 2 ** 24:
+            return original(a, w)
+        hit = cache.get(id(w))
+        if hit is None or hit[0]() is not w:  # a freed tensor's id can be reused
+            hit = cache[id(w)] = (weakref.ref(w), w.float().t().contiguous())
+        return (a.float() @ hit[1]).to(torch.int32)
+
+    model_mod.int_matmul = int_matmul
+    try:
+        yield
+    finally:
+        model_mod.int_matmul = original
+
+
+@torch.no_grad()
+def prompt_tables(model, prompt: list[int], block_size: int, mask_id: int, max_new: int, eos: set[int]):
+    """(continuation, drafts [N, D], confidences [N, D]) with row i the block anchored at the
+    i-th token a decode can anchor at (the prompt's last token, then each generated one)."""
+    from tools.distill import greedy_continue
+
+    ids = torch.tensor([prompt])
+    full = greedy_continue(model, ids, max_new + block_size)[0].tolist()
+    cont = full[len(prompt):]
+    stop = next((i for i, t in enumerate(cont[:max_new]) if t in eos), None)
+    n_anchor = (stop + 1) if stop is not None else max_new
+    clean = full[: len(prompt) - 1 + n_anchor + block_size]
+    L = len(clean) - block_size
+    layout = BlockLayout(L, block_size, n_anchor)
+    anchors = torch.arange(len(prompt) - 1, len(prompt) - 1 + n_anchor).unsqueeze(0)
+    x, pos, _, mask = build_rows(torch.tensor([clean]), anchors, layout, mask_id, None)
+    hidden = model(x, pos, mask)[0, L:]
+    probs = torch.softmax(model.draft_logits(hidden.reshape(-1, hidden.shape[-1])), dim=-1)
+    conf, top = probs.max(-1)
+    return cont, top.view(n_anchor, block_size).tolist(), conf.view(n_anchor, block_size).tolist(), stop
+
+
+def replay(cont, drafts, confs, stop, max_new: int, policy: str, tau: float, min_prefix: int) -> dict:
+    """Iterations, forward passes and tokens of one policy over one prompt's tables."""
+    limit = min(stop if stop is not None else max_new, max_new)  # tokens the user sees
+    end = min(stop + 1 if stop is not None else max_new, max_new)  # the decode ends once this many are committed
+    pos = its = passes = verifies = wrong = 0
+    while pos < end:
+        d, c = drafts[pos], confs[pos]
+        its += 1
+        passes += 1
+        if policy == "hybrid":
+            h = 0
+            while h < len(c) and c[h] >= tau:
+                h += 1
+            if h >= min_prefix:
+                wrong += int(d[:h] != cont[pos:pos + h])
+                pos += h
+                continue
+        a = 0
+        while a < len(d) and d[a] == cont[pos + a]:
+            a += 1
+        pos += a + 1
+        passes += 1
+        verifies += 1
+    return {"tokens": limit, "iterations": its, "forward_passes": passes, "verifier_calls": verifies,
+            "unverified_mistakes": wrong}
+
+
+def evaluate(path: str, prompts, tau: float, min_prefix: int, max_new: int, log=print,
+             dtype: torch.dtype = torch.float32) -> dict:
+    with exact_float32_int_matmul():
+        return _evaluate(path, prompts, tau, min_prefix, max_new, log, dtype)
+
+
+def _evaluate(path, prompts, tau, min_prefix, max_new, log, dtype) -> dict:
+    from tools.hf_checkpoint import load_runtime_model
+    from tools.tokenizer import load_tokenizer
+
+    model, ck = load_runtime_model(path, dtype)
+    if ck.mtp is None:
+        raise ValueError(f"{path}: an AR-only checkpoint has no drafts to replay")
+    tok = load_tokenizer(Path(path))
+    eos = set(ck.model.eos_token_ids)
+    totals = {p: {"tokens": 0, "iterations": 0, "forward_passes": 0, "verifier_calls": 0, "unverified_mistakes": 0}
+              for p in ("speculative", "hybrid")}
+    t0 = time.perf_counter()
+    for i, p in enumerate(prompts):
+        ids = tok.encode(p.model_prompt, add_special_tokens=False).ids
+        tables = prompt_tables(model, ids, ck.mtp.block_size, ck.mtp.mask_token_id, max_new, eos)
+        for pol, tot in totals.items():
+            for k, v in replay(*tables, max_new, pol, tau, min_prefix).items():
+                tot[k] += v
+        if (i + 1) % 10 == 0:
+            log(f"  {Path(path).name}: {i + 1}/{len(prompts)} prompts ({time.perf_counter() - t0:.0f}s)")
+    out = {}
+    for pol, t in totals.items():
+        out[pol] = {**t, "tokens_per_iteration": t["tokens"] / max(t["iterations"], 1),
+                    "tokens_per_forward": t["tokens"] / max(t["forward_passes"], 1),
+                    "verifier_call_rate": t["verifier_calls"] / max(t["iterations"], 1)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    import click
+
+    @click.command(context_settings={"help_option_names": ["-h", "--help"]})
+    @click.option("--data", required=True, help="corpus folder (prompts.jsonl)")
+    @click.option("--model", "models", multiple=True, required=True, help="NAME=CHECKPOINT (BitMTP)")
+    @click.option("--prompts", "n_prompts", default=40, show_default=True)
+    @click.option("--skip", default=0, show_default=True, help="start at this prompt (slices run as separate processes)")
+    @click.option("--prompt-file", default=None, help="a prompts.jsonl other than the corpus' held-out one")
+    @click.option("--max-new-tokens", default=128, show_default=True)
+    @click.option("--tau", default=0.9, show_default=True)
+    @click.option("--min-prefix", default=3, show_default=True)
+    @click.option("--threads", default=1, show_default=True)
+    @click.option("--json", "json_out", required=True)
+    def cli(data, models, n_prompts, skip, prompt_file, max_new_tokens, tau, min_prefix, threads, json_out):
+        """Replay speculative and hybrid decoding of BitMTP checkpoints on held-out prompts."""
+        from tools.corpus import CorpusIndex
+        from tools.prompts import read_prompts
+
+        torch.set_num_threads(threads)
+        pf = Path(prompt_file) if prompt_file else Path(data) / CorpusIndex.load(data).prompts
+        prompts = read_prompts(pf)[skip:skip + n_prompts]
+        report = {"settings": {"prompts": len(prompts), "skip": skip, "prompt_file": str(pf), "max_new_tokens": max_new_tokens,
+                               "tau": tau, "min_prefix": min_prefix}, "models": {}}
+        for spec in models:
+            name, _, path = spec.partition("=")
+            report["models"][name] = {"path": path, **evaluate(path, prompts, tau, min_prefix, max_new_tokens,
+                                                                log=click.echo)}
+            s = report["models"][name]
+            click.echo(f"{name}: speculative {s['speculative']['tokens_per_iteration']:.2f} tok/it "
+                       f"{s['speculative']['tokens_per_forward']:.2f} tok/fw; hybrid "
+                       f"{s['hybrid']['tokens_per_iteration']:.2f} tok/it {s['hybrid']['tokens_per_forward']:.2f} tok/fw "
+                       f"verifier rate {s['hybrid']['verifier_call_rate']:.2f}, "
+                       f"{s['hybrid']['unverified_mistakes']} unverified mistakes")
+        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_out).write_text(json.dumps(report, indent=1) + "\n")
+
+    cli.main(args=argv, prog_name="python -m tools.eval_acceptance", standalone_mode=True)
+
+
+if __name__ == "__main__":
+    main()
