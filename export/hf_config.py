@@ -28,7 +28,6 @@ from typing import Any, Literal
 
 from bitmtp_edge.format.config import ConfigError, ModelConfig, MTPConfig, QuantConfig
 from bitmtp_edge.format.tensors import LM_HEAD
-from kernels_ampere.packing import CHUNK_K
 
 from .checkpoint import Checkpoint
 from .errors import ExportError
@@ -164,14 +163,8 @@ def _model_config(cfg: dict[str, Any], family: str, ckpt: Checkpoint) -> ModelCo
         )
     except ConfigError as e:
         raise ExportError(where, str(e), fix) from None
-    # Every projection's input dimension must split into whole 128-wide chunks (packing
-    # layout and group-128 scales); out_features must split into 4 row blocks (HF packing).
-    for name, k in (("hidden_size", model.hidden_size), ("intermediate_size", model.intermediate_size),
-                    ("num_attention_heads * head_dim", model.num_heads * model.head_dim)):
-        if k % CHUNK_K:
-            raise ExportError(where, f"{name} = {k} is not a multiple of {CHUNK_K}",
-                              "this model cannot be exported: the packed ternary layout needs whole 128-wide "
-                              "input chunks")
+    # Inputs need not split into whole 128-chunks: the packed layout pads K with zero weights.
+    # out_features must split into 4 row blocks (Hugging Face's packing).
     if (model.num_kv_heads * model.head_dim) % 4:
         raise ExportError(where, f"num_key_value_heads * head_dim = {model.num_kv_heads * model.head_dim} "
                           "is not a multiple of 4", "this model cannot be exported")

@@ -261,10 +261,20 @@ class _Weights:
             self._made[name] = self.data.externalise(make())
         return self._made[name]
 
-    def codes_t(self, proj: str):
-        """Ternary codes of ``proj`` as int8 ``[K, N]`` (MatMulInteger's B operand)."""
-        return self._cache(proj + ".codes_t", lambda: _tensor_proto(
-            unpack_ternary(self._get(proj + PACKED_SUFFIX)).t().contiguous(), proj + ".codes_t"))
+    def in_features(self, proj: str) -> int:
+        """K of ``proj`` (the packed rows may hold more: zero weights up to whole 128-chunks)."""
+        cfg = self.manifest.model
+        if proj.endswith("o_proj"):
+            return cfg.num_heads * cfg.head_dim
+        return cfg.intermediate_size if proj.endswith("down_proj") else cfg.hidden_size
+
+    def codes_t(self, proj: str, padded: bool = False):
+        """Ternary codes of ``proj`` as int8 ``[K, N]`` (MatMulInteger's B operand); ``padded``:
+        ``[K rounded up to whole 128-chunks, N]``, the padding rows zero (group-128 reshapes)."""
+        k = None if padded else self.in_features(proj)
+        return self._cache(proj + (".codes_t_padded" if padded else ".codes_t"), lambda: _tensor_proto(
+            unpack_ternary(self._get(proj + PACKED_SUFFIX), k).t().contiguous(),
+            proj + (".codes_t_padded" if padded else ".codes_t")))
 
     def scale(self, proj: str):
         """``[1]`` per tensor, or ``[K/128, 1, N]`` group-128 (broadcast over the codes_t groups)."""
@@ -364,21 +374,24 @@ class _StepGraph:
         from onnx import TensorProto
 
         b = self.b
-        codes = b.init(self.w.codes_t(proj))
         scale = b.init(self.w.scale(proj))
         group = self.q.weights == "group128"
         if not self.q.quantize_activations:
             # Weight-only (Bonsai): dequantise codes x scale once, then a float MatMul.
-            w = b.op("Cast", [codes], to=TensorProto.FLOAT)
-            if group:
-                k, n = self.w.codes_t(proj).dims
-                w = b.op("Reshape", [w, b.const([k // 128, 128, n], np.int64)])
-                w = b.op("Reshape", [b.op("Mul", [w, scale]), b.const([k, n], np.int64)])
+            if group:  # whole 128-groups (K padded with zero weights), scaled, then cut back to K
+                kp, n = self.w.codes_t(proj, padded=True).dims
+                w = b.op("Cast", [b.init(self.w.codes_t(proj, padded=True))], to=TensorProto.FLOAT)
+                w = b.op("Reshape", [w, b.const([kp // 128, 128, n], np.int64)])
+                w = b.op("Reshape", [b.op("Mul", [w, scale]), b.const([kp, n], np.int64)])
+                k = self.w.in_features(proj)
+                if k != kp:
+                    w = b.op("Slice", [w, b.const([0], np.int64), b.const([k], np.int64), b.const([0], np.int64)])
             else:
+                w = b.op("Cast", [b.init(self.w.codes_t(proj))], to=TensorProto.FLOAT)
                 w = b.op("Mul", [w, scale])
             return b.op("MatMul", [x, w], hint=proj.rsplit(".", 1)[-1])
         x_int8, a_scale = self.quantize_activations(x)
-        acc = b.op("MatMulInteger", [x_int8, codes], hint="acc_int32")
+        acc = b.op("MatMulInteger", [x_int8, b.init(self.w.codes_t(proj))], hint="acc_int32")
         y = b.op("Mul", [b.op("Cast", [acc], to=TensorProto.FLOAT), a_scale])
         return b.op("Mul", [y, scale], hint=proj.rsplit(".", 1)[-1])
 

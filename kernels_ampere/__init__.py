@@ -18,6 +18,8 @@ silu_mul_quant                     fused_quant             silu(g) * u + quantis
 rope_qkv_to_cache                  rope_cache              QK-norm + RoPE, K/V stored at their slots
 small_width_attention              attention               M rows over a shared KV buffer, GQA
 int8_head_argmax / f16_head_argmax heads                   head matmul fused with argmax + max-softmax
+LinearConfig, default_linear       tuning                  launch table per GPU, SM-count defaults
+main (python -m ...)               autotune                tunes the linears, writes this GPU's table
 =================================  ======================  ==========================================
 
 Import a kernel from its module (``from kernels_ampere.w2a8 import w2a8_linear``);

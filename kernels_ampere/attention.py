@@ -11,6 +11,13 @@ bidirectional draft block, the masked-out repeated anchor...). A history slot co
 when ``s < history_len`` *and* the mask allows it; ``history_len`` is read on the device
 (``[1]`` int32), so a CUDA graph captured once replays any length without re-capture.
 
+Instead of the mask, ``row_spans[m] = (history_end, workspace_begin, workspace_end)`` ([M, 3]
+int32) may say the same thing in three integers per row: row m sees history slots
+``s < history_end`` and workspace rows ``[workspace_begin, workspace_end)``. Every decode
+step has that shape (AR, verify, draft, and the fused verify + draft blocks), and the kernel
+then computes the visibility in registers instead of reading an [M, S] mask: nothing per
+step grows with M x S. Both forms give the same visible set, so the same bits.
+
 GQA: the ``G = Hq / Hkv`` query heads of one KV head, times the M rows, form the query rows
 of that KV head, cut into tiles of 16 (the same tile at every width, so a row computes the
 same bits in an AR step and in a verify: see ``QUERY_TILE``).
@@ -42,8 +49,9 @@ QKV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 @triton.jit
 def _attend_range(acc, m_i, l_i, q, k_ptr, v_ptr, mask_ptr, row_m, row_ok,
                   lo, hi, stride_ks, stride_vs, stride_mm, qk_scale, HD,
+                  hist_end, ws_begin, ws_end, capacity,
                   BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                  PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                  PRECISION: tl.constexpr, UPCAST: tl.constexpr, SPANS: tl.constexpr):
     rs = tl.arange(0, BLOCK_S)
     rd = tl.arange(0, BLOCK_D)
     mask_d = rd < HD
@@ -54,13 +62,20 @@ def _attend_range(acc, m_i, l_i, q, k_ptr, v_ptr, mask_ptr, row_m, row_ok,
                     mask=mask_s[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
         v = tl.load(v_ptr + s[:, None] * stride_vs + rd[None, :],
                     mask=mask_s[:, None] & mask_d[None, :], other=0.0)
-        allowed = tl.load(mask_ptr + row_m[:, None] * stride_mm + s[None, :],
-                          mask=row_ok[:, None] & mask_s[None, :], other=0)  # [BLOCK_Q, BLOCK_S]
+        if SPANS:  # history below the row's end, or inside its run of workspace rows
+            w = s[None, :] - capacity
+            visible = ((s[None, :] < capacity) & (s[None, :] < hist_end[:, None])) | \
+                ((w >= ws_begin[:, None]) & (w < ws_end[:, None]))
+            visible = visible & row_ok[:, None] & mask_s[None, :]
+        else:
+            allowed = tl.load(mask_ptr + row_m[:, None] * stride_mm + s[None, :],
+                              mask=row_ok[:, None] & mask_s[None, :], other=0)  # [BLOCK_Q, BLOCK_S]
+            visible = allowed != 0
         if UPCAST:
             scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
             scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        scores = tl.where(allowed != 0, scores * qk_scale, float("-inf"))
+        scores = tl.where(visible, scores * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         # rows that have seen nothing yet keep m = -inf; shift by 0 there to avoid inf - inf
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -79,7 +94,7 @@ def _attend_range(acc, m_i, l_i, q, k_ptr, v_ptr, mask_ptr, row_m, row_ok,
 def _attention_split_kernel(
     q_ptr,  # [M, Hq, hd]
     k_ptr, v_ptr,  # [Hkv, S, hd]
-    mask_ptr,  # [M, S] uint8 (bool)
+    mask_ptr,  # [M, S] uint8 (bool), or [M, 3] int32 row spans (SPANS)
     hist_ptr,  # [1] int32 history length
     out_ptr,  # [M, Hq, hd] (DIRECT) -- else the partials below
     pacc_ptr,  # [splits, M, Hq, hd] float32
@@ -90,7 +105,7 @@ def _attention_split_kernel(
     qk_scale,
     SPLIT_SLOTS: tl.constexpr, DIRECT: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, SPANS: tl.constexpr = False,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
     gdc_prologue(USE_GDC)
@@ -109,6 +124,14 @@ def _attention_split_kernel(
     q = tl.load(q_ptr + row_m[:, None] * stride_qm + head[:, None] * stride_qh + rd[None, :],
                 mask=row_ok[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_Q, BLOCK_D]
 
+    if SPANS:
+        hist_end = tl.load(mask_ptr + row_m * 3, mask=row_ok, other=0)
+        ws_begin = tl.load(mask_ptr + row_m * 3 + 1, mask=row_ok, other=0)
+        ws_end = tl.load(mask_ptr + row_m * 3 + 2, mask=row_ok, other=0)
+    else:
+        hist_end = row_m  # unused without spans
+        ws_begin = row_m
+        ws_end = row_m
     hist = tl.minimum(tl.load(hist_ptr), capacity)
     lo = split * SPLIT_SLOTS
     hi = tl.minimum(lo + SPLIT_SLOTS, hist)
@@ -119,11 +142,13 @@ def _attention_split_kernel(
     v_head = v_ptr + kvh * stride_vh
     acc, m_i, l_i = _attend_range(acc, m_i, l_i, q, k_head, v_head, mask_ptr, row_m, row_ok,
                                   lo, hi, stride_ks, stride_vs, stride_mm, qk_scale, HD,
-                                  BLOCK_S, BLOCK_D, PRECISION, UPCAST)
+                                  hist_end, ws_begin, ws_end, capacity,
+                                  BLOCK_S, BLOCK_D, PRECISION, UPCAST, SPANS)
     if split == n_splits - 1:  # the workspace rides with the last split
         acc, m_i, l_i = _attend_range(acc, m_i, l_i, q, k_head, v_head, mask_ptr, row_m, row_ok,
                                       capacity, S, stride_ks, stride_vs, stride_mm, qk_scale, HD,
-                                      BLOCK_S, BLOCK_D, PRECISION, UPCAST)
+                                      hist_end, ws_begin, ws_end, capacity,
+                                      BLOCK_S, BLOCK_D, PRECISION, UPCAST, SPANS)
 
     if DIRECT:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -166,12 +191,13 @@ def small_width_attention(
     q: torch.Tensor,  # [M, Hq, hd]
     k_buf: torch.Tensor,  # [Hkv, S, hd], S = capacity + W
     v_buf: torch.Tensor,  # [Hkv, S, hd]
-    allowed_mask: torch.Tensor,  # [M, S] bool
+    allowed_mask: torch.Tensor | None,  # [M, S] bool, or None with row_spans
     history_len: torch.Tensor,  # [1] int32, on the device
     *,
     capacity: int,
     sm_scale: float | None = None,  # default 1/sqrt(hd)
     config: AttentionConfig | None = None,
+    row_spans: torch.Tensor | None = None,  # [M, 3] int32 instead of the mask
 ) -> torch.Tensor:  # [M, Hq, hd], q.dtype
     """Masked softmax attention of M rows over history[:history_len] + workspace, GQA."""
     for name, t in (("q", q), ("k_buf", k_buf), ("v_buf", v_buf)):
@@ -190,13 +216,11 @@ def small_width_attention(
         raise ValueError(f"small_width_attention: Hq={hq} is not a multiple of Hkv={hkv}")
     if not 0 <= capacity <= s_total:
         raise ValueError(f"small_width_attention: capacity={capacity} outside [0, S={s_total}]")
-    if allowed_mask.dtype != torch.bool or allowed_mask.shape != (m, s_total) or allowed_mask.stride(1) != 1:
-        raise ValueError(f"small_width_attention: allowed_mask must be bool [M, S] = [{m}, {s_total}] with "
-                         f"contiguous rows, got {allowed_mask.dtype} {tuple(allowed_mask.shape)}")
+    visibility = _check_visibility("small_width_attention", allowed_mask, row_spans, m, s_total)
     if history_len.dtype != torch.int32 or history_len.numel() != 1:
         raise ValueError(f"small_width_attention: history_len must be a [1] int32 tensor, got "
                          f"{history_len.dtype} {tuple(history_len.shape)}")
-    check_launchable(_attention_split_kernel, q, k_buf, v_buf, allowed_mask, history_len)
+    check_launchable(_attention_split_kernel, q, k_buf, v_buf, visibility, history_len)
     g = hq // hkv
     if config is None:
         config = lookup("small_width_attention", {"hd": hd, "G": g, "M": m, "capacity": capacity},
@@ -224,15 +248,16 @@ def small_width_attention(
         pl = torch.empty((n_splits, m, hq), dtype=torch.float32, device=q.device)
     grid = (hkv, triton.cdiv(m * g, block_q), n_splits)
     _attention_split_kernel[grid](
-        q, k_buf, v_buf, allowed_mask.view(torch.uint8), history_len, out, pacc, pm, pl,
+        q, k_buf, v_buf, visibility if row_spans is not None else visibility.view(torch.uint8), history_len,
+        out, pacc, pm, pl,
         m, g, capacity, s_total, hd,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
-        allowed_mask.stride(0), out.stride(0), out.stride(1),
+        visibility.stride(0), out.stride(0), out.stride(1),
         scale,
         SPLIT_SLOTS=config.split_slots, DIRECT=direct,
         BLOCK_Q=block_q, BLOCK_S=config.block_s, BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UPCAST=bf16_dot_upcast(_attention_split_kernel, q),
+        UPCAST=bf16_dot_upcast(_attention_split_kernel, q), SPANS=row_spans is not None,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(_attention_split_kernel),
     )
     if not direct:
@@ -243,21 +268,48 @@ def small_width_attention(
     return out
 
 
+def _check_visibility(op: str, allowed_mask, row_spans, m: int, s_total: int) -> torch.Tensor:
+    """The one visibility argument given: a bool [M, S] mask or int32 [M, 3] row spans."""
+    if (allowed_mask is None) == (row_spans is None):
+        raise ValueError(f"{op}: give exactly one of allowed_mask ([M, S] bool) and row_spans ([M, 3] int32)")
+    if row_spans is not None:
+        if row_spans.dtype != torch.int32 or row_spans.shape != (m, 3) or not row_spans.is_contiguous():
+            raise ValueError(f"{op}: row_spans must be a contiguous int32 [M, 3] = [{m}, 3] tensor, got "
+                             f"{row_spans.dtype} {tuple(row_spans.shape)}")
+        return row_spans
+    if allowed_mask.dtype != torch.bool or allowed_mask.shape != (m, s_total) or allowed_mask.stride(1) != 1:
+        raise ValueError(f"{op}: allowed_mask must be bool [M, S] = [{m}, {s_total}] with "
+                         f"contiguous rows, got {allowed_mask.dtype} {tuple(allowed_mask.shape)}")
+    return allowed_mask
+
+
+def row_spans_mask(row_spans: torch.Tensor, capacity: int, slots: int) -> torch.Tensor:
+    """[M, 3] (history_end, workspace_begin, workspace_end) -> the [M, slots] bool mask it means."""
+    s = torch.arange(slots, device=row_spans.device)
+    w = s - capacity
+    hist_end, ws_begin, ws_end = (row_spans[:, i:i + 1].long() for i in range(3))
+    return ((s < capacity) & (s < hist_end)) | ((s >= capacity) & (w >= ws_begin) & (w < ws_end))
+
+
 def small_width_attention_reference(
     q: torch.Tensor,  # [M, Hq, hd]
     k_buf: torch.Tensor,  # [Hkv, S, hd]
     v_buf: torch.Tensor,  # [Hkv, S, hd]
-    allowed_mask: torch.Tensor,  # [M, S] bool
+    allowed_mask: torch.Tensor | None,  # [M, S] bool, or None with row_spans
     history_len: torch.Tensor,  # [1] int32
     *,
     capacity: int,
     sm_scale: float | None = None,
+    row_spans: torch.Tensor | None = None,  # [M, 3] int32 instead of the mask
 ) -> torch.Tensor:  # [M, Hq, hd], q.dtype
     """The pure-PyTorch twin: masked softmax attention in float32 (reads history_len on the host)."""
     m, hq, hd = q.shape
     hkv, s_total, _ = k_buf.shape
     g = hq // hkv
     hist = min(int(history_len.reshape(-1)[0]), capacity)
+    if row_spans is not None:
+        allowed_mask = row_spans_mask(_check_visibility("small_width_attention_reference", None, row_spans, m,
+                                                        s_total), capacity, s_total)
     visible = allowed_mask.clone()
     visible[:, hist:capacity] = False  # dead history slots
     scale = 1.0 / math.sqrt(hd) if sm_scale is None else sm_scale

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .packing import CHUNK_K, LANES
+from .packing import CHUNK_K, LANES, packed_width
 
 # 1.5 * 2**23: float32 has no fraction bits left at this magnitude, so the add rounds.
 _RINT_MAGIC = tl.constexpr(12582912.0)
@@ -57,6 +57,26 @@ def dp4a(a, b, c, USE_ASM: tl.constexpr):
         for i in tl.static_range(4):
             # shift the byte to the top, then arithmetic-shift down: sign-extends it
             acc += ((a << (24 - 8 * i)) >> 24) * ((b << (24 - 8 * i)) >> 24)
+        return acc
+
+
+@triton.jit
+def dp4a_unsigned(a, b, c, USE_ASM: tl.constexpr):
+    """``dp4a`` with the bytes of ``a`` read as unsigned (0..255), those of ``b`` as signed:
+    a lane mask of the packed codes in place (``word & 0xC0C0C0C0``) needs no shift."""
+    if USE_ASM:
+        return tl.inline_asm_elementwise(
+            "dp4a.u32.s32 $0, $1, $2, $3;",
+            "=r,r,r,r",
+            [a, b, c],
+            dtype=tl.int32,
+            is_pure=True,
+            pack=1,
+        )
+    else:
+        acc = c
+        for i in tl.static_range(4):
+            acc += ((a >> (8 * i)) & 0xFF) * ((b << (24 - 8 * i)) >> 24)
         return acc
 
 
@@ -163,25 +183,25 @@ def check_dtype(t: torch.Tensor, allowed: tuple[torch.dtype, ...], name: str) ->
 
 
 def check_packed_weight(packed: torch.Tensor, w_scale: torch.Tensor, k: int, name: str) -> tuple[int, bool]:
-    """Validate ``packed`` [N, K/4] uint8 and ``w_scale`` ([N], [1] or [N, K/128]) -> (N, grouped)."""
+    """Validate ``packed`` [N, ceil(K/128)*32] uint8 and ``w_scale`` ([N], [1], [] or [N, ceil(K/128)])
+    -> (N, grouped). K need not be a multiple of 128: the packed rows end in zero-weight padding."""
     if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.stride(1) != 1:
         raise TypeError(f"{name}: packed must be a 2-D uint8 [N, K/4] tensor with contiguous rows, "
                         f"got {packed.dtype} {tuple(packed.shape)} strides {packed.stride()}")
     n = packed.shape[0]
-    if packed.shape[1] * LANES != k:
-        raise ValueError(f"{name}: packed is [{n}, {packed.shape[1]}] (K={packed.shape[1] * LANES}) "
-                         f"but the activations have K={k}")
-    if k % CHUNK_K:
-        raise ValueError(f"{name}: K={k} is not a multiple of {CHUNK_K}")
+    if k < 1 or packed.shape[1] != packed_width(k):
+        raise ValueError(f"{name}: packed is [{n}, {packed.shape[1]}] (K={packed.shape[1] * LANES}, whole "
+                         f"128-chunks) but the activations have K={k}, which needs {packed_width(k)} bytes per row")
     check_dtype(w_scale, (torch.float32,), f"{name}: w_scale")
+    groups = -(-k // CHUNK_K)
     if w_scale.dim() == 2:
-        if tuple(w_scale.shape) != (n, k // CHUNK_K):
-            raise ValueError(f"{name}: group scales must be [N, K/128] = [{n}, {k // CHUNK_K}], "
+        if tuple(w_scale.shape) != (n, groups):
+            raise ValueError(f"{name}: group scales must be [N, ceil(K/128)] = [{n}, {groups}], "
                              f"got {tuple(w_scale.shape)}")
         return n, True
-    if w_scale.dim() != 1 or w_scale.shape[0] not in (1, n):
-        raise ValueError(f"{name}: w_scale must be [N]={n} per output row (or [1], or [N, K/128]), "
-                         f"got {tuple(w_scale.shape)}")
+    if w_scale.dim() > 1 or (w_scale.dim() == 1 and w_scale.shape[0] not in (1, n)):
+        raise ValueError(f"{name}: w_scale must be [N]={n} per output row (or one per-tensor scale, [1] or 0-d, "
+                         f"or [N, ceil(K/128)]), got {tuple(w_scale.shape)}")
     return n, False
 
 
@@ -199,7 +219,7 @@ def check_residual(residual: torch.Tensor | None, m: int, n: int, out_dtype: tor
 def scale_strides(w_scale: torch.Tensor, grouped: bool) -> tuple[int, int]:
     if grouped:
         return w_scale.stride(0), w_scale.stride(1)
-    return (0 if w_scale.shape[0] == 1 else w_scale.stride(0)), 0
+    return (0 if w_scale.numel() == 1 else w_scale.stride(0)), 0  # one per-tensor scale: [1] or 0-d
 
 
 # --- split-K: partial sums per K slice, then one ordered reduction ----------------------------

@@ -37,23 +37,23 @@ def ternarize_absmean(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def ternarize_group_absmax(w: torch.Tensor, group: int = GROUP_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, K] float -> (codes int8 [N, K], scales float32 [N, K // group]): absmax per group."""
+    """[N, K] float -> (codes int8 [N, K], scales float32 [N, ceil(K / group)]): absmax per group
+    (a last, shorter group where K is not a multiple of ``group``)."""
     n, k = w.shape
-    if k % group:
-        raise ValueError(f"in_features {k} is not a multiple of the group size {group}")
-    g = w.float().view(n, k // group, group)
+    groups = -(-k // group)
+    g = torch.nn.functional.pad(w.float(), (0, groups * group - k)).view(n, groups, group)  # zeros: no effect on max|.|
     scale = g.abs().amax(dim=-1)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     codes = torch.round(g / safe.unsqueeze(-1)).clamp(-1, 1)
-    return codes.to(torch.int8).view(n, k), scale
+    return codes.to(torch.int8).view(n, groups * group)[:, :k].contiguous(), scale
 
 
 def dequantize_ternary(codes: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    """codes [N, K] int8 and scale ([1], [N] or [N, K/128]) -> [N, K] float weight."""
+    """codes [N, K] int8 and scale ([1], [N] or [N, ceil(K/128)]) -> [N, K] float weight."""
     c = codes.to(dtype)
-    if scale.dim() == 2:  # group-128
+    if scale.dim() == 2:  # group-128 (the last group shorter where K is not a multiple of 128)
         n, k = codes.shape
-        return (c.view(n, scale.shape[1], -1) * scale.to(dtype).unsqueeze(-1)).view(n, k)
+        return c * scale.to(dtype).repeat_interleave(GROUP_SIZE, dim=1)[:, :k]
     if scale.numel() == codes.shape[0] and scale.numel() != 1:
         return c * scale.to(dtype).unsqueeze(1)
     return c * scale.to(dtype)

@@ -3,8 +3,8 @@
 Layout id ``PACKING_LAYOUT`` = ``"ternary-2bit-k128x4-v1"``.
 
 A ternary weight matrix ``W`` of shape ``[N, K]`` (rows = output features, K = input
-features, ``K % 128 == 0``) with values in {-1, 0, +1} is stored as a ``uint8`` tensor of
-shape ``[N, K // 4]``:
+features) with values in {-1, 0, +1} is stored as a ``uint8`` tensor of shape
+``[N, padded_k(K) // 4]``:
 
 * every value is stored as the 2-bit **code** ``c = w + 1`` in {0, 1, 2}; code 3 never
   occurs (the unpacker rejects it);
@@ -14,6 +14,12 @@ shape ``[N, K // 4]``:
   in bits ``[2*i, 2*i + 1]`` (lane 0 in the least significant bits)::
 
       packed[n, 32*g + j] = sum_i  (W[n, 128*g + 32*i + j] + 1) << (2*i)
+
+* when K is not a multiple of 128 (1bitLLM's bitnet_b1_58-3B has an FFN of 8640 inputs,
+  -xl 5460), the last chunk is completed with **zero weights** (code 1) up to
+  ``padded_k(K)``; the true K is the activations' width. This is exact: a zero weight adds
+  nothing, and kernels read the missing activations as 0. The packed tensor does not record
+  K, so ``unpack_ternary(packed, k)`` takes it and checks that the padding is all zeros.
 
 Why this order: a 128-chunk is exactly one scale group of the group-128 (Bonsai)
 scheme, so a kernel tile never straddles two groups; and shifting a whole byte tile by
@@ -38,43 +44,65 @@ BYTES_PER_CHUNK = CHUNK_K // LANES  # 32
 CODE_OFFSET = 1  # stored code = w + 1
 
 
+def padded_k(k: int) -> int:
+    """K rounded up to whole 128-chunks: the number of inputs a packed row stores."""
+    return -(-int(k) // CHUNK_K) * CHUNK_K
+
+
+def packed_width(k: int) -> int:
+    """Bytes per packed row for K inputs (``padded_k(K) / 4``)."""
+    return padded_k(k) // LANES
+
+
 def check_packable(shape: tuple[int, ...], name: str = "weight") -> None:
     if len(shape) != 2:
         raise ValueError(f"{name}: a ternary weight must be 2-D [N, K], got shape {tuple(shape)}")
-    if shape[1] % CHUNK_K:
-        raise ValueError(
-            f"{name}: in_features K={shape[1]} is not a multiple of {CHUNK_K}; the packed "
-            f"layout {PACKING_LAYOUT} needs whole 128-wide chunks"
-        )
+    if shape[1] < 1:
+        raise ValueError(f"{name}: in_features K={shape[1]}; a ternary weight needs at least one input")
 
 
 def pack_ternary(codes: torch.Tensor) -> torch.Tensor:
-    """[N, K] int8 in {-1, 0, 1} -> [N, K // 4] uint8 (layout ``PACKING_LAYOUT``)."""
+    """[N, K] int8 in {-1, 0, 1} -> [N, padded_k(K) // 4] uint8 (layout ``PACKING_LAYOUT``)."""
     check_packable(tuple(codes.shape))
     if codes.dtype.is_floating_point or codes.dtype == torch.bool:
         raise TypeError(f"pack_ternary expects an integer tensor, got {codes.dtype}")
     if codes.numel() and (codes.min() < -1 or codes.max() > 1):
         raise ValueError("pack_ternary: values outside {-1, 0, 1}")
     n, k = codes.shape
-    c = (codes.to(torch.int32) + CODE_OFFSET).view(n, k // CHUNK_K, LANES, BYTES_PER_CHUNK)
+    kp = padded_k(k)
+    c = torch.full((n, kp), CODE_OFFSET, dtype=torch.int32, device=codes.device)  # padding: zero weights
+    c[:, :k] = codes.to(torch.int32) + CODE_OFFSET
+    c = c.view(n, kp // CHUNK_K, LANES, BYTES_PER_CHUNK)
     shifts = (2 * torch.arange(LANES, dtype=torch.int32, device=codes.device)).view(1, 1, LANES, 1)
     packed = (c << shifts).sum(dim=2)  # lanes occupy disjoint bits, so sum == bitwise or
-    return packed.to(torch.uint8).reshape(n, k // LANES).contiguous()
+    return packed.to(torch.uint8).reshape(n, kp // LANES).contiguous()
 
 
-def unpack_ternary(packed: torch.Tensor) -> torch.Tensor:
-    """[N, K // 4] uint8 -> [N, K] int8 in {-1, 0, 1}; the inverse of ``pack_ternary``."""
+def unpack_ternary(packed: torch.Tensor, k: int | None = None) -> torch.Tensor:
+    """[N, padded_k(K) // 4] uint8 -> [N, K] int8 in {-1, 0, 1}; the inverse of ``pack_ternary``.
+
+    ``k`` (default: every stored input, ``4 * width``) is the true number of inputs; the
+    padding beyond it must hold zero weights."""
     if packed.dtype != torch.uint8 or packed.dim() != 2:
         raise TypeError(f"unpack_ternary expects a 2-D uint8 tensor, got {packed.dtype} {tuple(packed.shape)}")
     n, kb = packed.shape
     if kb % BYTES_PER_CHUNK:
         raise ValueError(f"packed width {kb} is not a multiple of {BYTES_PER_CHUNK} bytes")
+    if k is not None and packed_width(k) != kb:
+        raise ValueError(f"packed width {kb} bytes does not hold K={k} inputs: layout {PACKING_LAYOUT} "
+                         f"stores {packed_width(k)} bytes per row for it (whole 128-chunks)")
     p = packed.to(torch.int32).view(n, kb // BYTES_PER_CHUNK, 1, BYTES_PER_CHUNK)
     shifts = (2 * torch.arange(LANES, dtype=torch.int32, device=packed.device)).view(1, 1, LANES, 1)
     c = (p >> shifts) & 3
     if bool((c == 3).any()):
         raise ValueError("unpack_ternary: code 3 found; the tensor is not in layout " + PACKING_LAYOUT)
-    return (c - CODE_OFFSET).to(torch.int8).reshape(n, kb * LANES)
+    codes = (c - CODE_OFFSET).to(torch.int8).reshape(n, kb * LANES)
+    if k is None or k == kb * LANES:
+        return codes
+    if bool(codes[:, k:].any()):
+        raise ValueError(f"unpack_ternary: the padding beyond K={k} holds nonzero weights; the tensor is not "
+                         f"in layout {PACKING_LAYOUT}")
+    return codes[:, :k].contiguous()
 
 
 def unpack_hf_bitnet(packed: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ lower-cased with every non-alphanumeric run replaced by ``_`` ("NVIDIA H200" ->
 
 Lookup order for one call: the exact shape key in this GPU's table; else the same shape
 at the nearest tuned width M; else the fallback heuristic (``default_*``), which is also
-what the CPU interpreter and unseen GPUs get.
+what the CPU interpreter and unseen GPUs get (sized by the device's SM count).
 
 Table format (a list of records, so it stays readable in a diff)::
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,13 +35,16 @@ TUNED_DIR = Path(__file__).parent / "tuned"
 GEMV = "gemv"  # packed words decoded in registers, dp4a (int8) or FMA (16-bit), no tensor cores
 DOT = "dot"  # tiles unpacked to int8/16-bit and fed to tl.dot (tensor cores), M padded to 16
 ROWS = "rows"  # gemv over up to 16 activation rows per program (w2a8 only): weights decoded once
+LANES = "lanes"  # w2a8: dp4a on lanes masked in place, all rows (<= 8) per program, decode once
+MMA = "mma"  # w2a8: int8 tensor cores, one AND per four weights, all rows (<= 128) per tile
+W2A8_ONLY = (ROWS, LANES, MMA)
 
 
 @dataclass(frozen=True)
 class LinearConfig:
     """One launch of a packed ternary linear (``w2a8_linear`` / ``w2a16_linear``)."""
 
-    kernel: str  # GEMV or DOT
+    kernel: str  # GEMV, DOT, or (w2a8 only) ROWS, LANES, MMA
     block_n: int  # output rows per program
     block_kb: int  # packed bytes of one row read per K step: a multiple of 32 (one 128-chunk)
     num_warps: int = 4
@@ -48,8 +52,8 @@ class LinearConfig:
     split_k: int = 1  # K slices run by separate programs, summed in order by a second launch
 
     def __post_init__(self):
-        if self.kernel not in (GEMV, DOT, ROWS):
-            raise ValueError(f"LinearConfig.kernel must be {GEMV!r}, {ROWS!r} or {DOT!r}, got {self.kernel!r}")
+        if self.kernel not in (GEMV, DOT, ROWS, LANES, MMA):
+            raise ValueError(f"LinearConfig.kernel must be one of {(GEMV, DOT, ROWS, LANES, MMA)}, got {self.kernel!r}")
         if self.block_kb % 32 or self.block_kb & (self.block_kb - 1):
             raise ValueError(f"LinearConfig.block_kb={self.block_kb}: need a power of two >= 32")
 
@@ -145,50 +149,99 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+LANES_MAX_M = 2  # widths the untuned default runs on ``lanes`` (dp4a); wider ones go to ``mma``
+# Which W2A8 kernels the untuned default picks: "v1" = gemv (M <= 2) / dot, measured on the
+# H200; "v2" = lanes / mma, exact against the twins under the interpreter, to become the
+# default once a GPU run (tools/h200_kernels.sh) has compiled and measured them.
+W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v1")
+
+
 def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int | None = None,
-                   k: int | None = None) -> LinearConfig:
-    """The fallback launch of a packed linear; ``n`` and ``k`` (when known) size the split-K."""
-    chunks = (k // 128) if k else 0
-    # int8: dp4a decodes once and multiplies four weights per instruction, which beats the
-    # tensor-core path's per-element unpack while only a couple of rows share the decode.
-    # 16-bit: every weight costs a convert and an FMA per row, so only M = 1 stays on gemv.
-    if m <= (1 if weight_only else 2):  # a whole row (up to 32 chunks) per step: all loads in flight at once
-        step = min(32, max(8, 1 << (chunks - 1).bit_length())) if chunks else 16  # chunks, a power of two
-        return LinearConfig(GEMV, block_n=8, block_kb=32 * step, num_warps=4)
+                   k: int | None = None, sms: int | None = None, generation: str | None = None) -> LinearConfig:
+    """The launch of a packed linear on a GPU without a tuned entry, from the shape and the
+    device's SM count (``sms``; None: sized as for a large GPU). ``n`` and ``k`` (when
+    known) size the tiles and the split-K so that the programs cover every SM a few times:
+    an Orin's 8-16 SMs get wide tiles and no split, an H200's 132 get narrow ones and slices.
+    ``generation`` ("v1" / "v2", W2A8 only): the kernels, default ``W2A8_DEFAULT_GENERATION``.
+    """
+    chunks = _cdiv(k, 128) if k else 0
+    sms = sms or 132
+    generation = generation or W2A8_DEFAULT_GENERATION
+    if generation not in ("v1", "v2"):
+        raise ValueError(f"W2A8 kernel generation must be 'v1' or 'v2' (BITMTP_W2A8_KERNELS), got {generation!r}")
+    if not weight_only and generation == "v1":
+        # gemv with dp4a at M <= 2 (a whole row per step), the int8 dot otherwise; K slices
+        # until the N tiles cover the SMs (the previous H200 rule used 128 for every GPU)
+        if m <= 2:
+            step = min(32, max(8, 1 << (chunks - 1).bit_length())) if chunks else 16
+            return LinearConfig(GEMV, block_n=8, block_kb=32 * step, num_warps=4)
+        split = 1
+        if n and chunks:
+            split = max(1, min(_cdiv(sms, _cdiv(n, 64)), chunks // 4, 8))
+        return LinearConfig(DOT, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split)
+    if weight_only:
+        # 16-bit: every weight costs a convert and an FMA per row, so only M = 1 stays on gemv.
+        if m <= 1:  # a whole row (up to 32 chunks) per step: all loads in flight at once
+            step = min(32, max(8, 1 << (chunks - 1).bit_length())) if chunks else 16  # chunks, a power of two
+            return LinearConfig(GEMV, block_n=8, block_kb=32 * step, num_warps=4)
+        split = 1
+        if n and chunks:  # too few N tiles to fill a GPU: slice K as well, two steps per slice at least
+            split = max(1, min(_cdiv(128, _cdiv(n, 64)), chunks // 4, 8))
+        return LinearConfig(DOT, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split)
+    if m <= LANES_MAX_M:
+        # dp4a, decode once for the rows: 16 weight rows x 8 chunks per step (the densest loop,
+        # tools/kernel_sass.py); 8 rows where 16 would leave SMs idle; no K split (its reduce
+        # launch costs more than a small GPU gains)
+        block_n = 16 if not n or _cdiv(n, 16) >= 2 * sms else 8
+        step = min(8, 1 << max(chunks - 1, 0).bit_length()) if chunks else 8
+        return LinearConfig(LANES, block_n=block_n, block_kb=32 * step, num_warps=4, num_stages=1)
+    # mma: 64 weight rows per program up to 32 activation rows (the densest loop); from 64
+    # rows the four int32 accumulators need 32 weight rows to stay in registers. K slices
+    # until the tiles cover the SMs twice, two chunks per slice at least.
+    block_n = 64 if m <= 32 else 32
+    m_tiles = _cdiv(m, 128)
     split = 1
-    if n and chunks:  # too few N tiles to fill a GPU: slice K as well, two steps per slice at least
-        split = max(1, min(_cdiv(128, _cdiv(n, 64)), chunks // 4, 8))
-    return LinearConfig(DOT, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split)
+    if n and chunks:
+        split = max(1, min(_cdiv(2 * sms, _cdiv(n, block_n) * m_tiles), chunks // 2, 8))
+    return LinearConfig(MMA, block_n=block_n, block_kb=64, num_warps=4, num_stages=1, split_k=split)
 
 
 def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool = False) -> list[LinearConfig]:
-    """What --tune times for one (N, K, M): gemv (dp4a / FMA) at M = 1, 2; multi-row gemv
-    (w2a8) from M = 3; tensor cores always."""
-    chunks = k // 128
+    """What the tuner times for one (N, K, M). W2A8: ``lanes`` (dp4a) up to M = 8 and ``mma``
+    (tensor cores) at every width; W2A16: gemv at M <= 2, the 16-bit dot always."""
+    chunks = _cdiv(k, 128)
     out = []
-    if m > 2 and not weight_only:
-        for bn in (4, 8, 16):
-            for kb in (128, 256):
-                for sk in (1, 2):
-                    if sk > 1 and chunks / sk < kb // 32:
+    if weight_only:
+        if m <= 2:
+            for bn in (4, 8, 16):
+                for kb in (256, 512, 1024):
+                    step = kb // 32
+                    if step > 2 * chunks:
                         continue
-                    out.append(LinearConfig(ROWS, bn, kb, num_warps=4, num_stages=1, split_k=sk))
-    if m <= 2:
-        for bn in (4, 8, 16):
-            for kb in (256, 512, 1024):
-                step = kb // 32
-                if step > 2 * chunks:
-                    continue
-                for sk in (1, 2, 4):
-                    if sk > 1 and chunks / sk < step / 2:  # slices much shorter than a step waste lanes
+                    for sk in (1, 2, 4):
+                        if sk > 1 and chunks / sk < step / 2:  # slices much shorter than a step waste lanes
+                            continue
+                        out.append(LinearConfig(GEMV, bn, kb, num_warps=4, num_stages=1, split_k=sk))
+        for bn in (32, 64):
+            for kb in (64, 128):
+                for sk in (1, 2, 4, 8):
+                    if sk > 1 and (_cdiv(n, bn) >= 264 or chunks / sk < kb // 32):
                         continue
-                    out.append(LinearConfig(GEMV, bn, kb, num_warps=4, num_stages=1, split_k=sk))
-    for bn in (32, 64):
-        for kb in (64, 128):
-            for sk in (1, 2, 4, 8):
-                if sk > 1 and (_cdiv(n, bn) >= 264 or chunks / sk < kb // 32):
-                    continue
-                out.append(LinearConfig(DOT, bn, kb, num_warps=4, num_stages=3, split_k=sk))
+                    out.append(LinearConfig(DOT, bn, kb, num_warps=4, num_stages=3, split_k=sk))
+        return out
+    if m <= 4:  # dp4a work grows with M: past a few rows the tensor cores win everywhere
+        out += [LinearConfig(LANES, bn, 256, num_warps=4, num_stages=1) for bn in (4, 8, 16)]
+        if chunks >= 8:
+            out.append(LinearConfig(LANES, 8, 128, num_warps=4, num_stages=1, split_k=2))
+    for bn, kb, sk, warps, stages in ((32, 64, 1, 4, 1), (32, 64, 4, 4, 1), (64, 64, 1, 4, 1), (64, 64, 2, 4, 1),
+                                      (64, 64, 4, 4, 1), (64, 64, 1, 8, 1), (128, 64, 1, 8, 1)):
+        if grouped:
+            kb = 32  # one chunk per step: its group scale applies to that chunk's exact sum
+        if sk > 1 and chunks / sk < 2 * kb // 32:  # slices of at least two steps
+            continue
+        cfg = LinearConfig(MMA, bn, kb, num_warps=warps, num_stages=stages, split_k=sk)
+        if cfg not in out:
+            out.append(cfg)
     return out
 
 

@@ -24,7 +24,7 @@ import triton.language as tl
 from .common import (bf16_dot_upcast, check_dtype, check_launchable, check_packed_weight, gdc_prologue, next_pow2,
                      pdl_options, scale_strides, split_k_chunks, split_k_reduce)
 from .packing import BYTES_PER_CHUNK, CHUNK_K, unpack_ternary
-from .tuning import GEMV, ROWS, LinearConfig, default_linear, linear_key, lookup
+from .tuning import GEMV, W2A8_ONLY, LinearConfig, default_linear, linear_key, lookup
 
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -43,7 +43,7 @@ def _w2a16_gemv_kernel(
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
     gdc_prologue(USE_GDC)
-    N_CHUNKS: tl.constexpr = K // 128
+    N_CHUNKS: tl.constexpr = (K + 127) // 128  # the last chunk may be padded (zero weights)
     m = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     c_lo = tl.program_id(2) * chunks_per_split
@@ -62,8 +62,8 @@ def _w2a16_gemv_kernel(
         if GROUPED:
             acc = tl.zeros((BLOCK_N, CHUNKS, 32), tl.float32)
         for i in tl.static_range(4):
-            x = tl.load(x_ptr + m * stride_xm + c[:, None] * 128 + 32 * i + rb[None, :],
-                        mask=mask_c[:, None], other=0.0).to(tl.float32)  # [CHUNKS, 32]
+            kx = c[:, None] * 128 + 32 * i + rb[None, :]
+            x = tl.load(x_ptr + m * stride_xm + kx, mask=mask_c[:, None] & (kx < K), other=0.0).to(tl.float32)
             w = ((wb >> (2 * i)) & 3).to(tl.float32) - 1.0
             acc += w * x[None, :, :]
         if GROUPED:
@@ -96,7 +96,7 @@ def _w2a16_dot_kernel(
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
     gdc_prologue(USE_GDC)
-    N_CHUNKS: tl.constexpr = K // 128
+    N_CHUNKS: tl.constexpr = (K + 127) // 128  # the last chunk may be padded (zero weights)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     c_lo = tl.program_id(2) * chunks_per_split
@@ -116,8 +116,9 @@ def _w2a16_dot_kernel(
             if GROUPED:
                 acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
             for i in tl.static_range(4):
-                x = tl.load(x_ptr + rm[None, :] * stride_xm + c * 128 + 32 * i + rb[:, None],
-                            mask=mask_m[None, :] & ok[:, None], other=0.0)  # [32, BLOCK_M]
+                kx = c * 128 + 32 * i + rb
+                x = tl.load(x_ptr + rm[None, :] * stride_xm + kx[:, None],
+                            mask=mask_m[None, :] & (ok & (kx < K))[:, None], other=0.0)  # [32, BLOCK_M]
                 # -1 / 0 / 1 are exact in every float dtype; the float32 hop avoids an int->bf16
                 # convert that the interpreter gets wrong and costs one cvt on the GPU
                 w = (((wb >> (2 * i)) & 3).to(tl.float32) - 1.0).to(x.dtype)
@@ -155,6 +156,8 @@ def w2a16_linear(
         raise ValueError(f"w2a16_linear: x must be 2-D [M, K] with contiguous rows, got {tuple(x.shape)}")
     m, k = x.shape
     n, grouped = check_packed_weight(packed, w_scale, k, "w2a16_linear")
+    if w_scale.dim() == 0:
+        w_scale = w_scale.reshape(1)
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if out_dtype not in X_DTYPES:
         raise TypeError(f"w2a16_linear: out_dtype {out_dtype} not supported, expected one of {X_DTYPES}")
@@ -167,15 +170,15 @@ def w2a16_linear(
         return out
     stride_sn, stride_sg = scale_strides(w_scale, grouped)
     chunks = config.block_kb // BYTES_PER_CHUNK
-    per_split, n_split = split_k_chunks(k // CHUNK_K, config.split_k, chunks)
+    per_split, n_split = split_k_chunks(triton.cdiv(k, CHUNK_K), config.split_k, chunks)
     split = n_split > 1
     target = torch.empty((n_split, m, n), dtype=torch.float32, device=x.device) if split else out
     common = dict(K=k, GROUPED=grouped, SPLIT=split, BLOCK_N=config.block_n, CHUNKS=chunks,
                   num_warps=config.num_warps, num_stages=config.num_stages)
     args = (x, packed, w_scale, target, m, n, per_split,
             x.stride(0), packed.stride(0), stride_sn, stride_sg, out.stride(0))
-    if config.kernel == ROWS:
-        raise ValueError("w2a16_linear: the multi-row gemv kernel ('rows') is W2A8 only; use 'gemv' or 'dot'")
+    if config.kernel in W2A8_ONLY:
+        raise ValueError(f"w2a16_linear: the {config.kernel!r} kernel is W2A8 only; use 'gemv' or 'dot'")
     if config.kernel == GEMV:
         check_launchable(_w2a16_gemv_kernel, x, packed, w_scale)
         _w2a16_gemv_kernel[(m, triton.cdiv(n, config.block_n), n_split)](*args, **common,
@@ -201,12 +204,12 @@ def w2a16_linear_reference(
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:  # [M, N]
     """The pure-PyTorch twin: float32 per-group partial sums, scaled, summed."""
-    codes = unpack_ternary(packed).float()  # [N, K]
+    codes = unpack_ternary(packed).float()  # [N, Kp]: K padded to whole chunks with zero weights
     m, k = x.shape
-    n = codes.shape[0]
-    x32 = x.float()
+    n, kp = codes.shape
+    x32 = torch.nn.functional.pad(x.float(), (0, kp - k))  # the padding inputs meet zero weights
     if w_scale.dim() == 2:
-        g = k // CHUNK_K
+        g = kp // CHUNK_K
         part = torch.einsum("mgk,ngk->mng", x32.view(m, g, CHUNK_K), codes.view(n, g, CHUNK_K))
         y = (part * w_scale[None]).sum(-1)
     else:

@@ -6,28 +6,50 @@
 
 ``W`` in {-1, 0, 1} arrives packed as layout ``ternary-2bit-k128x4-v1`` (``packing.py``):
 byte ``32*g + j`` of a row holds, in bits ``2i..2i+1``, the code ``c = W + 1`` of input
-``128*g + 32*i + j``. Both kernels keep the codes unsigned and correct once per row:
+``128*g + 32*i + j``. All kernels keep the codes unsigned and correct once per row:
 ``sum_k a*(c - 1) = sum_k a*c - sum_k a`` (the offset trick of llama.cpp's TQ2_0), so
 decoding is a shift and a mask, nothing more.
 
-Three kernels, picked per (N, K, M) by the tuned table (``tuning.py``):
+Five kernels, picked per (N, K, M) by the tuned table (``tuning.py``) or, without one, by
+``tuning.default_linear`` from the shape and the SM count. Two generations:
+
+v1 (measured on the H200, the untuned default today):
 
 * ``gemv`` (M = 1, 2): one activation row per program, a ``[BLOCK_N, CHUNKS, 8]`` tile of
   int32 words per K step. Word ``j`` of chunk ``c`` holds, in lane ``i``, the codes of the
   four *consecutive* inputs ``128c + 32i + 4j .. +3`` -- exactly activation word
   ``32c + 8i + j`` -- so ``(word >> 2i) & 0x03030303`` and one ``dp4a`` do four
-  multiply-adds: about three integer instructions per four weights, all in registers, and
-  the activation words of a lane are contiguous (vector loads).
+  multiply-adds, all in registers, and the activation words of a lane are contiguous.
 * ``rows`` (M = 3 .. 2D+1): the gemv kernel with up to 16 activation rows per program, so
-  each weight word is loaded and decoded once for every row; dp4a work grows with M, the
-  weight bytes do not.
+  each weight word is loaded and decoded once for every row.
 * ``dot`` (M >= 3): per 128-chunk, the ``[BLOCK_N, 32]`` byte tile is shifted/masked per
-  lane into int8 codes that multiply (``tl.dot``, int8 tensor cores, int32 accumulators)
-  the activations of inputs ``128c + 32i + 0..31``. The weights are the dot's first
-  operand ("swap AB"): N fills the tensor-core M side and the width only pads to 16.
-  (Expanding a chunk's four lanes side by side into one K = 128 dot was measured slower
-  on the H200, 11.7 vs 9.5 µs per call over the 2B layer mix at M = 9: the reshape costs a
-  layout conversion through shared memory.)
+  lane into int8 codes (one shift, mask and convert per weight) that multiply (``tl.dot``,
+  int8 tensor cores) the activations of inputs ``128c + 32i + 0..31``. The weights are the
+  dot's first operand ("swap AB"): N fills the tensor-core M side, the width pads to 16;
+  rows beyond 64 take a second tile (the weights decoded again).
+
+v2 (issue 15: fewer integer instructions per weight, every width decoded once; exact
+against the twin under the interpreter, ``BITMTP_W2A8_KERNELS=v2`` makes it the default):
+
+* ``lanes`` (M <= 8): dp4a with each lane *masked in place* (``word & (3 << 2i)·0x01010101``,
+  no shift; lane i sums into its own accumulator, divided by ``4^i`` once at the end), all
+  rows of the width in one program, the offset correction ``sum_k a`` in a separate pass
+  over the activations: one mask per four weights, then one dp4a per row.
+* ``mma`` (any M): int8 tensor cores over up to 128 rows per tile (each weight tile
+  decoded once for every width <= 128). Per chunk the *packed* tile goes to the operand
+  layout once and each lane is decoded there with one 32-bit AND per four weights (lanes
+  masked in place; lane 3 as ``64·(c - 2)`` with an XOR), into its own accumulator; the
+  offset correction is one dp4a pass after the loop. Decoding before the layout change (as
+  ``dot`` does, or through inline PTX, which the compiler cannot move) converts four
+  decoded tiles instead of one packed tile: ``tools/kernel_sass.py`` counts 597 against 166
+  instructions per loop iteration on sm_87.
+
+Both v2 kernels load their first weight step *before* waiting for the previous kernel
+(``gdc_prologue``): the weights are constants, so under programmatic dependent launch
+(sm_90+) their DRAM latency overlaps the previous kernel's tail.
+
+K need not be a multiple of 128: packed rows end in zero-weight padding (``packing.py``),
+and every kernel reads the activations beyond K as 0.
 
 Group-128 scales are applied per chunk after its exact int32 sum. ``split_k > 1`` gives
 each program a slice of the chunks; slices write int32 (per-row scales: still exact) or
@@ -46,13 +68,17 @@ import triton.language as tl
 
 from .numerics import int_matmul
 
-from .common import (check_dtype, check_launchable, check_packed_weight, check_residual, dp4a, gdc_prologue,
-                     is_interpreted, next_pow2, pdl_options, scale_strides, split_k_chunks, split_k_reduce)
+from .common import (check_dtype, check_launchable, check_packed_weight, check_residual, dp4a, dp4a_unsigned,
+                     gdc_prologue, is_interpreted, next_pow2, pdl_options, scale_strides, split_k_chunks,
+                     split_k_reduce)
 from .packing import BYTES_PER_CHUNK, CHUNK_K, unpack_ternary
-from .tuning import GEMV, ROWS, LinearConfig, default_linear, linear_key, lookup
+from .tuning import DOT, GEMV, LANES, MMA, ROWS, LinearConfig, default_linear, linear_key, lookup, sm_count
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ROWS_MAX_BLOCK_M = 16  # activation rows one ``rows`` program multiplies (registers: BLOCK_N·BLOCK_M·words)
+LANES_MAX_BLOCK_M = 8  # the same for ``lanes`` (four accumulators per word)
+MMA_MAX_BLOCK_M = 128  # ``mma``: every width up to 128 rows decodes each weight tile once
+WORD_KERNELS = (GEMV, ROWS, LANES)  # read activations and weights as 4-byte words
 
 
 @triton.jit
@@ -72,7 +98,7 @@ def _w2a8_gemv_kernel(
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
     gdc_prologue(USE_GDC)
-    N_CHUNKS: tl.constexpr = K // 128
+    N_CHUNKS: tl.constexpr = (K + 127) // 128  # the last chunk may end in zero-weight padding
     m = tl.program_id(0)  # one activation row per program; rows of one N tile run side by side
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     c_lo = tl.program_id(2) * chunks_per_split
@@ -96,8 +122,8 @@ def _w2a8_gemv_kernel(
             asum = tl.zeros((CHUNKS, 8), tl.int32)
         for i in tl.static_range(4):
             # lane i of word j = inputs 128c + 32i + 4j .. +3 = activation word 32c + 8i + j
-            a = tl.load(a_ptr + m * stride_am + c[:, None] * 32 + 8 * i + rj[None, :],
-                        mask=mask_c[:, None], other=0)  # [CHUNKS, 8]
+            aw = c[:, None] * 32 + 8 * i + rj[None, :]  # activation word; K % 4 == 0 here
+            a = tl.load(a_ptr + m * stride_am + aw, mask=mask_c[:, None] & (aw < K // 4), other=0)  # [CHUNKS, 8]
             codes = (wt >> (2 * i)) & 0x03030303
             acc = dp4a(codes, a[None, :, :], acc, USE_ASM)
             asum = dp4a(a, ones, asum, USE_ASM)
@@ -163,7 +189,7 @@ def _w2a8_rows_kernel(
     """The gemv kernel with BLOCK_M activation rows per program: each weight word is loaded
     and decoded once and multiplies every row (dp4a), instead of once per row."""
     gdc_prologue(USE_GDC)
-    N_CHUNKS: tl.constexpr = K // 128
+    N_CHUNKS: tl.constexpr = (K + 127) // 128
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     c_lo = tl.program_id(2) * chunks_per_split
@@ -186,8 +212,10 @@ def _w2a8_rows_kernel(
             acc = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
             asum = tl.zeros((BLOCK_M, CHUNKS, 8), tl.int32)
         for i in tl.static_range(4):
-            a = tl.load(a_ptr + rm[:, None, None] * stride_am + c[None, :, None] * 32 + 8 * i + rj[None, None, :],
-                        mask=mask_m[:, None, None] & mask_c[None, :, None], other=0)  # [BLOCK_M, CHUNKS, 8]
+            aw = c[:, None] * 32 + 8 * i + rj[None, :]  # [CHUNKS, 8] activation words
+            a = tl.load(a_ptr + rm[:, None, None] * stride_am + aw[None, :, :],
+                        mask=mask_m[:, None, None] & (mask_c[:, None] & (aw < K // 4))[None, :, :],
+                        other=0)  # [BLOCK_M, CHUNKS, 8]
             codes = (wt >> (2 * i)) & 0x03030303
             acc = dp4a(codes[:, None, :, :], a[None, :, :, :], acc, USE_ASM)
             asum = dp4a(a, ones, asum, USE_ASM)
@@ -221,7 +249,7 @@ def _w2a8_dot_kernel(
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
     gdc_prologue(USE_GDC)
-    N_CHUNKS: tl.constexpr = K // 128
+    N_CHUNKS: tl.constexpr = (K + 127) // 128
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     c_lo = tl.program_id(2) * chunks_per_split
@@ -243,8 +271,9 @@ def _w2a8_dot_kernel(
                 acc = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
                 asum = tl.zeros((BLOCK_M,), tl.int32)
             for i in tl.static_range(4):
-                a = tl.load(a_ptr + rm[None, :] * stride_am + c * 128 + 32 * i + rb[:, None],
-                            mask=mask_m[None, :] & ok[:, None], other=0)  # [32, BLOCK_M] int8
+                ka = c * 128 + 32 * i + rb
+                a = tl.load(a_ptr + rm[None, :] * stride_am + ka[:, None],
+                            mask=mask_m[None, :] & (ok & (ka < K))[:, None], other=0)  # [32, BLOCK_M] int8
                 codes = ((wb >> (2 * i)) & 3).to(tl.int8)
                 acc = tl.dot(codes, a, acc, out_dtype=tl.int32)  # [BLOCK_N, BLOCK_M]
                 asum += tl.sum(a.to(tl.int32), axis=0)
@@ -260,11 +289,236 @@ def _w2a8_dot_kernel(
                 GROUPED, SPLIT, RESIDUAL)
 
 
+@triton.jit
+def _w2a8_lanes_kernel(
+    a_ptr,  # [M, K/4] int32: four int8 activations per word
+    a_scale_ptr,  # [M] float32
+    w_ptr,  # [N, Kp/16] int32 packed words (as the gemv kernel reads them)
+    w_scale_ptr,  # [N] or [N, ceil(K/128)] float32
+    out_ptr,  # [M, N] (SPLIT: [S, M, N] int32 or float32 partial sums)
+    res_ptr,  # [M, N] float32 residual (RESIDUAL)
+    M, N, chunks_per_split,
+    stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
+    K: tl.constexpr,
+    GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
+):
+    """dp4a over all BLOCK_M rows of the width with each weight word loaded and decoded once.
+
+    A lane is *masked in place* (``word & (0x03030303 << 2i)``), not shifted down: its codes
+    read as ``4^i * c`` and lane i sums into its own accumulator, divided by ``4^i`` once at
+    the end (exact: every product is a multiple of ``4^i``). Two integer instructions per
+    four weights and row-independent decode: one mask, then one dp4a per row. The offset
+    correction ``sum_k a`` is a separate pass over the activations after the main loop, not
+    a dp4a per weight word. The first weight step is loaded before waiting for the previous
+    kernel (weights are constants), so under programmatic launch it overlaps that kernel.
+    int32 headroom: lane 3's sum is at most ``128 · 128 · K / 4``, below 2**31 for K < 524288."""
+    N_CHUNKS: tl.constexpr = (K + 127) // 128
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    c_lo = tl.program_id(2) * chunks_per_split
+    c_hi = tl.minimum(c_lo + chunks_per_split, N_CHUNKS)
+    rc = tl.arange(0, CHUNKS)
+    rj = tl.arange(0, 8)
+    mask_n = rn < N
+    mask_m = rm < M
+    w_rows = w_ptr + rn[:, None, None] * stride_wn + rj[None, None, :]
+    a_rows = a_ptr + rm[:, None, None] * stride_am
+
+    c = c_lo + rc
+    wt = tl.load(w_rows + c[None, :, None] * 8, mask=mask_n[:, None, None] & (c < c_hi)[None, :, None], other=0)
+    gdc_prologue(USE_GDC)  # from here on the previous kernel's output (the activations) is visible
+
+    acc0 = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
+    acc1 = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
+    acc2 = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
+    acc3 = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
+    ones = tl.full((BLOCK_M, CHUNKS, 8), 0x01010101, tl.int32)
+    asum = tl.zeros((BLOCK_M, CHUNKS, 8), tl.int32)
+    facc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    for c0 in range(c_lo, c_hi, CHUNKS):
+        c = c0 + rc
+        mask_c = c < c_hi
+        cn = c + CHUNKS  # the next step's weights: in flight while this step computes
+        wt_next = tl.load(w_rows + cn[None, :, None] * 8, mask=mask_n[:, None, None] & (cn < c_hi)[None, :, None],
+                          other=0)
+        if GROUPED:
+            acc0 = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
+            acc1 = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
+            acc2 = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
+            acc3 = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
+            asum = tl.zeros((BLOCK_M, CHUNKS, 8), tl.int32)
+        w4 = wt[:, None, :, :]
+        for i in tl.static_range(4):
+            aw = c[:, None] * 32 + 8 * i + rj[None, :]  # lane i of word j = activation word 32c + 8i + j
+            a3 = tl.load(a_rows + aw[None, :, :], mask=mask_m[:, None, None] & (mask_c[:, None] & (aw < K // 4))[None],
+                         other=0)  # [BLOCK_M, CHUNKS, 8]
+            a = a3[None, :, :, :]
+            if i == 0:
+                acc0 = dp4a_unsigned(w4 & 0x03030303, a, acc0, USE_ASM)
+            elif i == 1:
+                acc1 = dp4a_unsigned(w4 & 0x0C0C0C0C, a, acc1, USE_ASM)
+            elif i == 2:
+                acc2 = dp4a_unsigned(w4 & 0x30303030, a, acc2, USE_ASM)
+            else:
+                acc3 = dp4a_unsigned(w4 & -1061109568, a, acc3, USE_ASM)  # 0xC0C0C0C0 as int32
+            if GROUPED:
+                asum = dp4a(a3, ones, asum, USE_ASM)
+        if GROUPED:
+            s = tl.load(w_scale_ptr + rn[:, None] * stride_sn + c[None, :] * stride_sg,
+                        mask=mask_n[:, None] & mask_c[None, :], other=0.0)  # [BLOCK_N, CHUNKS]
+            words = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6)  # exact: lane i's sums are multiples of 4^i
+            chunk = tl.sum(words, axis=3) - tl.sum(asum, axis=2)[None, :, :]  # [BLOCK_N, BLOCK_M, CHUNKS]
+            facc += tl.sum(chunk.to(tl.float32) * s[:, None, :], axis=2)
+        wt = wt_next
+
+    if GROUPED:
+        y = facc
+    else:
+        # sum_k a over this slice, once per row (a dp4a against ones per activation word)
+        rw = tl.arange(0, CHUNKS * 32)
+        arow = a_ptr + rm[:, None] * stride_am
+        asum2 = tl.zeros((BLOCK_M, CHUNKS * 32), tl.int32)
+        for w0 in range(c_lo * 32, c_hi * 32, CHUNKS * 32):
+            aw = w0 + rw
+            a = tl.load(arow + aw[None, :], mask=mask_m[:, None] & ((aw < c_hi * 32) & (aw < K // 4))[None, :], other=0)
+            asum2 = dp4a(a, tl.full((BLOCK_M, CHUNKS * 32), 0x01010101, tl.int32), asum2, USE_ASM)
+        y = (tl.sum(tl.sum(acc0, axis=3), axis=2) + (tl.sum(tl.sum(acc1, axis=3), axis=2) >> 2)
+             + (tl.sum(tl.sum(acc2, axis=3), axis=2) >> 4) + (tl.sum(tl.sum(acc3, axis=3), axis=2) >> 6)
+             - tl.sum(asum2, axis=1)[None, :])  # [BLOCK_N, BLOCK_M] int32
+    _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
+                GROUPED, SPLIT, RESIDUAL)
+
+
+@triton.jit
+def _mma_chunk(wb, c, c_hi, a_cols, mask_m, rb, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc1, acc2, acc3, asum,
+               facc, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUPED: tl.constexpr,
+               ASUM_BY_DOT: tl.constexpr):
+    """One 128-chunk of ``_w2a8_mma_kernel``: the four lanes of the packed tile ``wb``
+    ([BLOCK_N, 32] uint8) against their activations; group scales applied per chunk."""
+    live = rb * 0 + c < c_hi  # [32]: a step may overshoot the slice
+    if GROUPED:
+        acc0 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+        acc1 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+        acc2 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+        acc3 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+        asum = tl.zeros((16, BLOCK_M), tl.int32)
+    for i in tl.static_range(4):
+        ka = c * 128 + 32 * i + rb
+        a = tl.load(a_cols + c * 128 + 32 * i, mask=mask_m & (live & (ka < K))[:, None], other=0)  # [32, BLOCK_M]
+        if i == 0:
+            acc0 = tl.dot((wb & 0x03).to(tl.int8, bitcast=True), a, acc0, out_dtype=tl.int32)
+        elif i == 1:
+            acc1 = tl.dot((wb & 0x0C).to(tl.int8, bitcast=True), a, acc1, out_dtype=tl.int32)
+        elif i == 2:
+            acc2 = tl.dot((wb & 0x30).to(tl.int8, bitcast=True), a, acc2, out_dtype=tl.int32)
+        else:
+            acc3 = tl.dot(((wb & 0xC0) ^ 0x80).to(tl.int8, bitcast=True), a, acc3, out_dtype=tl.int32)
+        if ASUM_BY_DOT:
+            if i < 3:
+                asum = tl.dot(tl.full((16, 32), -1, tl.int8), a, asum, out_dtype=tl.int32)
+            else:
+                asum = tl.dot(tl.full((16, 32), 1, tl.int8), a, asum, out_dtype=tl.int32)
+    if GROUPED:
+        s = tl.load(w_scale_ptr + rn * stride_sn + c * stride_sg, mask=(rn < N) & (rn * 0 + c < c_hi), other=0.0)
+        chunk = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.max(asum, axis=0)[None, :]
+        facc += chunk.to(tl.float32) * s[:, None]
+    return acc0, acc1, acc2, acc3, asum, facc
+
+
+@triton.jit
+def _w2a8_mma_kernel(
+    a_ptr,  # [M, K] int8
+    a_scale_ptr,  # [M] float32
+    w_ptr,  # [N, Kp/4] uint8 packed codes
+    w_scale_ptr,  # [N] or [N, ceil(K/128)] float32
+    out_ptr,  # [M, N] (SPLIT: [S, M, N] int32 or float32 partial sums)
+    res_ptr,  # [M, N] float32 residual (RESIDUAL)
+    M, N, chunks_per_split,
+    stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
+    K: tl.constexpr,
+    GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    ASUM_BY_DOT: tl.constexpr,  # group scales, or activation rows that are not whole aligned int32 words
+    USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
+):
+    """int8 tensor cores over all BLOCK_M (<= 128) rows of the width: each weight tile is
+    loaded and decoded once for every row.
+
+    Per chunk the ``[BLOCK_N, 32]`` packed bytes go to the tensor cores' operand layout once
+    (Triton converts the *packed* tile, then decodes in registers), and each lane is one
+    bitwise instruction per four weights, with no shift: lane i < 3 is ``byte & (3 << 2i)``
+    = ``4^i · c`` (its own accumulator, divided by ``4^i`` at the end), lane 3 is
+    ``(byte & 0xC0) ^ 0x80`` = ``64 · (c - 2)`` as a signed byte. Bitwise and/xor act on four
+    packed bytes at once, so the compiler keeps them 32-bit. With ``w = c - 1``:
+    ``sum w·a = acc0 + acc1/4 + acc2/16 + acc3/64 - (a-sums of lanes 0..2) + (a-sum of lane 3)``,
+    the a-sums (row scales, word-aligned activations) from one dp4a pass over the activations after the loop,
+    else (group scales, or K % 4 != 0) from the tensor cores (a -1 / +1 tile times the same
+    activations). Exact: every lane sum is a multiple of its scale; |acc3| <= 128·128·K/4 < 2**31.
+    The first weight chunk is loaded before waiting for the previous kernel (constants)."""
+    N_CHUNKS: tl.constexpr = (K + 127) // 128
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    c_lo = tl.program_id(2) * chunks_per_split
+    c_hi = tl.minimum(c_lo + chunks_per_split, N_CHUNKS)
+    rb = tl.arange(0, 32)  # byte j of a chunk: inputs 32i + j of lane i
+    mask_n = (rn < N)[:, None]
+    mask_m = (rm < M)[None, :]
+    w_rows = w_ptr + rn[:, None] * stride_wn + rb[None, :]
+    a_cols = a_ptr + rm[None, :] * stride_am + rb[:, None]
+
+    # (rn * 0 + c): a scalar condition as a row vector, which the interpreter accepts in a mask too
+    # the weights are constants: their first chunk is in flight before the wait
+    wb = tl.load(w_rows + c_lo * 32, mask=mask_n & (rn * 0 + c_lo < c_hi)[:, None], other=0)
+    gdc_prologue(USE_GDC)
+
+    acc0 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+    acc1 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+    acc2 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+    acc3 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+    asum = tl.zeros((16, BLOCK_M), tl.int32)  # 16 equal rows: -sum(lanes 0..2) + sum(lane 3)
+    facc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    # The first chunk is peeled off the loop: every chunk's tile is then a fresh load, not a
+    # loop-carried value, so the compiler converts the *packed* tile to the operand layout
+    # once and decodes there (a loop-carried tile would be converted once per lane).
+    acc0, acc1, acc2, acc3, asum, facc = _mma_chunk(
+        wb, c_lo, c_hi, a_cols, mask_m, rb, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc1, acc2, acc3, asum,
+        facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT)
+    for c0 in range(c_lo + 1, c_hi, CHUNKS):
+        for cc in tl.static_range(CHUNKS):
+            c = c0 + cc
+            wb = tl.load(w_rows + c * 32, mask=mask_n & (rn * 0 + c < c_hi)[:, None], other=0)
+            acc0, acc1, acc2, acc3, asum, facc = _mma_chunk(
+                wb, c, c_hi, a_cols, mask_m, rb, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc1, acc2, acc3,
+                asum, facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT)
+
+    if GROUPED:
+        y = facc
+    elif ASUM_BY_DOT:
+        y = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.max(asum, axis=0)[None, :]  # int32
+    else:
+        # -sum(lanes 0..2) + sum(lane 3) over this slice: bytes 0..2 of each activation word weigh
+        # -1 and byte 3 +1 (input 32i + j of a chunk is byte j % 4 of word 8i + j // 4: lane = word // 8)
+        rw = tl.arange(0, 32)  # the words of one chunk
+        sign = tl.where(rw // 8 == 3, 0x01010101, -1)  # four bytes of +1 (lane 3) or of -1 (0xFFFFFFFF)
+        a_words = a_ptr.to(tl.pointer_type(tl.int32)) + rm[:, None] * (stride_am // 4) + rw[None, :]
+        asum2 = tl.zeros((BLOCK_M, 32), tl.int32)
+        for c in range(c_lo, c_hi):
+            aw = tl.load(a_words + c * 32, mask=(rm < M)[:, None] & (c * 32 + rw < K // 4)[None, :], other=0)
+            asum2 = dp4a(aw, sign[None, :], asum2, USE_ASM)
+        y = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.sum(asum2, axis=1)[None, :]  # int32
+    _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
+                GROUPED, SPLIT, RESIDUAL)
+
+
 def w2a8_linear(
     a_int8: torch.Tensor,  # [M, K] int8
     a_scale: torch.Tensor,  # [M] float32 (absmax / 127, i.e. 1/q)
-    packed: torch.Tensor,  # [N, K/4] uint8, layout ternary-2bit-k128x4-v1
-    w_scale: torch.Tensor,  # [N] float32 per row, or [N, K/128] float32 per 128-group
+    packed: torch.Tensor,  # [N, ceil(K/128)*32] uint8, layout ternary-2bit-k128x4-v1
+    w_scale: torch.Tensor,  # [N] float32 per row, [1] or 0-d per tensor, or [N, ceil(K/128)] per 128-group
     *,
     out_dtype: torch.dtype = torch.float16,
     residual: torch.Tensor | None = None,  # [M, N] float32, added in the epilogue
@@ -274,13 +528,18 @@ def w2a8_linear(
 
     ``residual`` (float32 output only) fuses the transformer's ``x + f(x)``: the product is
     rounded to float32 first and then added, so the result equals the unfused sum bit for bit.
-    ``config`` overrides the tuned table (the benchmark's tuner uses it); leave it None.
+    ``config`` overrides the tuned table (the tuner uses it); leave it None. K need not be a
+    multiple of 128 (the packed rows end in zero-weight padding); where the activations cannot
+    be read as 4-byte words (K % 4 != 0, or unaligned rows) the word-reading kernels give way
+    to the tensor-core kernel.
     """
     if a_int8.dtype != torch.int8 or a_int8.dim() != 2 or a_int8.stride(1) != 1:
         raise TypeError(f"w2a8_linear: a_int8 must be a 2-D int8 [M, K] tensor with contiguous rows, "
                         f"got {a_int8.dtype} {tuple(a_int8.shape)}")
     m, k = a_int8.shape
     n, grouped = check_packed_weight(packed, w_scale, k, "w2a8_linear")
+    if w_scale.dim() == 0:
+        w_scale = w_scale.reshape(1)
     check_dtype(a_scale, (torch.float32,), "w2a8_linear: a_scale")
     if a_scale.shape != (m,):
         raise ValueError(f"w2a8_linear: a_scale must be [M]={m}, got {tuple(a_scale.shape)}")
@@ -289,14 +548,19 @@ def w2a8_linear(
     check_residual(residual, m, n, out_dtype, "w2a8_linear")
     if config is None:
         config = (lookup("w2a8_linear", linear_key(n, k, m, grouped), packed.device)
-                  or default_linear(m, grouped, n=n, k=k))
+                  or default_linear(m, grouped, n=n, k=k, sms=sm_count(packed.device)))
+    words = (k % 4 == 0 and a_int8.stride(0) % 4 == 0 and a_int8.data_ptr() % 4 == 0
+             and packed.stride(0) % 4 == 0 and packed.data_ptr() % 4 == 0)
+    if config.kernel in WORD_KERNELS and not words:  # the byte-reading kernels take any K
+        config = LinearConfig(MMA if config.kernel == LANES else DOT, block_n=64, block_kb=64, num_warps=4,
+                              num_stages=1 if config.kernel == LANES else 3, split_k=config.split_k)
 
     out = torch.empty((m, n), dtype=out_dtype, device=a_int8.device)
     if m == 0 or n == 0:
         return out
     stride_sn, stride_sg = scale_strides(w_scale, grouped)
-    chunks = config.block_kb // BYTES_PER_CHUNK
-    per_split, n_split = split_k_chunks(k // CHUNK_K, config.split_k, chunks)
+    chunks = 1 if (grouped and config.kernel == MMA) else config.block_kb // BYTES_PER_CHUNK
+    per_split, n_split = split_k_chunks(triton.cdiv(k, CHUNK_K), config.split_k, chunks)
     split = n_split > 1
     # split-K slices write int32 (per-row: still exact) or float32 (group scales applied) partials
     target = torch.empty((n_split, m, n), dtype=torch.float32 if grouped else torch.int32,
@@ -307,31 +571,30 @@ def w2a8_linear(
     common = dict(K=k, GROUPED=grouped, SPLIT=split, RESIDUAL=residual is not None and not split,
                   BLOCK_N=config.block_n, CHUNKS=chunks, num_warps=config.num_warps, num_stages=config.num_stages,
                   enable_fp_fusion=False)
-    if config.kernel in (GEMV, ROWS):
-        kernel = _w2a8_gemv_kernel if config.kernel == GEMV else _w2a8_rows_kernel
-        check_launchable(kernel, a_int8, a_scale, packed, w_scale)
-        if a_int8.stride(0) % 4 or a_int8.data_ptr() % 4 or packed.stride(0) % 4 or packed.data_ptr() % 4:
-            raise ValueError("w2a8_linear: the gemv kernels read 4-byte words; a_int8 and packed rows "
-                             "must start 4-byte aligned")
-        a_words = a_int8.view(torch.int32)  # [M, K/4]
-        w_words = packed.view(torch.int32)  # [N, K/16]
-        rows = {} if config.kernel == GEMV else {"BLOCK_M": min(next_pow2(m), ROWS_MAX_BLOCK_M)}
-        grid = (m, triton.cdiv(n, config.block_n), n_split) if config.kernel == GEMV else \
-            (triton.cdiv(n, config.block_n), triton.cdiv(m, rows["BLOCK_M"]), n_split)
-        kernel[grid](
-            a_words, a_scale, w_words, w_scale, target, res, m, n, per_split,
-            a_words.stride(0), w_words.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),
-            USE_ASM=not is_interpreted(kernel), **rows, **common, **pdl_options(kernel),
-        )
+    if config.kernel in WORD_KERNELS:
+        kernel = {GEMV: _w2a8_gemv_kernel, ROWS: _w2a8_rows_kernel, LANES: _w2a8_lanes_kernel}[config.kernel]
+        a_in, w_in = a_int8.view(torch.int32), packed.view(torch.int32)  # [M, K/4], [N, Kp/16]
+        if config.kernel == GEMV:
+            rows, grid = {}, (m, triton.cdiv(n, config.block_n), n_split)
+        else:
+            cap = ROWS_MAX_BLOCK_M if config.kernel == ROWS else LANES_MAX_BLOCK_M
+            rows = {"BLOCK_M": min(next_pow2(m), cap)}
+            grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, rows["BLOCK_M"]), n_split)
     else:
-        check_launchable(_w2a8_dot_kernel, a_int8, a_scale, packed, w_scale)
-        block_m = max(16, min(next_pow2(m), 64))  # tl.dot needs 16 rows at least
-        grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, block_m), n_split)
-        _w2a8_dot_kernel[grid](
-            a_int8, a_scale, packed, w_scale, target, res, m, n, per_split,
-            a_int8.stride(0), packed.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),
-            BLOCK_M=block_m, **common, **pdl_options(_w2a8_dot_kernel),
-        )
+        kernel = _w2a8_dot_kernel if config.kernel == DOT else _w2a8_mma_kernel
+        a_in, w_in = a_int8, packed
+        cap = 64 if config.kernel == DOT else MMA_MAX_BLOCK_M
+        rows = {"BLOCK_M": max(16, min(next_pow2(m), cap))}  # tl.dot needs 16 rows at least
+        grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, rows["BLOCK_M"]), n_split)
+    check_launchable(kernel, a_int8, a_scale, packed, w_scale)
+    asm = {} if kernel is _w2a8_dot_kernel else {"USE_ASM": not is_interpreted(kernel)}
+    if kernel is _w2a8_mma_kernel:
+        asm["ASUM_BY_DOT"] = grouped or not words
+    kernel[grid](
+        a_in, a_scale, w_in, w_scale, target, res, m, n, per_split,
+        a_in.stride(0), w_in.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),
+        **asm, **rows, **common, **pdl_options(kernel),
+    )
     if split:
         split_k_reduce(target, out, a_scale, None if grouped else w_scale, stride_sn, residual)
     return out
@@ -340,19 +603,22 @@ def w2a8_linear(
 def w2a8_linear_reference(
     a_int8: torch.Tensor,  # [M, K] int8
     a_scale: torch.Tensor,  # [M] float32
-    packed: torch.Tensor,  # [N, K/4] uint8
-    w_scale: torch.Tensor,  # [N] / [1] / [N, K/128] float32
+    packed: torch.Tensor,  # [N, ceil(K/128)*32] uint8
+    w_scale: torch.Tensor,  # [N] / [1] / [] / [N, ceil(K/128)] float32
     *,
     out_dtype: torch.dtype = torch.float16,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [M, N]
     """The pure-PyTorch twin: exact integer products (float64), float32 epilogue."""
     check_residual(residual, a_int8.shape[0], packed.shape[0], out_dtype, "w2a8_linear_reference")
-    codes = unpack_ternary(packed)  # [N, K] int8
     m, k = a_int8.shape
+    codes = unpack_ternary(packed, k)  # [N, K] int8 (the zero-weight padding checked and dropped)
     n = codes.shape[0]
     if w_scale.dim() == 2:
-        g = k // CHUNK_K
+        g = packed.shape[1] // BYTES_PER_CHUNK
+        kp = g * CHUNK_K
+        a_int8 = torch.nn.functional.pad(a_int8, (0, kp - k))  # whole groups: the padding adds zeros
+        codes = torch.nn.functional.pad(codes, (0, kp - k))
         acc = torch.einsum("mgk,ngk->mng", a_int8.double().view(m, g, CHUNK_K),
                            codes.double().view(n, g, CHUNK_K))  # [M, N, G], exact integers
         y = (acc.float() * w_scale[None]).sum(-1) * a_scale[:, None]

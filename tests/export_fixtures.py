@@ -7,6 +7,7 @@ Tests never modify these folders: a test that needs a broken checkpoint copies o
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import shutil
 import tempfile
@@ -42,6 +43,10 @@ def checkpoint(kind: str) -> Path:
         "qwen3-fp16": lambda d: fc.make_qwen3_group128(d),
         "qwen3-fp32": lambda d: fc.make_qwen3_group128(d, dtype=torch.float32),
         "bitmtp": lambda d: fc.make_bitmtp(d),
+        # FFN inputs not a multiple of 128 (1bitLLM bitnet_b1_58-3B / -xl): packed K padded
+        "bitnet-online-k200": lambda d: fc.make_bitnet_online(d, dims=dataclasses.replace(fc.TINY, **fc.PADDED_FFN)),
+        "qwen3-fp32-k200": lambda d: fc.make_qwen3_group128(
+            d, dims=fc.TinyDims(head_dim=128, **fc.PADDED_FFN), dtype=torch.float32),
     }
     return Path(builders[kind](root / kind))
 

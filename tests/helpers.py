@@ -19,8 +19,8 @@ needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 
 def random_model(seed: int = 0, family: str = "bitnet", vocab: int = 96, hidden: int = 128, layers: int = 2,
                  quant: QuantConfig | None = None, dtype=torch.float64, tie: bool = False,
-                 heads: tuple[int, int] = (4, 2)) -> TernaryLM:
-    cfg = ModelConfig(family=family, vocab_size=vocab, hidden_size=hidden, intermediate_size=256,
+                 heads: tuple[int, int] = (4, 2), intermediate: int = 256) -> TernaryLM:
+    cfg = ModelConfig(family=family, vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
                       num_layers=layers, num_heads=heads[0], num_kv_heads=heads[1], head_dim=hidden // heads[0],
                       rope_theta=10000.0, eos_token_ids=(vocab - 2,), tie_word_embeddings=tie)
     quant = quant or QuantConfig()

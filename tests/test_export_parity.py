@@ -164,6 +164,8 @@ def _until_eos(ids: list[int], eos: set[int]) -> list[int]:
     "bitmtp",  # BitMTP training checkpoint: the online layout + bitmtp.json
     "qwen3-fp32",  # group-128 ternary, weight-only
     "qwen3-fp16",  # the same in fp16 (Bonsai -unpacked), reference upcast to float32
+    "bitnet-online-k200",  # FFN of 200 inputs: K padded to whole 128-chunks with zero weights
+    "qwen3-fp32-k200",  # the same with group-128 scales (a short last group)
 ])
 def test_runtime_matches_transformers(artifacts, kind):
     ref = load_reference(kind)

@@ -16,7 +16,8 @@ pytest.importorskip("triton")  # the interpreter is set up by tests/__init__.py 
 
 from kernels_ampere import pack_ternary  # noqa: E402
 from kernels_ampere.numerics import int_matmul, quantize_activations  # noqa: E402
-from kernels_ampere.tuning import DOT, GEMV, ROWS, LinearConfig  # noqa: E402
+from kernels_ampere.packing import packed_width  # noqa: E402
+from kernels_ampere.tuning import DOT, GEMV, LANES, MMA, ROWS, LinearConfig, default_linear  # noqa: E402
 from kernels_ampere.w2a16 import w2a16_linear, w2a16_linear_reference  # noqa: E402
 from kernels_ampere.w2a8 import w2a8_linear, w2a8_linear_reference  # noqa: E402
 from tests.helpers import DEVICE, ON_GPU, needs_gpu  # noqa: E402
@@ -37,9 +38,12 @@ def configs(grouped: bool, m: int = 1) -> list[LinearConfig]:
 
 
 def w2a8_configs(grouped: bool, m: int = 1) -> list[LinearConfig]:
-    """Every W2A8 kernel: the shared two plus the multi-row gemv, without and with split-K."""
+    """Every W2A8 kernel: the shared two, the multi-row gemv, the masked-lane dp4a kernel and
+    the tensor-core kernel (two chunks per step), each without and with split-K."""
     rows = [LinearConfig(ROWS, 8, 64, num_warps=4), LinearConfig(ROWS, 4, 32, num_warps=2, split_k=3)]
-    return configs(grouped, m) + rows
+    lanes = [LinearConfig(LANES, 8, 64, num_warps=2), LinearConfig(LANES, 4, 32, num_warps=2, split_k=3)]
+    mma = [LinearConfig(MMA, 32, 64, num_warps=4), LinearConfig(MMA, 16, 64, num_warps=4, split_k=2)]
+    return configs(grouped, m) + rows + lanes + mma
 
 
 def random_weight(n: int, k: int, gen: torch.Generator):
@@ -129,7 +133,7 @@ def test_w2a8_rejects_mismatched_shapes_with_a_clear_error():
     gen = torch.Generator().manual_seed(0)
     _, packed = random_weight(40, 384, gen)
     a, a_s = random_activations(2, 256, gen)
-    with pytest.raises(ValueError, match="K=384"):
+    with pytest.raises(ValueError, match="K=256"):
         w2a8_linear(a, a_s, packed, torch.ones(40, device=DEVICE))
     a, a_s = random_activations(2, 384, gen)
     with pytest.raises(ValueError, match="group scales"):
@@ -185,14 +189,16 @@ def test_w2a8_fused_residual_equals_the_unfused_sum(m, n, k, grouped):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("n,k", [(3840, 2560), (2560, 2560), (13824, 2560), (2560, 6912), (2048, 6144)])
-@pytest.mark.parametrize("m", (1, 5, 17))
+@pytest.mark.parametrize("n,k", [(3840, 2560), (13824, 2560), (2560, 6912), (3200, 8640)])
+@pytest.mark.parametrize("m", (1, 9, 80))
 def test_w2a8_real_shapes_exact_on_gpu(n, k, m):
+    """The shipped kernels on BitNet-2B / 1bitLLM-3B shapes (8640 = 67.5 chunks: padded)."""
     gen = torch.Generator().manual_seed(n + m)
     _, packed = random_weight(n, k, gen)
     a, a_s = random_activations(m, k, gen)
     w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
-    for cfg in [None, *w2a8_configs(False, m)]:
+    new = [LinearConfig(MMA, 64, 64), LinearConfig(MMA, 32, 128, split_k=2)]
+    for cfg in [None, *([LinearConfig(LANES, 8, 256)] if m <= 4 else []), *new]:
         out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
         assert_exact(out, w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32),
                      f"{cfg} N={n} K={k} M={m}")
@@ -230,13 +236,108 @@ def test_w2a8_replays_inside_a_cuda_graph():
     assert_exact(out, w2a8_linear_reference(a2, s2, packed, w_s), "graph replay")
 
 
+# --- K not a multiple of 128, per-tensor scales, untuned defaults --------------------------------
+
+@pytest.mark.parametrize("m,n,k", [(1, 24, 200), (3, 40, 300), (9, 24, 452)])
+@pytest.mark.parametrize("grouped", [False, True], ids=["row", "group128"])
+def test_w2a8_k_padded_to_whole_chunks(m, n, k, grouped):
+    """K = 200, 300, 452: the packed rows end in zero weights, the kernels read the missing
+    activations as 0, and every kernel matches the twin (which checks the padding)."""
+    gen = torch.Generator().manual_seed(31 * k + m + grouped)
+    codes, packed = random_weight(n, k, gen)
+    assert packed.shape == (n, packed_width(k)) and packed.shape[1] * 4 > k
+    a, a_s = random_activations(m, k, gen)
+    groups = -(-k // 128)
+    w_s = (0.5 + torch.rand((n, groups) if grouped else (n,), generator=gen)).to(DEVICE)
+    ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32)
+    if not grouped:  # the twin against plain integer arithmetic on the unpadded codes
+        expect = (int_matmul(a.cpu(), codes).float() * a_s.cpu()[:, None] * w_s.cpu()[None, :])
+        assert_exact(ref.cpu(), expect, "twin vs int_matmul")
+    picks = [cfg for cfg in w2a8_configs(grouped, m) if cfg.kernel in (LANES, MMA, DOT)]
+    if k % 4 == 0:
+        picks.append(LinearConfig(GEMV, 8, 64, num_warps=2))
+    for cfg in picks:
+        out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
+        if grouped:
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+        else:
+            assert_exact(out, ref, f"{cfg} K={k}")
+
+
+def test_w2a8_k_not_a_multiple_of_four_runs_on_the_tensor_core_kernel():
+    """K = 130: activations cannot be read as 4-byte words; a word-kernel config gives way."""
+    gen = torch.Generator().manual_seed(5)
+    _, packed = random_weight(24, 130, gen)
+    a, a_s = random_activations(2, 130, gen)
+    w_s = (0.5 + torch.rand(24, generator=gen)).to(DEVICE)
+    ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32)
+    for cfg in (None, LinearConfig(LANES, 8, 64, num_warps=2), LinearConfig(MMA, 16, 32)):
+        assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg), ref, f"{cfg}")
+
+
+def test_w2a8_accepts_a_0d_per_tensor_scale_as_one_element():
+    gen = torch.Generator().manual_seed(6)
+    _, packed = random_weight(40, 384, gen)
+    a, a_s = random_activations(3, 384, gen)
+    scalar = torch.tensor(0.37, device=DEVICE)
+    ref = w2a8_linear_reference(a, a_s, packed, scalar.reshape(1), out_dtype=torch.float32)
+    for cfg in (None, LinearConfig(MMA, 32, 64)):
+        assert_exact(w2a8_linear(a, a_s, packed, scalar, out_dtype=torch.float32, config=cfg), ref, "0-d scale")
+    assert_exact(w2a8_linear_reference(a, a_s, packed, scalar, out_dtype=torch.float32), ref, "twin 0-d")
+    x = torch.randn(3, 384, generator=gen).to(DEVICE)
+    torch.testing.assert_close(w2a16_linear(x, packed, scalar, out_dtype=torch.float32),
+                               w2a16_linear_reference(x, packed, scalar.reshape(1), out_dtype=torch.float32),
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_w2a16_k_padded_to_whole_chunks():
+    gen = torch.Generator().manual_seed(8)
+    _, packed = random_weight(40, 300, gen)
+    x = torch.randn(2, 300, generator=gen).to(DEVICE)
+    for grouped in (False, True):
+        w_s = (0.5 + torch.rand((40, 3) if grouped else (40,), generator=gen)).to(DEVICE)
+        ref = w2a16_linear_reference(x, packed, w_s, out_dtype=torch.float32)
+        for cfg in configs(grouped, 2):
+            out = w2a16_linear(x, packed, w_s, out_dtype=torch.float32, config=cfg)
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
+def test_untuned_defaults_follow_the_sm_count():
+    """An Orin (8-16 SMs) gets wider tiles and no K split where an H200 (132) slices K; the
+    narrowest widths run dp4a kernels, wider ones the tensor cores (both generations)."""
+    small, big = (default_linear(1, False, n=2560, k=2560, sms=s, generation="v2") for s in (8, 132))
+    assert small.kernel == big.kernel == LANES and small.block_n > big.block_n and small.split_k == big.split_k == 1
+    orin, h200 = (default_linear(27, False, n=2560, k=6912, sms=s, generation="v2") for s in (8, 132))
+    assert orin.kernel == h200.kernel == MMA and orin.split_k == 1 < h200.split_k
+    assert default_linear(80, False, n=2560, k=2560, sms=16, generation="v2").kernel == MMA
+    orin, h200 = (default_linear(27, False, n=2560, k=6912, sms=s, generation="v1") for s in (8, 132))
+    assert orin.kernel == h200.kernel == DOT and orin.split_k == 1 < h200.split_k
+    assert default_linear(2, False, n=2560, k=2560, generation="v1").kernel == GEMV
+    with pytest.raises(ValueError, match="generation"):
+        default_linear(1, False, generation="v3")
+
+
+@pytest.mark.parametrize("generation", ["v1", "v2"])
+@pytest.mark.parametrize("m", (1, 2, 9))
+def test_w2a8_defaults_of_both_generations_match_the_twin(generation, m):
+    n, k = 72, 640
+    gen = torch.Generator().manual_seed(40 + m)
+    _, packed = random_weight(n, k, gen)
+    a, a_s = random_activations(m, k, gen)
+    w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
+    cfg = default_linear(m, False, n=n, k=k, sms=8, generation=generation)
+    assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg),
+                 w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32), f"{cfg}")
+
+
 def test_w2a16_refuses_the_multi_row_w2a8_kernel():
     gen = torch.Generator().manual_seed(3)
     _, packed = random_weight(40, 384, gen)
     x = torch.randn(3, 384, generator=gen).to(DEVICE)
     w_s = (0.5 + torch.rand(40, generator=gen)).to(DEVICE)
-    with pytest.raises(ValueError, match="W2A8 only"):
-        w2a16_linear(x, packed, w_s, config=LinearConfig(ROWS, 8, 64))
+    for kind in (ROWS, LANES, MMA):
+        with pytest.raises(ValueError, match="W2A8 only"):
+            w2a16_linear(x, packed, w_s, config=LinearConfig(kind, 8, 64))
 
 
 def test_programmatic_launch_is_off_where_it_cannot_run():

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kernels_ampere import tuning
-from kernels_ampere.tuning import DOT, GEMV, ROWS, HeadConfig, LinearConfig
+from kernels_ampere.tuning import DOT, GEMV, HeadConfig, LinearConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,12 +68,16 @@ def test_fallbacks_and_candidates_are_valid_configs():
             for n, k in ((2560, 6912), (13824, 2560), (1024, 2048)):
                 cfg = tuning.default_linear(m, grouped, n=n, k=k)
                 assert 1 <= cfg.split_k <= k // 128
+                v2 = tuning.default_linear(m, grouped, n=n, k=k, generation="v2")
+                assert v2.kernel == (tuning.LANES if m <= tuning.LANES_MAX_M else tuning.MMA)
+                assert 1 <= v2.split_k <= k // 128
                 cands = tuning.linear_candidates(m, n, k, grouped)
                 assert cands and len(set(cands)) == len(cands)
                 kinds = {c.kernel for c in cands}
-                assert kinds == ({GEMV, DOT} if m <= 2 else {ROWS, DOT})
-                # the weight-only linear has no multi-row kernel: never offered to it
-                assert ROWS not in {c.kernel for c in tuning.linear_candidates(m, n, k, grouped, weight_only=True)}
+                assert kinds == ({tuning.LANES, tuning.MMA} if m <= 4 else {tuning.MMA})
+                # the weight-only linear has none of the W2A8-only kernels: never offered to it
+                wo = {c.kernel for c in tuning.linear_candidates(m, n, k, grouped, weight_only=True)}
+                assert wo == ({GEMV, DOT} if m <= 2 else {DOT})
     with pytest.raises(ValueError, match="block_kb"):
         LinearConfig(GEMV, 8, 48)
     with pytest.raises(ValueError, match="kernel"):

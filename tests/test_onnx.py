@@ -47,7 +47,7 @@ from tests.export_fixtures import checkpoint, run_cli
 ATOL, RTOL = 1e-4, 1e-4
 TIE_WINDOW = 1e-4  # |x·q - (n + 0.5)| below this is a tie at float32 precision (ulp of 127 is 7.6e-6)
 KINDS = ["bitnet-online", "bitnet-packed-autobitlinear", "bitnet-online-bf16", "bitnet-online-untied",
-         "qwen3-fp16", "bitmtp"]
+         "qwen3-fp16", "bitmtp", "bitnet-online-k200", "qwen3-fp32-k200"]
 PROMPT = "def forward(x, weight, scale):"
 
 

@@ -10,8 +10,13 @@ Parts (all on the same GPU, same process, so every ratio is measured in one run)
 * ``baselines``: on the same 2B shape, transformers ``generate`` (eager, bf16) and a
   ``torch.compile(mode="reduce-overhead")`` bf16 AR loop with a static cache;
 * ``trained``: artifacts of trained models (``--artifact``, repeatable): AR vs confidence /
-  speculative / hybrid on held-out code prompts, Generic vs Full, tok/s, tokens per
-  iteration and speedup over AR.
+  speculative / hybrid / fused (and hybrid with fused passes) on held-out code prompts,
+  Generic vs Full, tok/s, tokens per iteration and per forward pass, speedup over AR;
+* fused on the 2B shape: the replay cost of every fused width (c = 1..D + 1, after a draft
+  step and after a fused hit), and a **projection**: the trained model's measured step
+  sequences (every draft / verify / fused step it ran, so its acceptance and hit/miss
+  histogram) priced at the 2B shape's replay costs plus the per-step overhead measured by
+  its AR decode — labelled projected.
 
 Writes ``tools/results/e2e.json``, ``e2e.md`` and ``e2e.png`` (or under ``--out``).
 """
@@ -36,7 +41,8 @@ sys.path.insert(0, str(ROOT))
 
 from bitmtp_edge import Engine  # noqa: E402
 from bitmtp_edge.backends.base import DraftResult  # noqa: E402
-from bitmtp_edge.runtime.decoding import DecodeOptions, DecodeStats, decode  # noqa: E402
+from bitmtp_edge.runtime.decoding import DEFAULT_CANDIDATES, DecodeOptions, DecodeStats, decode  # noqa: E402
+from bitmtp_edge.runtime.replay import ReplayState  # noqa: E402
 
 BITNET_2B = dict(vocab_size=128256, hidden_size=2560, intermediate_size=6912, num_hidden_layers=30,
                  num_attention_heads=20, num_key_value_heads=5, max_position_embeddings=4096)
@@ -135,14 +141,63 @@ def replay_times(eng: Engine, segment: int, base_len: int, repeats: int = 50) ->
 
 
 def timed_generate(eng: Engine, prompt, policy: str, n: int, repeats: int, **kw) -> dict:
-    eng.generate(prompt, max_new_tokens=min(n, 16), policy=policy, **kw)  # warm-up
-    runs = [eng.generate(prompt, max_new_tokens=n, policy=policy, **kw) for _ in range(repeats)]
-    tps = [r.stats.decode_tokens_per_s for r in runs]
-    s = runs[-1].stats
+    """Decode ``prompt`` ``repeats`` times (after a warm-up); ``hybrid_fused`` in ``kw`` runs
+    hybrid with fused passes."""
+    hybrid_fused = kw.pop("hybrid_fused", False)
+
+    def once(tokens: int):
+        stats = DecodeStats()
+        opts = eng._options(policy, tokens, None, kw.get("tau"), kw.get("min_prefix"), kw.get("candidates"))
+        if hybrid_fused:
+            from dataclasses import replace
+
+            opts = replace(opts, hybrid_fused=True)
+        ids = eng._prompt_ids(prompt)
+        out = [t for chunk in decode(eng.backend, ids, opts, stats) for t in chunk]
+        return out, stats
+
+    once(min(n, 16))  # warm-up
+    runs = [once(n) for _ in range(repeats)]
+    tps = [st.decode_tokens_per_s for _, st in runs]
+    out, s = runs[-1]
     return {"policy": policy, "tok_s": statistics.median(tps), "tokens": s.new_tokens,
             "tokens_per_iteration": s.tokens_per_iteration, "iterations": s.iterations,
-            "verifier_calls": s.verifier_calls, "forward_passes": s.forward_passes,
-            "tokens_per_forward": s.tokens_per_forward, "host_syncs": s.host_syncs, "token_ids": runs[-1].token_ids}
+            "forward_passes": s.forward_passes, "tokens_per_forward": s.tokens_per_forward,
+            "verifier_calls": s.verifier_calls, "host_syncs": s.host_syncs, "token_ids": out,
+            "steps": [[st.width, st.role] for st in eng.backend.log.states]}
+
+
+def fused_replay_times(eng: Engine, segment: int, base_len: int, repeats: int = 50) -> list[dict]:
+    """µs per replay of every fused width (c = 1..D + 1, both variants) at one segment; the
+    widths not captured at load are captured here (their inputs are whatever the buffers
+    hold: the cost of a replay does not depend on the token values)."""
+    b, d = eng.backend, eng.block_size
+    from bitmtp_edge.backends.fused_graph import fused_width
+
+    b.static.history_len.fill_(base_len)
+    b.kv.length = base_len  # warm-up runs before capture keep the history they see
+    widths = sorted({fused_width(d, n, c) for c in range(1, d + 2) for n in (d + 1, d)})
+    for w in widths:
+        state = ReplayState(w, segment, "fused")
+        if state not in b.graphs:
+            b._capture(state)
+    reset = lambda: b.static.history_len.fill_(base_len)  # noqa: E731
+    t_reset = cuda_ms(reset, repeats)
+    rows = []
+    for w in widths:
+        graph = b.graphs[ReplayState(w, segment, "fused")]
+
+        def one():
+            reset()
+            graph.replay()
+
+        one()
+        causal = d + 1 if (w - d - 1) % d == 0 else d
+        rows.append({"width": w, "causal": causal, "candidates": (w - causal) // d,
+                     "after": "draft step" if causal == d + 1 else "fused hit",
+                     "us": 1000 * (cuda_ms(one, repeats) - t_reset)})
+    b.reset()
+    return rows
 
 
 class ForcedAcceptance:
@@ -160,7 +215,7 @@ class ForcedAcceptance:
         done = self.inner.history_length - self.prompt_len
         want = (self.ar[done:done + block_size] + [0] * block_size)[:block_size]
         forced = want[: self.accepted] + [(t + 1) % self.vocab for t in want[self.accepted:]]
-        self.inner.verify_tokens[1:].copy_(torch.tensor(forced), non_blocking=True)
+        self.inner.static.verify_tokens[1:].copy_(torch.tensor(forced), non_blocking=True)
         return DraftResult(forced, [0.0] * block_size)
 
 
@@ -227,6 +282,8 @@ def part_2b(work: Path, args, progress) -> dict:
         row["ar_tokens_same_as_other_configs"] = ar["token_ids"][:n] == ar_tokens[:n]
         if b.graphs:
             row["replay_us"] = replay_times(eng, segment=0, base_len=len(prompt))
+            if b.static.fused is not None:
+                row["fused_replay_us"] = fused_replay_times(eng, segment=0, base_len=len(prompt))
         row["forced"] = [forced_decode(eng, prompt, ar_tokens, a, min(tokens, len(ar_tokens)), repeats)
                          for a in levels]
         result["configs"][name] = row
@@ -304,36 +361,39 @@ def part_baselines(work: Path, args, dims: dict, progress) -> dict:
     return out
 
 
-def _opt(v, fmt: str = ".2f") -> str:
-    """A number, or — where an older report lacks it."""
-    return "—" if v is None else format(v, fmt)
-
-
 def part_trained(args) -> dict:
     from bitmtp_edge.app.demo import demo_prompts
 
     out = {}
+    routes = {"ar": ("ar", {}), "confidence": ("confidence", {}), "speculative": ("speculative", {}),
+              "hybrid": ("hybrid", {}), f"fused c={args.candidates}": ("fused", {"candidates": args.candidates}),
+              f"hybrid+fused c={args.candidates}": ("hybrid", {"candidates": args.candidates, "hybrid_fused": True})}
     for art in args.artifact:
         res = {}
-        for name in ("generic", "full"):
+        for name in args.trained_configs.split(","):
             eng = Engine.load(art, backend=args.backend, device="cuda", runtime=name)
             prompts = demo_prompts(eng, limit=args.prompts)
             per = {}
-            for policy in ("ar", "confidence", "speculative", "hybrid"):
-                rows = [timed_generate(eng, p, policy, args.tokens, args.repeats) for p in prompts]
-                per[policy] = {"tok_s": statistics.mean(r["tok_s"] for r in rows),
-                               "tokens_per_iteration": statistics.mean(r["tokens_per_iteration"] for r in rows),
-                               "verifier_call_rate": statistics.mean(r["verifier_calls"] / max(r["iterations"], 1)
-                                                                     for r in rows),
-                               "tokens_per_forward": sum(r["tokens"] for r in rows)
-                               / max(sum(r["forward_passes"] for r in rows), 1),
-                               "_ids": [r["token_ids"] for r in rows]}
+            for route, (policy, kw) in routes.items():
+                rows = [timed_generate(eng, p, policy, args.tokens, args.repeats, **kw) for p in prompts]
+                tokens, passes = sum(r["tokens"] for r in rows), sum(r["forward_passes"] for r in rows)
+                per[route] = {"tok_s": statistics.mean(r["tok_s"] for r in rows),
+                              "tokens_per_iteration": statistics.mean(r["tokens_per_iteration"] for r in rows),
+                              "tokens_per_forward": tokens / max(passes, 1),
+                              "host_syncs_per_iteration": sum(r["host_syncs"] for r in rows)
+                              / max(sum(r["iterations"] for r in rows), 1),
+                              "verifier_call_rate": statistics.mean(r["verifier_calls"] / max(r["iterations"], 1)
+                                                                    for r in rows),
+                              "steps": [r["steps"] for r in rows], "tokens": [r["tokens"] for r in rows],
+                              "_ids": [r["token_ids"] for r in rows]}
             ar_ids = per["ar"].pop("_ids")
-            for policy in ("confidence", "speculative", "hybrid"):
+            for policy in [r for r in routes if r != "ar"]:
                 ids = per[policy].pop("_ids")
                 per[policy]["speedup"] = per[policy]["tok_s"] / per["ar"]["tok_s"]
                 same = sum(x == y for a, b in zip(ar_ids, ids) for x, y in zip(a, b))
                 per[policy]["agreement_with_ar"] = same / max(sum(len(a) for a in ar_ids), 1)
+                per[policy]["equal_to_ar"] = sum(a == b for a, b in zip(ar_ids, ids))
+                per[policy]["prompts"] = len(ids)
             res[name] = per
             log(f"{art} {name}: AR {per['ar']['tok_s']:.0f} tok/s, hybrid {per['hybrid']['tok_s']:.0f} tok/s "
                 f"(×{per['hybrid']['speedup']:.2f}, {per['hybrid']['tokens_per_iteration']:.2f} tok/iter)")
@@ -381,15 +441,70 @@ def markdown(report: dict) -> str:
             lines.append(f"| {name} | {b.get('tok_s', float('nan')):.1f} |" if "tok_s" in b else f"| {name} | {b['error']} |")
         lines.append("")
     for art, res in report.get("trained", {}).items():
-        lines += [f"## Trained model {art}", "", "| runtime | policy | tok/s | tokens/iter | tokens/forward | verifier rate "
-                  "| speedup vs AR | agreement with AR |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"## Trained model {art}", "",
+                  "| runtime | policy | tok/s | tokens/iter | tokens/forward | verifier rate | host reads/iter "
+                  "| speedup vs AR | equal to AR | agreement with AR |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for name, per in res.items():
             for policy, p in per.items():
+                equal = f"{p['equal_to_ar']}/{p['prompts']}" if "equal_to_ar" in p else "—"
                 lines.append(f"| {name} | {policy} | {p['tok_s']:.0f} | {p['tokens_per_iteration']:.2f} | "
-                             f"{_opt(p.get('tokens_per_forward'))} | {_opt(p.get('verifier_call_rate'))} | "
-                             f"{p.get('speedup', 1.0):.2f} | {p.get('agreement_with_ar', 1.0):.3f} |")
+                             f"{p.get('tokens_per_forward', 0.0):.2f} | {p.get('verifier_call_rate', 0.0):.2f} | "
+                             f"{p.get('host_syncs_per_iteration', 0.0):.2f} | "
+                             f"{p.get('speedup', 1.0):.2f} | {equal} | {p.get('agreement_with_ar', 1.0):.3f} |")
+        lines.append("")
+    for name, c in report.get("2b", {}).get("configs", {}).items():
+        if not c.get("fused_replay_us"):
+            continue
+        ar_us = next(x["us"] for x in c["replay_us"] if x["width"] == 1)
+        lines += [f"## Fused replays on the 2B shape ({name}, segment 0)", "",
+                  "| M | after | c | µs | vs AR replay |", "|---|---|---|---|---|"]
+        lines += [f"| {x['width']} | {x['after']} | {x['candidates']} | {x['us']:.1f} | {x['us'] / ar_us:.2f}× |"
+                  for x in c["fused_replay_us"]]
+        lines.append("")
+    proj = report.get("fused_projection")
+    if proj and proj.get("routes"):
+        lines += ["## Projected 2B decode from the trained model's measured steps", "",
+                  f"Each route's measured step sequence (its acceptance and fused hit/miss histogram) priced at "
+                  f"the 2B shape's replay costs ({proj['config']}, segment 0) plus "
+                  f"{proj['overhead_us_per_pass']:.0f} µs per pass (measured 2B AR decode minus its replay). "
+                  f"Projected, not decoded. Measured 2B AR: {proj['ar_tok_s']:.0f} tok/s.", "",
+                  "| route | passes | tokens | projected tok/s | vs AR |", "|---|---|---|---|---|"]
+        lines += [f"| {k} | {v['passes']} | {v['tokens']} | {v['tok_s']:.0f} | {v['speedup_vs_ar']:.2f}× |"
+                  for k, v in proj["routes"].items()]
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def project_2b(report: dict) -> dict:
+    """Price each trained route's measured step sequence at the 2B shape's replay costs.
+
+    Per forward pass: the replay cost of its (M, role) at segment 0, plus the overhead the
+    2B AR decode measured on top of its own replay (graph launch, host read, Python). The
+    sequences carry the trained model's acceptance lengths and fused hits and misses, so the
+    projection replays its measured histogram; it is a projection, not a decode."""
+    configs = {n: c for n, c in report["2b"]["configs"].items() if c.get("fused_replay_us")}
+    if not configs:
+        return {}
+    name, full = next(iter(configs.items()))
+    cost = {(x["width"], x["role"]): x["us"] for x in full["replay_us"]}
+    cost.update({(x["width"], "fused"): x["us"] for x in full["fused_replay_us"]})
+    ar_us = cost[(1, "verify")]
+    overhead = max(1e6 / full["ar"]["tok_s"] - ar_us, 0.0)
+    out = {"config": name, "ar_replay_us": ar_us, "overhead_us_per_pass": overhead,
+           "ar_tok_s": full["ar"]["tok_s"], "routes": {}}
+    for art, res in report["trained"].items():
+        per = res.get(name) or next(iter(res.values()))
+        for route, r in per.items():
+            steps = [tuple(x) for seq in r.get("steps", []) for x in seq]
+            missing = {s for s in steps if s not in cost}
+            if not steps or missing:
+                continue
+            us = sum(cost[s] + overhead for s in steps)
+            tok_s = sum(r["tokens"]) / (us / 1e6)
+            out["routes"][f"{art} {route}"] = {"tok_s": tok_s, "speedup_vs_ar": tok_s / full["ar"]["tok_s"],
+                                               "passes": len(steps), "tokens": sum(r["tokens"])}
+    return out
 
 
 def load_config(art: Path, name: str, backend: str) -> Engine:
@@ -460,6 +575,9 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-context", type=int, default=2048)
     ap.add_argument("--configs", default=",".join(CONFIGS), help="runtime configurations of the 2b part")
+    ap.add_argument("--trained-configs", default="generic,full", help="runtime configurations of the trained part")
+    ap.add_argument("--candidates", type=int, default=DEFAULT_CANDIDATES,
+                    help="draft blocks per fused pass (c) for the fused routes of the trained part")
     ap.add_argument("--quick", action="store_true", help="4 layers, small vocab: a smoke run")
     ap.add_argument("--work", type=Path, default=Path("/tmp/bitmtp-bench"))
     ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results")
@@ -484,8 +602,9 @@ def main() -> None:
     # `timeout` sends SIGTERM: raise instead, so what was measured so far is saved
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     try:
-        for part, fn in (("2b", lambda: part_2b(args.work, args, progress("2b"))),
-                         ("trained", lambda: part_trained(args)),
+        # trained first: it is short, and the 2B part's fused projection prices its step sequences
+        for part, fn in (("trained", lambda: part_trained(args)),
+                         ("2b", lambda: part_2b(args.work, args, progress("2b"))),
                          ("baselines", lambda: part_baselines(args.work, args, report.get("2b", {}).get("dims", BITNET_2B),
                                                               progress("baselines")))):
             if part not in parts or (part == "trained" and not args.artifact):
@@ -499,6 +618,8 @@ def main() -> None:
                 report[f"{part}_error"] = f"{type(e).__name__}: {e}"[:2000]
             save()
     finally:
+        if report.get("2b", {}).get("configs") and report.get("trained"):
+            report["fused_projection"] = project_2b(report)
         save()
         if report.get("2b", {}).get("configs"):
             plot(report, args.out / "e2e.png")

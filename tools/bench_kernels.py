@@ -48,7 +48,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kernels_ampere import pack_ternary, tuning  # noqa: E402
+from kernels_ampere.autotune import GraphTimer, precompile  # noqa: E402
 from kernels_ampere.numerics import quantize_activations, quantize_rows_int8  # noqa: E402
+from tools.kernel_stack import (BOARDS, STACK_MODELS, STACK_WIDTHS, Stack, project, scheme_configs,  # noqa: E402
+                                sm_clock_mhz, stack_row, sweep)
+
+STACK_SCHEMES = ("before (tuned table)", "before (untuned)", "untuned", "tuned")
+LEGACY_TABLE = ROOT / "tools" / "results" / "legacy_tuned_nvidia_h200.json"
 
 WIDTHS = (1, 5, 9, 17)
 QUICK_WIDTHS = (1, 17)
@@ -355,7 +361,72 @@ class Run:
         self.tuned: list[dict] = []  # winners, written as the table at the end
         self.chosen: dict[str, object] = {}  # the same winners, used by this run's benchmark
         self.tune_log: list[dict] = []
+        self.stack_rows: list[dict] = []
+        self.meta: dict = {}
+        self.save = lambda: None  # main() points it at the writer of kernels.json / .md
         self.gen = torch.Generator(device="cuda").manual_seed(args.seed)
+
+    def stack(self, models, widths):
+        """The Orin proxy: whole stacks of ternary linears per scheme and width (tools/kernel_stack.py)."""
+        a = self.args
+        dev = torch.device("cuda")
+        sms, mhz = tuning.sm_count(dev), self.meta["sm_clock_mhz"]
+        legacy = tuple(json.loads(a.legacy_table.read_text())["entries"]) if a.legacy_table.is_file() else ()
+        timer = GraphTimer(replays=a.replays)
+        for model in models:
+            try:
+                st = Stack(model, a.rotate_mb, seed=a.seed)
+            except Exception as e:
+                self.stack_rows.append({"section": "stack", "model": model, "error": repr(e)[:300]})
+                continue
+            jobs = []
+            for m in widths:
+                for name, n, k, g in st.shapes:
+                    res = st.cases[name].residual
+                    cfgs = {scheme_configs(st, sc, m, legacy, {})[name] for sc in STACK_SCHEMES}
+                    if a.sweep:
+                        cfgs |= set(tuning.linear_candidates(m, n, k, g))
+                    jobs += [("w2a8_linear", n, k, g, m, res, c) for c in cfgs]
+            t0 = time.time()
+            try:
+                precompile(jobs, a.jobs)
+            except Exception as e:  # the timing run compiles what is missing itself
+                log(f"precompile failed: {e!r}")
+            log(f"{model}: {len(jobs)} launches precompiled in {time.time() - t0:.0f} s")
+            chosen = {}
+            for m in widths:  # width by width: a run cut short keeps every width it finished
+                if a.sweep:
+                    picked, entries, tlog = sweep(st, (m,), self.tune_timer, log)
+                    chosen.update(picked)
+                    self.tuned += entries
+                    self.tune_log += tlog
+                st.set_width(m)
+                for scheme in STACK_SCHEMES:
+                    cfgs = scheme_configs(st, scheme, m, legacy, chosen)
+                    try:
+                        st.check(cfgs)
+                        row = stack_row(st, scheme, m, st.time_us(timer, cfgs), self.meta["copy_gbps"], sms, mhz, cfgs)
+                    except Exception as e:
+                        row = {"section": "stack", "model": model, "scheme": scheme, "M": m,
+                               "error": f"{type(e).__name__}: {e}"[:300]}
+                    self.stack_rows.append(row)
+                    log(f"stack {model:<11} M={m:<3} {scheme:<21} " + (
+                        f"{row['us']:9.1f} us {row['packed_gbps']:7.0f} GB/s {row['weights_per_sm_clock']} w/SM-clk"
+                        if "us" in row else row["error"]))
+                hot = {}
+                cfgs = scheme_configs(st, "tuned", m, legacy, chosen)
+                for name, n, k, g in st.shapes:
+                    try:
+                        us = st.time_hot_us(timer, name, cfgs[name])
+                        hot[(name, m)] = n * k / (us * 1e-6 * sms * mhz * 1e6) if mhz else None
+                    except Exception as e:
+                        log(f"hot timing {model} {name} M={m} failed: {e!r}")
+                self.stack_rows.append({"section": "projection", "model": model, "M": m,
+                                        "hot_weights_per_sm_clock": {n: round(r, 1) for (n, _), r in hot.items() if r},
+                                        "boards": project(st, m, hot)})
+                self.save()
+            st = None
+            torch.cuda.empty_cache()
 
     def record(self, **row):
         self.rows.append(row)
@@ -504,8 +575,9 @@ class Run:
                 self.attempt(run_quant, op=name, shape=f"K={k}", M=m, variant="bf16 in")
 
 
-def summarize(rows: list[dict], copy_gbps: float) -> dict:
-    """The issue's targets on the BitNet-2B shapes (other models reuse the layer names)."""
+def summarize(rows: list[dict], copy_gbps: float, stack_rows: list[dict] = ()) -> dict:
+    """The issue's targets: the BitNet-2B stack (weights per SM-clock, flatness over M, untuned
+    vs tuned) and the per-shape figures of the earlier report."""
 
     def us(name, m, variant):
         for r in rows:
@@ -515,21 +587,36 @@ def summarize(rows: list[dict], copy_gbps: float) -> dict:
         return None
 
     out = {}
+    stack = {(r["scheme"], r["M"]): r for r in stack_rows
+             if r.get("section") == "stack" and r.get("model") == "bitnet-2b" and r.get("us")}
+    for scheme in ("tuned", "untuned"):
+        got = {m: r for (sc, m), r in stack.items() if sc == scheme}
+        if not got or 1 not in got:
+            continue
+        tag = scheme.replace(" ", "_")
+        out[f"2b_stack_{tag}_us"] = {m: got[m]["us"] for m in sorted(got)}
+        rate = {m: got[m]["weights_per_sm_clock"] for m in sorted(got)}
+        out[f"2b_stack_{tag}_weights_per_sm_clock"] = rate
+        if all(v is not None for v in rate.values()):
+            out[f"target_{tag}_ge_40_w_per_clk_M_le_16"] = all(v >= 40 for m, v in rate.items() if m <= 16)
+            out[f"target_{tag}_ge_30_w_per_clk_M_le_80"] = all(v >= 30 for m, v in rate.items() if m <= 80)
+        worst = max(got[m]["us"] / got[1]["us"] for m in got if m <= 80)
+        out[f"2b_stack_{tag}_worst_M_over_M1"] = round(worst, 3)
+        out[f"target_{tag}_every_M_within_1.5x_of_M1"] = worst <= 1.5
+    tuned = {m: r["us"] for (sc, m), r in stack.items() if sc == "tuned"}
+    untuned = {m: r["us"] for (sc, m), r in stack.items() if sc == "untuned"}
+    common = sorted(set(tuned) & set(untuned))
+    if common:
+        worst = max(untuned[m] / tuned[m] for m in common)
+        out["2b_untuned_over_tuned_worst"] = round(worst, 3)
+        out["target_untuned_within_15pct_of_tuned"] = worst <= 1.15
+    before = {m: r["us"] for (sc, m), r in stack.items() if sc == "before (tuned table)"}
+    if before and tuned:
+        out["2b_stack_speedup_tuned_vs_before"] = {m: round(before[m] / tuned[m], 2)
+                                                  for m in sorted(set(before) & set(tuned))}
     m1 = [us(n, 1, "w2a8") for n in BITNET_SHAPE_NAMES]
-    m17 = [us(n, 17, "w2a8") for n in BITNET_SHAPE_NAMES]
     if all(v is not None for v in m1):
         out["bitnet_w2a8_total_us_M1"] = round(sum(m1), 2)
-        out["target_total_M1_le_15us"] = sum(m1) <= 15.0
-    if all(v is not None for v in m1 + m17):
-        out["bitnet_w2a8_total_us_M17"] = round(sum(m17), 2)
-        out["M17_over_M1"] = round(sum(m17) / sum(m1), 3)
-        out["target_M17_within_1.3x"] = sum(m17) <= 1.3 * sum(m1)
-    big = [r for r in rows if r.get("model") == "bitnet-2b" and r.get("name") == "w13 (gate+up)" and r.get("M") == 1
-           and r["variant"] == "w2a8"
-           and r.get("gbps")]
-    if big and copy_gbps:
-        out["w13_M1_fraction_of_copy_bw"] = round(big[0]["gbps"] / copy_gbps, 3)
-        out["target_w13_ge_60pct_copy_bw"] = big[0]["gbps"] >= 0.6 * copy_gbps
     i8 = [r for r in rows if r["variant"] == "int8 head" and r.get("M") == 1 and r.get("us")]
     b16 = [r for r in rows if r["variant"] == "bf16 head" and r.get("M") == 1 and r.get("us")]
     if i8 and b16:
@@ -538,27 +625,75 @@ def summarize(rows: list[dict], copy_gbps: float) -> dict:
     return out
 
 
-def write_markdown(path: Path, meta: dict, rows: list[dict], summary: dict) -> None:
+def stack_markdown(meta: dict, stack_rows: list[dict]) -> list[str]:
+    if not stack_rows:
+        return []
+    lines = ["", "## Whole stacks of ternary linears (the Orin proxy)", "",
+             f"One CUDA graph per (model, scheme, M): every layer's QKV, O, gate+up and down projections "
+             f"(distinct weights, float32 out, residual fused into O and down), weights cold in L2. "
+             f"Weights per SM-clock = ternary weights / (µs · {meta['sms']} SMs · {meta['sm_clock_mhz']:.0f} MHz). "
+             "Bandwidth-bound needs: Orin NX 16GB ≈ 56, AGX Orin 64GB ≈ 39, Orin Nano 8GB ≈ 54, H200 ≈ 74.", "",
+             "| model | scheme | M | µs / step | packed GB/s | % copy BW | weights / SM-clock | vs M = 1 |",
+             "|---|---|---|---|---|---|---|---|"]
+    base = {(r["model"], r["scheme"]): r["us"] for r in stack_rows if r.get("section") == "stack" and r.get("M") == 1
+            and r.get("us")}
+    for r in stack_rows:
+        if r.get("section") != "stack":
+            continue
+        if not r.get("us"):
+            lines.append(f"| {r['model']} | {r.get('scheme', '')} | {r.get('M', '')} | FAILED: "
+                         f"{r.get('error', '')[:100]} | | | | |")
+            continue
+        b = base.get((r["model"], r["scheme"]))
+        lines.append(f"| {r['model']} | {r['scheme']} | {r['M']} | {r['us']:.1f} | {r['packed_gbps']:.0f} | "
+                     f"{r['pct_copy_bw']}% | {r['weights_per_sm_clock']} | {r['us'] / b:.2f}x |" if b else "")
+    proj = [r for r in stack_rows if r.get("section") == "projection"]
+    if proj:
+        boards = list(BOARDS)
+        lines += ["", "### Projected ternary-linear step on Jetson boards (tuned kernels)", "",
+                  "Per call `t = max(bytes / (0.8 · BW), weights / (r · SMs · f)) + 3 µs`, summed over the stack; "
+                  "r = the weights per SM-clock this GPU sustained on that shape and width with its weights in L2 "
+                  "(launch included: a lower bound); boards: " + "; ".join(
+                      f"{b} {sm} SMs {mhz} MHz {bw} GB/s" for b, (sm, mhz, bw) in BOARDS.items())
+                  + ". Steps/s at M = 1 is the AR tok/s ceiling the ternary linears allow.", "",
+                  "| model | M | " + " | ".join(f"{b} ms (steps/s; BW bound)" for b in boards) + " |",
+                  "|---|---|" + "---|" * len(boards)]
+        for r in proj:
+            cells = [f"{r['boards'][b]['step_ms']} ({r['boards'][b]['steps_per_s']}; "
+                     f"{r['boards'][b]['bandwidth_bound_steps_per_s']})" for b in boards]
+            lines.append(f"| {r['model']} | {r['M']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_markdown(path: Path, meta: dict, rows: list[dict], summary: dict, stack_rows: list[dict] = ()) -> None:
     lines = [f"# Kernel benchmark — {meta['device']}", "",
              f"- date: {meta['date']}", f"- git commit: `{meta['git_commit']}`", f"- command: `{meta['command']}`",
              f"- torch {meta['torch']}, triton {meta['triton']}, CUDA {meta['cuda']}",
              f"- timing: CUDA-graph replay of {meta['reps']} calls rotating over weight copies of "
              f">= {meta['rotate_mb']} MB (cold L2), median of {meta['replays']} replays",
-             f"- device copy bandwidth (read + write): **{meta['copy_gbps']:.0f} GB/s**", "",
-             "| op | shape | M | variant | µs | GB/s | % copy BW | vs bf16 cuBLAS |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"- device copy bandwidth (read + write): **{meta['copy_gbps']:.0f} GB/s**; {meta['sms']} SMs at "
+             f"{meta['sm_clock_mhz']:.0f} MHz (max SM clock): "
+             f"{meta['copy_gbps'] * 1e3 / (meta['sms'] * meta['sm_clock_mhz']) if meta['sm_clock_mhz'] else 0:.1f} "
+             "copied bytes per SM-clock", ""]
+    lines += stack_markdown(meta, stack_rows)
+    if rows:
+        lines += ["", "## Per-kernel rows", "",
+                  "| op | shape | M | variant | µs | GB/s | % copy BW | bytes / SM-clock | vs bf16 cuBLAS |",
+                  "|---|---|---|---|---|---|---|---|---|"]
     cublas = {(r.get("shape"), r.get("M")): r["us"] for r in rows if r["variant"] == "bf16 cuBLAS" and r.get("us")}
     for r in rows:
         if r.get("us") is None:
             lines.append(f"| {r['op']} | {r.get('shape', '')} | {r.get('M', '')} | {r['variant']} | "
-                         f"FAILED: {r.get('error', '')[:120]} | | | |")
+                         f"FAILED: {r.get('error', '')[:120]} | | | | |")
             continue
         base = cublas.get((r.get("shape"), r.get("M")))
         speed = f"{base / r['us']:.2f}x" if base and r["variant"] != "bf16 cuBLAS" else ""
         pct = f"{100 * r['gbps'] / meta['copy_gbps']:.0f}%" if r.get("gbps") else ""
+        per_clk = (f"{r['bytes'] / (r['us'] * meta['sms'] * meta['sm_clock_mhz']):.2f}"
+                   if r.get("bytes") and meta["sm_clock_mhz"] else "")
         lines.append(f"| {r['op']} | {r.get('shape', '')} | {r.get('M', '')} | {r['variant']} | {r['us']:.2f} | "
-                     f"{r.get('gbps', '')} | {pct} | {speed} |")
-    lines += ["", "## Targets (H200)", ""]
+                     f"{r.get('gbps', '')} | {pct} | {per_clk} | {speed} |")
+    lines += ["", "## Targets (this GPU)", ""]
     lines += [f"- {k}: **{v}**" for k, v in summary.items()] or ["- (not enough rows to evaluate)"]
     path.write_text("\n".join(lines) + "\n")
 
@@ -581,7 +716,14 @@ def main(argv=None) -> int:
     ap.add_argument("--tune", action="store_true", help="time candidate configs first and save the winners")
     ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results", help="folder for kernels.json/.md")
     ap.add_argument("--tuned-dir", type=Path, default=tuning.TUNED_DIR, help="where --tune writes <gpu>.json")
-    ap.add_argument("--only", default="quant,attention,heads,linear", help="comma list of sections to run")
+    ap.add_argument("--only", default="stack,quant,attention,heads,linear", help="comma list of sections to run")
+    ap.add_argument("--stack-models", default=",".join(STACK_MODELS), help="models whose whole stack replays")
+    ap.add_argument("--stack-widths", default=",".join(map(str, STACK_WIDTHS)), help="widths of the stack replays")
+    ap.add_argument("--sweep", action="store_true",
+                    help="tune the stacks' projections in this run (the 'tuned' scheme) and save the table")
+    ap.add_argument("--legacy-table", type=Path, default=LEGACY_TABLE,
+                    help="the previous release's tuned table (the 'before (tuned table)' scheme)")
+    ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1), help="compile processes")
     ap.add_argument("--models", default=None, help="comma list of models whose linear shapes run (default: all)")
     ap.add_argument("--widths", default=None, help="comma list of widths M (default 1,5,9,17)")
     ap.add_argument("--rotate-mb", type=float, default=320.0, help="weight copies per call site total (MB)")
@@ -613,24 +755,31 @@ def main(argv=None) -> int:
     copy_gbps = copy_bandwidth_gbps(args.replays)
     log(f"device copy bandwidth: {copy_gbps:.0f} GB/s (read + write)")
     meta = {"device": device_name, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "sms": tuning.sm_count(torch.device("cuda")), "sm_clock_mhz": sm_clock_mhz(),
             "git_commit": git_commit() if args.commit in (None, "", "unknown") else args.commit,
             "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
             "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
             "reps": args.reps, "replays": args.replays, "rotate_mb": args.rotate_mb, "copy_gbps": copy_gbps}
+    run.meta = meta
+    run.save = lambda: save()
     args.out.mkdir(parents=True, exist_ok=True)
     # `timeout` sends SIGTERM: turn it into an exception so the finally below still writes the files
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
 
     def save():
-        summary = summarize(run.rows, copy_gbps)
+        summary = summarize(run.rows, copy_gbps, run.stack_rows)
         (args.out / "kernels.json").write_text(json.dumps(
-            {**meta, "summary": summary, "rows": run.rows, "tuning": run.tune_log}, indent=1) + "\n")
-        write_markdown(args.out / "kernels.md", meta, run.rows, summary)
+            {**meta, "summary": summary, "stack": run.stack_rows, "rows": run.rows, "tuning": run.tune_log},
+            indent=1) + "\n")
+        write_markdown(args.out / "kernels.md", meta, run.rows, summary, run.stack_rows)
         return summary
 
     try:
         if args.tune:  # tune and benchmark shape by shape; the table is written once at the end
             log("tuning: every benchmarked (op, shape, M) times its candidate list first")
+        if "stack" in sections:  # the headline first
+            run.stack(args.stack_models.split(","), tuple(int(w) for w in args.stack_widths.split(",")))
+            save()
         # cheapest sections first, so a run cut short still covers every kernel
         if "quant" in sections:
             run.quant(widths)
@@ -643,7 +792,7 @@ def main(argv=None) -> int:
             run.linears(shapes, widths)
     finally:
         summary = save()
-        if args.tune and run.tuned:
+        if (args.tune or args.sweep) and run.tuned:
             name = tuning.gpu_table_name(device_name)
             tmeta = {"triton": triton.__version__, "created": meta["date"], "command": meta["command"]}
             path = args.tuned_dir / f"{name}.json"

@@ -63,7 +63,8 @@ benchmark records the mode, locks the clocks and reports energy per generated to
 
 @dataclass(frozen=True)
 class TinyDims:
-    """Dimensions divisible by 128 (packing chunks, group-128 scales) and by 4 (HF packing)."""
+    """Dimensions divisible by 128 (whole packing chunks and group-128 scales) and by 4 (HF
+    packing); ``PADDED_FFN`` has an FFN of 200 inputs (padded chunks, a short last group)."""
 
     vocab_size: int = 512
     hidden_size: int = 256
@@ -73,6 +74,9 @@ class TinyDims:
     num_kv_heads: int = 2
     head_dim: int | None = None  # Qwen3 only; BitNet uses hidden_size // num_heads
     max_position_embeddings: int = 256
+
+
+PADDED_FFN = dict(intermediate_size=200)  # like 1bitLLM bitnet_b1_58-3B's 8640: not whole 128-chunks
 
 
 TINY = TinyDims()
@@ -274,7 +278,8 @@ def make_qwen3_group128(folder: str | Path, *, dims: TinyDims = TinyDims(head_di
                 # every group is exactly {-s, 0, +s} in fp16 and fp32 alike.
                 n, k = p.shape
                 codes = torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)
-                scale = (0.02 + 0.04 * torch.rand(n, k // GROUP_SIZE, generator=g)).to(torch.float16).float()
+                groups = -(-k // GROUP_SIZE)  # a last, shorter group where K is not a multiple of 128
+                scale = (0.02 + 0.04 * torch.rand(n, groups, generator=g)).to(torch.float16).float()
                 p.copy_(dequantize_ternary(codes, scale))
     model.to(dtype).save_pretrained(folder)
     return folder

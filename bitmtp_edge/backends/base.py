@@ -92,6 +92,16 @@ class VerifyResult:
 
 
 @dataclass
+class FusedResult:
+    """What one fused verify + draft step decided."""
+
+    accepted: int  # a, as in VerifyResult
+    verifier_token: int  # v
+    candidates: list[int]  # C: the acceptance lengths whose draft blocks the step carried
+    next_draft: DraftResult | None  # rows 1..D-1 of block a (drafts after v) if a ∈ C, else None
+
+
+@dataclass
 class StepLog:
     """Which replay states ran, and how often the host waited on the device."""
 
@@ -138,6 +148,16 @@ class Backend(Protocol):
         [anchor, d_1..d_D]; the anchor is the last materialised token and sits at its own
         position (its history row is hidden). Promotes the KV rows of the accepted drafts
         d_1..d_a into history: L += a, 0 <= a <= D."""
+
+    def fused_step(self, anchor: int, pending: list[int], draft: DraftResult, candidates: int) -> FusedResult:
+        """One pass that verifies ``draft`` and drafts again (``masks.fused_step_mask``).
+
+        ``pending``: committed tokens not yet materialised, ending with the anchor the drafts
+        hang from; empty when the anchor is the last materialised token (recomputed at its own
+        slot, as in ``verify_step``). The causal rows ``pending + drafts`` (``[anchor] + drafts``
+        when empty) are the verify; ``candidates`` = c draft blocks ride along, one per
+        acceptance length in C (``decoding_rules.candidate_lengths`` of the drafts'
+        confidences). Materialises the pending rows and promotes d_1..d_a."""
 
     def logits(self, token_ids: torch.Tensor) -> torch.Tensor:
         """token_ids [T] int64 -> [T, V] float32 verify-role logits of a fresh causal pass

@@ -105,10 +105,11 @@ class FastModel:
 
     # -- the step ---------------------------------------------------------------------------
     def forward(self, tokens, positions, k_cache, v_cache, write_slots, mask, history_len, capacity: int,
-                attention=None):
+                attention=None, row_spans=None):
         """tokens, positions, write_slots [M]; k_cache/v_cache [layers, Hkv, S, hd] (views of
-        the shared buffer, ``capacity`` history slots then the workspace); mask [M, S] bool;
-        history_len [1] int32 -> residual stream [M, H] float32 (final norm not applied)."""
+        the shared buffer, ``capacity`` history slots then the workspace); mask [M, S] bool, or
+        None with row_spans [M, 3] int32 (``masks.spans_to_mask``); history_len [1] int32 ->
+        residual stream [M, H] float32 (final norm not applied)."""
         cfg, ops = self.cfg, self.ops
         attention = attention or ops.small_width_attention
         m = tokens.shape[0]
@@ -120,7 +121,9 @@ class FastModel:
             # QK-norm + RoPE; K and V land at their slots; Q comes back in the KV dtype
             q = ops.rope_qkv_to_cache(qkv, cos, sin, k_cache[i], v_cache[i], write_slots, num_heads=hq,
                                       q_norm=layer.q_norm, k_norm=layer.k_norm, eps=cfg.rms_norm_eps)
-            attn = attention(q, k_cache[i], v_cache[i], mask, history_len, capacity=capacity)  # [M, Hq, hd]
+            visibility = {} if row_spans is None else {"row_spans": row_spans}
+            attn = attention(q, k_cache[i], v_cache[i], mask, history_len, capacity=capacity,
+                             **visibility)  # [M, Hq, hd]
             x = self._project_normed(attn.view(m, hq * hd), layer.attn_sub_norm, layer.o, residual=x)
             gu = self._project_normed(x, layer.post_norm, layer.gate_up)  # [M, 2 I]
             gate, up = gu.chunk(2, dim=-1)  # column views: the fused kernels take row strides

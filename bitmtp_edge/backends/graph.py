@@ -30,6 +30,12 @@ host fills before the replay (a few bytes of uniforms per step); inside, the gra
 pure functions of ``runtime/sampling.py`` on the head logits: drafts d_j ~ q_j (q kept on
 the device for the verify) and speculative sampling in the verify, with the same readback.
 
+**Fused verify + draft** (policy ``fused``, ``fused_graph.py``): a verify that carries the
+draft blocks of the c likeliest acceptance lengths. Its states are (D + 1 + c·D, σ, fused)
+after a draft step and (D + c·D, σ, fused) after a fused hit; their blocks live in a
+workspace widened to (D + 1)·D slots, which only the fused states' views include (the
+other steps keep the artifact's narrower workspace, so their attention reads no more).
+
 Ablation switches (``RuntimeOptions``): ``specialize`` (M1: width-specialised kernel
 configs and the cheap draft head), ``graphs`` (M2: capture + replay instead of eager
 launches), ``hoist_verify`` (M3). Generic = none of them, Full = all three.
@@ -42,13 +48,16 @@ from dataclasses import dataclass
 
 import torch
 
+from ..format.config import DEFAULT_CANDIDATES
 from ..format.segments import KVPlan
 from ..runtime.kv import KVStore
 from ..runtime.masks import draft_in_place_mask, history_step_mask, prefill_mask
 from ..runtime.replay import ReplayState
 from ..runtime.sampling import filtered_probs, inverse_cdf, penalize, sample_drafts, speculative_accept, target_probs
-from .base import NON_FINITE_TOKEN, PREFILL_CHUNK, DraftResult, StepLog, VerifyResult, check_pending, flag_non_finite
+from .base import (NON_FINITE_TOKEN, PREFILL_CHUNK, DraftResult, FusedResult, StepLog, VerifyResult, check_pending,
+                   flag_non_finite)
 from .fast_model import FastModel
+from .fused_graph import FusedInputs, fused_body, fused_width
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,8 @@ class RuntimeOptions:
     hoist_verify: bool = True  # M3
     capture: str = "load"  # "load" (all states up front) or "lazy" (per state, first use)
     kv_dtype: torch.dtype = torch.float16
+    # candidate counts c whose fused states are captured at load (others: at first use)
+    fused_candidates: tuple[int, ...] = (DEFAULT_CANDIDATES,)
 
     PRESETS = ("generic", "m1", "m1+m2", "full")
 
@@ -103,6 +114,7 @@ class StaticInputs:
     readback: torch.Tensor  # [2 + 2D] float64: a, v, d_1..d_D, c_1..c_D
     workspace_rows: torch.Tensor  # [W] int64: 0..W-1, constant
     draft_offsets: dict[int, torch.Tensor]  # k -> [k + D] int64: positions of a width-(k + D) draft after L
+    fused: FusedInputs | None  # the fused steps' inputs and readback (D >= 2)
 
     @classmethod
     def allocate(cls, block_size: int, workspace: int, mask_token_id: int | None, device) -> "StaticInputs":
@@ -120,11 +132,13 @@ class StaticInputs:
             workspace_rows=torch.arange(workspace, device=device),
             draft_offsets={k: torch.tensor(list(range(k)) + list(range(k - 1, k - 1 + d)), device=device)
                            for k in range(1, d + 1)},
+            fused=FusedInputs.allocate(d, device) if d > 1 else None,
         )
 
     def mutable(self) -> list[torch.Tensor]:
         """The tensors a step changes (warm-up runs before capture restore them)."""
-        return [self.history_len, self.ar_token, self.ar_out, self.pending, self.verify_tokens, self.readback]
+        fused = self.fused.mutable() if self.fused is not None else []
+        return [self.history_len, self.ar_token, self.ar_out, self.pending, self.verify_tokens, self.readback, *fused]
 
 
 SAMPLING_PARAMS = ("temperature", "top_k", "top_p", "repetition", "frequency", "presence")
@@ -171,6 +185,7 @@ class Staged:
     ar_token: int | None = None  # the AR graph wrote its next token into ar_token
     verifier_token: int | None = None  # the verify graph wrote v into pending[:1]
     drafts: DraftResult | None = None  # readback[2:2 + D] holds these drafts
+    fused_drafts: DraftResult | None = None  # a fused hit left [v, these drafts] in static.fused
 
 
 class GraphBackend:
@@ -185,7 +200,9 @@ class GraphBackend:
         d = block_size or 0
         if plan.workspace < max(2 * d, 1):
             raise ValueError(f"the artifact's workspace ({plan.workspace} slots) is narrower than 2·D = {2 * d}")
-        self.kv = KVStore(fast.cfg, plan, options.kv_dtype, self.device)
+        # the fused steps' draft blocks: up to D + 1 blocks of D rows, in views of their own
+        fused_workspace = (d + 1) * d if d > 1 else None
+        self.kv = KVStore(fast.cfg, plan, options.kv_dtype, self.device, workspace=fused_workspace)
         self.kv_bytes = self.kv.nbytes
         self.static = StaticInputs.allocate(d, plan.workspace, mask_token_id, self.device)
         self.staged = Staged()
@@ -227,6 +244,9 @@ class GraphBackend:
             if d:
                 out.append(ReplayState(d + 1, seg, "verify"))
                 out += [ReplayState(k + d, seg, "draft") for k in range(1, d + 1)]
+            if self.static.fused is not None:
+                for c in self.opts.fused_candidates:
+                    out += [ReplayState(fused_width(d, n, c), seg, "fused") for n in (d + 1, d)]
         return out
 
     # -- graph bodies: everything below reads and writes static tensors only ------------------
@@ -303,8 +323,24 @@ class GraphBackend:
         st.readback[1:2].copy_(verifier)
         st.pending[:1].copy_(verifier.clamp_min(0))
 
+    def _fused_body(self, seg: int, causal: int, count: int) -> None:
+        """``causal`` = D + 1: [anchor, d_1..d_D] as the draft graph hoisted them; D: what the
+        last fused graph left."""
+        st, d = self.static, self.block_size
+        if causal == d + 1:  # the drafts as the draft graph read them back (NaN rows flagged)
+            tokens, conf, drafts = st.verify_tokens, st.readback[2 + d:].float(), st.readback[2:2 + d]
+        else:
+            tokens, conf = st.fused.causal, st.fused.conf
+            drafts = tokens[1:]
+        kv = self.kv.view(seg, workspace=self.kv.allocated_workspace)
+        fused_body(self.fast, kv.k, kv.v, kv.capacity, st.history_len, st.attn_rows, tokens, conf, drafts,
+                   st.mask_ids, st.fused, count, st.pending[:1])
+
     def _body(self, state: ReplayState, sampled: bool | None = None):
         d = self.block_size or 0
+        if state.role == "fused":
+            causal = d + 1 if (state.width - d - 1) % d == 0 else d
+            return lambda: self._fused_body(state.segment, causal, (state.width - causal) // d)
         if state.role == "verify" and state.width == 1:
             return lambda: self._ar_body(state.segment, sampled)
         if state.role == "verify":
@@ -469,6 +505,46 @@ class GraphBackend:
         self.kv.advance(accepted)
         self.staged = Staged(verifier_token=verifier)
         return VerifyResult(accepted, verifier)
+
+    def fused_step(self, anchor: int, pending: list[int], draft: DraftResult, candidates: int,
+                   block_size: int) -> FusedResult:
+        d, st = self.block_size, self.static
+        if st.fused is None or self.mask_token_id is None:
+            raise RuntimeError("fused steps need an MTP block of D >= 2; use policy='ar' or 'speculative'")
+        if block_size != d:
+            raise ValueError(f"block size {block_size} != the captured D={d}")
+        if len(pending) > 1:
+            raise ValueError(f"the graph backend fuses right after a draft step (no pending tokens) or after a "
+                             f"fused hit (pending [v]); got {len(pending)} pending tokens")
+        k = len(pending)
+        causal = d + 1 - k  # [anchor, d_1..d_D] or [v, e_1..e_{D-1}]
+        # Copy in: nothing when the draft graph (hoisted) or the last fused graph left them.
+        if k == 0 and not (self.staged.drafts is draft and self.opts.hoist_verify):
+            self._check_drafts(draft, causal - 1)
+            self._upload(st.verify_tokens, [anchor] + list(draft.tokens))
+            st.readback[2 + d:].copy_(torch.tensor(draft.confidences, dtype=torch.float64))
+        elif k == 1 and not (self.staged.fused_drafts is draft and self.staged.verifier_token == pending[0]):
+            self._check_drafts(draft, causal - 1)
+            self._upload(st.fused.causal, [pending[0]] + list(draft.tokens))
+            st.fused.conf.copy_(torch.tensor(draft.confidences, dtype=torch.float32))
+        self._reserve(self.kv.length + d)  # the causal rows end at slot L + D - 1
+        self._replay(ReplayState(fused_width(d, causal, candidates), self.kv.segment, "fused"))
+        values = self._slice_out(st.fused.readback)  # everything the host needs: one transfer
+        sl = FusedInputs.slices(d)
+        accepted, verifier, hit = int(values[0]), int(values[1]), values[2] != 0
+        chosen = [int(j) for j in values[sl["candidates"]] if j >= 0]
+        # a draft step's lazy drafts come back with this read
+        draft.deliver([int(t) for t in values[sl["held_tokens"]]], values[sl["held_conf"]])
+        self.kv.advance(k + accepted)
+        nxt = DraftResult([int(t) for t in values[sl["next_tokens"]]], values[sl["next_conf"]]) if hit else None
+        # pending[:1] holds v for a draft step after a miss; static.fused the drafts after a hit
+        self.staged = Staged(verifier_token=verifier, fused_drafts=nxt)
+        return FusedResult(accepted, verifier, chosen, nxt)
+
+    @staticmethod
+    def _check_drafts(draft: DraftResult, expected: int) -> None:
+        if len(draft.tokens) != expected:
+            raise ValueError(f"a fused step here verifies {expected} drafts, got {len(draft.tokens)}")
 
     @torch.no_grad()
     def logits(self, token_ids: torch.Tensor) -> torch.Tensor:

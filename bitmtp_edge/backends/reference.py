@@ -11,12 +11,13 @@ from __future__ import annotations
 import torch
 
 from ..format.segments import KVPlan
-from ..runtime.decoding_rules import accepted_prefix
+from ..runtime.decoding_rules import accepted_prefix, candidate_lengths
 from ..runtime.kv import KVStore, KVView
-from ..runtime.masks import draft_in_place_mask, history_step_mask, prefill_mask
+from ..runtime.masks import draft_in_place_mask, fused_step_mask, history_step_mask, prefill_mask
 from ..runtime.model import TernaryLM
 from ..runtime.replay import ReplayState
-from .base import NON_FINITE_TOKEN, PREFILL_CHUNK, DraftResult, StepLog, VerifyResult, check_pending, flag_non_finite
+from .base import (NON_FINITE_TOKEN, PREFILL_CHUNK, DraftResult, FusedResult, StepLog, VerifyResult, check_pending,
+                   flag_non_finite)
 
 
 class ReferenceBackend:
@@ -140,6 +141,58 @@ class ReferenceBackend:
         a = accepted_prefix(drafts, greedy)
         self.kv.advance(a)  # promote d_1..d_a
         return VerifyResult(a, greedy[a])
+
+    def fused_step(self, anchor: int, pending: list[int], draft: DraftResult, candidates: int,
+                   block_size: int) -> FusedResult:
+        drafts, d = list(draft.tokens), block_size
+        chosen = candidate_lengths(torch.tensor(draft.confidences, dtype=torch.float32), candidates).tolist()
+        hidden = self.fused_rows(anchor, pending, drafts, chosen, d)
+        self.log.host_syncs += 1
+        k = len(pending)
+        n, anchor_row = (k or 1) + len(drafts), max(k - 1, 0)
+        greedy = self._greedy(hidden[anchor_row:n]).tolist()  # anchor, d_1..d_m
+        a = accepted_prefix(drafts, greedy)
+        self.kv.advance(k + a)  # the pending rows and d_1..d_a, already at their slots
+        nxt = None
+        if a in chosen:  # the draft head only on the rows that are read: drafts after v
+            b = chosen.index(a)
+            rows = hidden[n + b * d + 1:n + (b + 1) * d]
+            nxt = DraftResult([], [])
+            if rows.shape[0]:
+                conf, top = torch.softmax(self.model.draft_logits(rows), dim=-1).max(dim=-1)
+                nxt = DraftResult(flag_non_finite(rows, top, conf).tolist(), conf.tolist())
+        return FusedResult(a, greedy[a], chosen, nxt)
+
+    def fused_rows(self, anchor: int, pending: list[int], drafts: list[int], chosen: list[int],
+                   block_size: int) -> torch.Tensor:
+        """Run the fused step's forward (``masks.fused_step_mask``) for the candidate lengths
+        ``chosen`` (ascending); write its KV; return the final-normed hidden rows, causal rows
+        first, then block by block. The history boundary does not move."""
+        if self.mask_token_id is None:
+            raise RuntimeError("this artifact has no MTP block (AR-only); use policy='ar'")
+        k, d, length = len(pending), block_size, self.kv.length
+        if not k and length == 0:
+            raise RuntimeError("a fused step without pending tokens needs a materialised anchor")
+        if any(not 0 <= j <= len(drafts) for j in chosen):
+            raise ValueError(f"candidate lengths {chosen} outside 0..{len(drafts)} (the drafts held)")
+        causal = (pending if k else [anchor]) + [max(t, 0) for t in drafts]  # a flagged draft: any token
+        n, anchor_row = len(causal), max(k - 1, 0)
+        first = length if k else length - 1  # the anchor pending, or recomputed at its own slot
+        c = len(chosen)
+        self.kv.widen(c * d)  # the draft blocks may need more than the artifact's widest step
+        self._reserve(first + n)
+        kv = self.kv.view(workspace=max(self.kv.workspace, c * d))
+        anchor_slot = first + anchor_row
+        tokens, positions = list(causal), list(range(first, first + n))
+        for j in chosen:
+            tokens += [causal[anchor_row + j]] + [self.mask_token_id] * (d - 1)
+            positions += list(range(anchor_slot + j, anchor_slot + j + d))
+        slots = torch.cat([torch.arange(first, first + n, device=self.device), kv.workspace_slots(c * d)])
+        mask = fused_step_mask(kv.capacity, kv.workspace, first, n, torch.tensor(chosen, device=self.device), d,
+                               anchor_row)
+        hidden = self._run(kv, tokens, positions, mask, slots)
+        self._record(n + c * d, "fused")
+        return hidden
 
     def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         """Greedy tokens of the verify head; ``NON_FINITE_TOKEN`` where a row is NaN/Inf

@@ -107,6 +107,10 @@ class QuantConfig:
 # threshold τ and the minimum confident prefix m of the hybrid policy (the paper's setting).
 DEFAULT_TAU = 0.9
 DEFAULT_MIN_PREFIX = 3
+# Draft blocks per fused pass (policy "fused"): measured on the embedded model
+# (tools/results/fused_candidates.md): the smallest c whose tokens per forward pass beat
+# speculative's by 1.2x.
+DEFAULT_CANDIDATES = 3
 
 
 @dataclass(frozen=True)

@@ -24,20 +24,15 @@ import torch
 from kernels_ampere.packing import PACKING_LAYOUT
 
 from .config import ConfigError, ModelConfig, MTPConfig, QuantConfig
+from .files import MANIFEST, WEIGHTS, ArtifactError  # noqa: F401  (re-exported: the reader's names)
 from .roles import max_width, step_widths
 from .segments import KVPlan
 from .tensors import DRAFT_HEAD_INT8
 
 FORMAT_NAME = "bitmtp-artifact"
 FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-WEIGHTS = "weights.safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "generation_config.json", "chat_template.jinja")
-
-
-class ArtifactError(RuntimeError):
-    """An artifact folder cannot be read: says which file and what to do."""
 
 
 @dataclass(frozen=True)

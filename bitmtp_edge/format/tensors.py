@@ -5,9 +5,9 @@ builder and both backends read them. Module and parameter names follow Hugging F
 ``BitNetForCausalLM`` / ``Qwen3ForCausalLM``, so a training checkpoint's ``state_dict`` uses
 the same names before packing.
 
-* ``<proj>.packed`` uint8 [N, K/4] (layout ``manifest.packing_layout``, specified in
-  ``kernels_ampere/packing.py``) and ``<proj>.scale`` float32 ([1] per tensor, [N, K/128]
-  group-128) for every projection ``model.layers.{i}.<PROJECTIONS>``;
+* ``<proj>.packed`` uint8 [N, ceil(K/128)*32] (layout ``manifest.packing_layout``, specified
+  in ``kernels_ampere/packing.py``; K padded to whole 128-chunks with zero weights) and
+  ``<proj>.scale`` float32 ([1] per tensor, [N, ceil(K/128)] group-128) for every projection ``model.layers.{i}.<PROJECTIONS>``;
 * norms, ``model.embed_tokens.weight`` and (untied) ``lm_head.weight`` as the checkpoint
   has them (16-bit);
 * with the ``int8_per_row`` draft head: ``draft_head.int8`` int8 [V, H] and

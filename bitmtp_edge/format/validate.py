@@ -23,15 +23,18 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .manifest import MANIFEST, WEIGHTS, ArtifactError, Manifest
+from .files import MANIFEST, WEIGHTS, ArtifactError
 from .roles import step_widths
 from .segments import DTYPE_BYTES, kv_bytes_per_slot
 from .tensors import (DRAFT_HEAD_INT8, DRAFT_HEAD_KINDS, DRAFT_HEAD_SCALE, DRAFT_HEAD_WEIGHT, EMBED,
                       FINAL_NORM, LM_HEAD, PACKED_SUFFIX, PROJECTIONS, SCALE_SUFFIX, layer_prefix)
+
+if TYPE_CHECKING:  # for annotations only: the manifest reader calls these checks
+    from .manifest import Manifest
 
 # Upper bounds. Each is several times the largest released model of its kind, so no real
 # artifact meets one; they exist so that an edited number is refused before it becomes an

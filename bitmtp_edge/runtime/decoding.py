@@ -15,7 +15,10 @@ With sampling (``DecodeOptions.sampling``, temperature > 0 or penalties) "greedy
 reads "sampled token", and a verify accepts by speculative sampling (``runtime/sampling.py``).
 
 Policies: ``ar`` (one token per width-1 verify step), ``confidence`` (commit max(h, 1)),
-``speculative`` (always verify: lossless), ``hybrid`` (commit h if h ≥ m, else verify).
+``speculative`` (always verify: lossless), ``hybrid`` (commit h if h ≥ m, else verify),
+``fused`` (lossless like speculative, one forward pass per iteration: each verify carries
+the draft blocks of the c most probable acceptance lengths, so when the real a is among
+them the next drafts are already there; otherwise the next iteration drafts first).
 The same loop drives every backend.
 """
 
@@ -27,8 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from ..backends.base import NON_FINITE_TOKEN, Backend
-from ..format.config import DEFAULT_MIN_PREFIX, DEFAULT_TAU, MTPConfig
+from ..backends.base import NON_FINITE_TOKEN, Backend, DraftResult
+from ..format.config import DEFAULT_CANDIDATES, DEFAULT_MIN_PREFIX, DEFAULT_TAU, MTPConfig
 from .decoding_rules import accepted_prefix, confident_prefix  # noqa: F401  (re-exported)
 from .policies import POLICIES
 from .sampling import SamplingParams, SamplingState
@@ -51,6 +54,8 @@ class DecodeOptions:
     tau: float = DEFAULT_TAU
     min_prefix: int = DEFAULT_MIN_PREFIX
     stop_token_ids: frozenset[int] = frozenset()
+    candidates: int = DEFAULT_CANDIDATES  # c: draft blocks per fused pass (policy "fused")
+    hybrid_fused: bool = False  # hybrid verifies with fused passes (and may commit their drafts)
     # Polled once per iteration (before each step): True ends the generation with
     # finish_reason "cancelled" (a server's client went away). Must be cheap, never block.
     should_stop: Callable[[], bool] | None = field(default=None, compare=False)
@@ -59,7 +64,7 @@ class DecodeOptions:
     @classmethod
     def for_model(cls, mtp: MTPConfig | None, policy: str, max_new_tokens: int, *, tau: float | None = None,
                   min_prefix: int | None = None, stop_token_ids: frozenset[int] = frozenset(),
-                  should_stop: Callable[[], bool] | None = None,
+                  should_stop: Callable[[], bool] | None = None, candidates: int | None = None,
                   sampling: SamplingParams | None = None) -> "DecodeOptions":
         """The options for a model with this MTP block (None: AR-only): τ and m default to the
         model's, the block size is the model's D."""
@@ -69,12 +74,17 @@ class DecodeOptions:
             tau=tau if tau is not None else (mtp.tau if mtp else DEFAULT_TAU),
             min_prefix=min_prefix if min_prefix is not None else (mtp.min_prefix if mtp else 1),
             stop_token_ids=stop_token_ids, should_stop=should_stop, sampling=sampling,
+            candidates=candidates if candidates is not None else DEFAULT_CANDIDATES,
         )
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, str) or self.policy not in POLICIES:
             raise DecodingError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         _check_int("max_new_tokens", self.max_new_tokens)
+        if self.sampling is not None and not self.sampling.plain_greedy and (
+                self.policy == "fused" or (self.policy == "hybrid" and self.hybrid_fused)):
+            raise DecodingError("sampling (temperature > 0 or penalties) is not implemented for fused passes; "
+                                "use policy 'speculative' or 'hybrid' (speculative sampling), or temperature 0")
         _check_int("min_prefix", self.min_prefix)
         if self.block_size is not None:
             _check_int("block_size", self.block_size)
@@ -90,6 +100,10 @@ class DecodeOptions:
             raise DecodingError(f"tau must be in (0, 1], got {self.tau}")
         if self.block_size is not None and not 1 <= self.min_prefix <= self.block_size:
             raise DecodingError(f"min_prefix must be in 1..{self.block_size}, got {self.min_prefix}")
+        _check_int("candidates", self.candidates)
+        if self.block_size is not None and not 1 <= self.candidates <= self.block_size + 1:
+            raise DecodingError(f"candidates (draft blocks per fused pass) must be in 1..{self.block_size + 1} "
+                                f"(D + 1 = every acceptance length), got {self.candidates}")
 
 
 def _check_int(name: str, value) -> None:
@@ -105,7 +119,8 @@ class DecodeStats:
     iterations: int = 0
     verifier_calls: int = 0
     draft_calls: int = 0
-    forward_passes: int = 0  # every draft, verify and AR step the backend ran (prefill excluded)
+    fused_calls: int = 0
+    forward_passes: int = 0  # every draft, verify, fused and AR step the backend ran (prefill excluded)
     accepted_histogram: dict[int, int] = field(default_factory=dict)
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -123,13 +138,12 @@ class DecodeStats:
         return self.new_tokens / self.decode_s if self.decode_s > 0 else 0.0
 
     @property
-    def verifier_call_rate(self) -> float:
-        return self.verifier_calls / self.iterations if self.iterations else 0.0
+    def tokens_per_forward(self) -> float:
+        return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
 
     @property
-    def tokens_per_forward(self) -> float:
-        """Committed tokens per decode forward pass: what an iteration's extra passes cost."""
-        return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
+    def verifier_call_rate(self) -> float:
+        return self.verifier_calls / self.iterations if self.iterations else 0.0
 
     def to_dict(self) -> dict:
         return {
@@ -137,7 +151,8 @@ class DecodeStats:
             "iterations": self.iterations, "tokens_per_iteration": self.tokens_per_iteration,
             "decode_tokens_per_s": self.decode_tokens_per_s, "verifier_calls": self.verifier_calls,
             "verifier_call_rate": self.verifier_call_rate, "draft_calls": self.draft_calls,
-            "forward_passes": self.forward_passes, "tokens_per_forward": self.tokens_per_forward,
+            "fused_calls": self.fused_calls, "forward_passes": self.forward_passes,
+            "tokens_per_forward": self.tokens_per_forward,
             "accepted_histogram": {str(k): v for k, v in sorted(self.accepted_histogram.items())},
             "prefill_s": self.prefill_s, "decode_s": self.decode_s, "host_syncs": self.host_syncs,
             "segment_growths": self.segment_growths, "finish_reason": self.finish_reason,
@@ -178,18 +193,18 @@ def decode(backend: Backend, prompt_ids: list[int], opts: DecodeOptions, stats: 
     t0 = time.perf_counter()
     backend.prefill(prompt_ids[:-1])
     stats.prefill_s = time.perf_counter() - t0
-    pending = [prompt_ids[-1]]
+    state = _LoopState([prompt_ids[-1]])
     produced = 0
     t_start = time.perf_counter()
     try:
         while True:
-            if backend.history_length + len(pending) + reserve > backend.max_context:
+            if backend.history_length + len(state.pending) + reserve > backend.max_context:
                 stats.finish_reason = "context_full"
                 return
             if opts.should_stop is not None and opts.should_stop():
                 stats.finish_reason = "cancelled"
                 return
-            committed, pending = _iterate(backend, pending, opts, stats, sampler)
+            committed = _iterate(backend, state, opts, stats, sampler)
             stats.iterations += 1
             if sampler is not None:
                 sampler.commit(committed)
@@ -206,7 +221,7 @@ def decode(backend: Backend, prompt_ids: list[int], opts: DecodeOptions, stats: 
             produced += len(chunk)
             stats.new_tokens = produced
             if check_alignment:
-                _check_alignment(backend, prompt_ids, produced, chunk, committed, pending)
+                _check_alignment(backend, prompt_ids, produced, chunk, committed, state.pending)
             if chunk:
                 yield chunk
             if stop_at is not None:
@@ -221,19 +236,29 @@ def decode(backend: Backend, prompt_ids: list[int], opts: DecodeOptions, stats: 
         stats.segment_growths = backend.log.segment_growths
 
 
-def _iterate(backend: Backend, pending: list[int], opts: DecodeOptions, stats: DecodeStats,
-             sampler: SamplingState | None = None) -> tuple[list[int], list[int]]:
-    """One iteration: returns (committed tokens, new pending).
+@dataclass
+class _LoopState:
+    pending: list[int]  # committed, KV not materialised; the last one is the anchor
+    draft: DraftResult | None = None  # drafts after the anchor a fused pass left (policy "fused")
+
+
+def _iterate(backend: Backend, state: _LoopState, opts: DecodeOptions, stats: DecodeStats,
+             sampler: SamplingState | None = None) -> list[int]:
+    """One iteration: returns the committed tokens and updates ``state``.
 
     With a ``sampler`` the steps sample instead of taking the argmax: drafts d_j ~ q_j
     (confidence = q_j(d_j)), and a verify is speculative sampling, so verified tokens are
     distributed exactly as AR sampling's. Without one, the calls are the greedy ones."""
+    pending = state.pending
     extra = () if sampler is None else (sampler,)
     if opts.policy == "ar":
         nxt = backend.ar_step(pending[-1], *extra)  # AR always holds exactly one pending token
         stats.verifier_calls += 1
         stats.forward_passes += 1
-        return [nxt], [nxt]
+        state.pending = [nxt]
+        return [nxt]
+    if opts.policy == "fused" or (opts.policy == "hybrid" and opts.hybrid_fused):
+        return _iterate_fused(backend, state, opts, stats)
     draft = backend.draft_step(pending, opts.block_size, *extra)
     stats.draft_calls += 1
     stats.forward_passes += 1
@@ -241,13 +266,39 @@ def _iterate(backend: Backend, pending: list[int], opts: DecodeOptions, stats: D
         h = confident_prefix(draft.confidences, opts.tau)
         if opts.policy == "confidence" or h >= opts.min_prefix:
             n = max(h, 1)
-            return _flag_confidences(draft, draft.tokens[:n]), draft.tokens[:n]
+            state.pending = draft.tokens[:n]
+            return _flag_confidences(draft, draft.tokens[:n])
     verified = backend.verify_step(pending[-1], draft, *extra)
     stats.verifier_calls += 1
     stats.forward_passes += 1
     a, v = verified.accepted, verified.verifier_token
+    state.pending = [v]
     # The drafts' confidences came back with the verify outputs: checking them costs nothing.
-    return _flag_confidences(draft, list(draft.tokens[:a]) + [v]), [v]
+    return _flag_confidences(draft, list(draft.tokens[:a]) + [v])
+
+
+def _iterate_fused(backend: Backend, state: _LoopState, opts: DecodeOptions, stats: DecodeStats) -> list[int]:
+    """Verify the held drafts and draft the next block in one pass; draft first if the last
+    pass's acceptance length was not among its candidates (or at the start). Hybrid commits a
+    confident prefix (h ≥ m) of the drafts unverified instead, as it does with a draft step's."""
+    anchor, pending, draft = state.pending[-1], state.pending, state.draft
+    if draft is None:
+        draft = backend.draft_step(pending, opts.block_size)  # materialises the pending rows
+        stats.draft_calls += 1
+        stats.forward_passes += 1
+        pending = []
+    if opts.policy == "hybrid":
+        h = confident_prefix(draft.confidences, opts.tau)
+        if h >= opts.min_prefix:
+            state.pending, state.draft = pending + draft.tokens[:h], None
+            return _flag_confidences(draft, draft.tokens[:h])
+    res = backend.fused_step(anchor, pending, draft, opts.candidates, opts.block_size)
+    stats.fused_calls += 1
+    stats.verifier_calls += 1
+    stats.forward_passes += 1
+    a, v = res.accepted, res.verifier_token
+    state.pending, state.draft = [v], res.next_draft
+    return _flag_confidences(draft, list(draft.tokens[:a]) + [v])
 
 
 def _flag_confidences(draft, committed: list[int]) -> list[int]:

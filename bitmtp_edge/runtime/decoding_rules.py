@@ -1,8 +1,11 @@
-"""The two prefix rules every policy and backend shares (host-side twins of the device ops)."""
+"""The prefix rules every policy and backend shares (host-side twins of the device ops),
+and the fused step's choice of candidate acceptance lengths (one torch op for both)."""
 
 from __future__ import annotations
 
 from typing import Sequence
+
+import torch
 
 
 def confident_prefix(confidences: Sequence[float], tau: float) -> int:
@@ -23,3 +26,23 @@ def accepted_prefix(drafts: Sequence[int], verifier_tokens: Sequence[int]) -> in
             break
         a += 1
     return a
+
+
+def acceptance_probabilities(confidences: torch.Tensor) -> torch.Tensor:
+    """[m] draft confidences -> [m + 1] estimated P(a = j), j = 0..m, taking the drafts'
+    confidences as independent acceptance chances: c_1…c_j · (1 − c_{j+1}), and c_1…c_m
+    for j = m."""
+    conf = confidences.float().reshape(-1)
+    one = torch.ones(1, dtype=conf.dtype, device=conf.device)
+    reach = torch.cumprod(torch.cat([one, conf]), 0)  # reach[j] = c_1…c_j
+    stop = torch.cat([1.0 - conf, one])  # the draft after j is rejected (always, past d_m)
+    return reach * stop
+
+
+def candidate_lengths(confidences: torch.Tensor, count: int) -> torch.Tensor:
+    """C: the ``count`` most probable acceptance lengths (ties to the shorter), ascending,
+    int64 on the confidences' device. Pure tensor ops, so a captured graph runs it."""
+    p = acceptance_probabilities(confidences)
+    count = min(count, p.shape[0])
+    order = torch.sort(p, descending=True, stable=True).indices[:count]
+    return torch.sort(order).values

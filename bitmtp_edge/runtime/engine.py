@@ -155,7 +155,7 @@ class Engine:
         return opts
 
     def _options(self, policy, max_new_tokens, block_size, tau, min_prefix, should_stop=None,
-                 sampling=None) -> DecodeOptions:
+                 candidates=None, sampling=None) -> DecodeOptions:
         mtp = self.manifest.mtp
         if policy != "ar" and mtp is None:
             raise DecodingError(f"policy {policy!r} needs an MTP-trained model; {self.path} is AR-only, use policy='ar'")
@@ -166,7 +166,7 @@ class Engine:
             raise DecodingError(f"block_size={block_size}: {self.path} is AR-only and has no MTP block")
         return DecodeOptions.for_model(mtp, policy, max_new_tokens, tau=tau, min_prefix=min_prefix,
                                        stop_token_ids=self.eos_token_ids, should_stop=should_stop,
-                                       sampling=sampling)
+                                       candidates=candidates, sampling=sampling)
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, (bytes, bytearray, memoryview)):
@@ -199,16 +199,17 @@ class Engine:
 
     def stream_ids(self, prompt, *, max_new_tokens=128, policy="hybrid", block_size=None, tau=None,
                    min_prefix=None, stats: DecodeStats | None = None,
-                   should_stop: Callable[[], bool] | None = None, sampling: SamplingParams | None = None,
-                   **sampling_kw) -> Iterator[list[int]]:
+                   should_stop: Callable[[], bool] | None = None, candidates: int | None = None,
+                   sampling: SamplingParams | None = None, **sampling_kw) -> Iterator[list[int]]:
         """Yield each iteration's committed token ids. Arguments are checked when this is
         called, before anything runs. ``should_stop()`` is polled once per iteration; True
-        ends the generation (``finish_reason`` "cancelled").
+        ends the generation (``finish_reason`` "cancelled"). ``candidates``: draft blocks per
+        fused pass (policy ``fused``; default ``format.config.DEFAULT_CANDIDATES``).
 
         Sampling: ``sampling=SamplingParams(...)`` or its fields as keywords
         (``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``frequency_penalty``,
         ``presence_penalty``, ``seed``); temperature 0 (the default) is greedy."""
-        opts = self._options(policy, max_new_tokens, block_size, tau, min_prefix, should_stop,
+        opts = self._options(policy, max_new_tokens, block_size, tau, min_prefix, should_stop, candidates,
                              sampling=_sampling(sampling, sampling_kw))
         ids = self._prompt_ids(prompt)
         return decode(self.backend, ids, opts, stats if stats is not None else DecodeStats())

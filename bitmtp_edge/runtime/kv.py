@@ -56,10 +56,14 @@ class KVView:
 class KVStore:
     """The KV history of one sequence: one buffer, viewed through the smallest segment that holds it."""
 
-    def __init__(self, cfg: ModelConfig, plan: KVPlan, dtype: torch.dtype, device):
+    def __init__(self, cfg: ModelConfig, plan: KVPlan, dtype: torch.dtype, device, workspace: int | None = None):
+        """``workspace``: slots allocated after the largest segment, when a step needs more
+        than the artifact's widest (the fused step's draft blocks); views default to W."""
         self.plan, self.device = plan, torch.device(device)
         self.workspace = plan.workspace
-        shape = (cfg.num_layers, cfg.num_kv_heads, plan.segments[-1].capacity + plan.workspace, cfg.head_dim)
+        self.allocated_workspace = max(workspace or 0, plan.workspace)
+        shape = (cfg.num_layers, cfg.num_kv_heads, plan.segments[-1].capacity + self.allocated_workspace,
+                 cfg.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=self.device)  # [layers, Hkv, |σ_max| + W, hd]
         self.v = torch.zeros(shape, dtype=dtype, device=self.device)
         self.segment = 0  # σ: index into plan.segments
@@ -79,14 +83,32 @@ class KVStore:
     def max_capacity(self) -> int:
         return self.plan.segments[-1].capacity
 
-    def view(self, segment: int | None = None) -> KVView:
-        """Segment ``segment`` (default: the current one) as the prefix view [0, |σ| + W)."""
+    def view(self, segment: int | None = None, workspace: int | None = None) -> KVView:
+        """Segment ``segment`` (default: the current one) as the prefix view [0, |σ| + W), or
+        with ``workspace`` slots instead of W (up to what ``widen`` allocated)."""
         seg = self.segment if segment is None else segment
+        workspace = workspace or self.workspace
+        assert workspace <= self.allocated_workspace, (workspace, self.allocated_workspace)
         capacity = self.plan.segments[seg].capacity
-        slots = capacity + self.workspace
+        slots = capacity + workspace
         k, v = self.k[:, :, :slots], self.v[:, :, :slots]
         assert k.shape[2] == slots and k.data_ptr() == self.k.data_ptr(), "segment views share one buffer"
-        return KVView(k, v, capacity, self.workspace)
+        return KVView(k, v, capacity, workspace)
+
+    def widen(self, workspace: int) -> bool:
+        """Allocate ``workspace`` slots after the largest segment (views still default to W),
+        keeping the contents; True if it reallocated. A graph backend sizes the store at
+        construction instead: its captured views must never move."""
+        if workspace <= self.allocated_workspace:
+            return False
+        k, v = self.k, self.v
+        shape = (*k.shape[:2], self.plan.segments[-1].capacity + workspace, k.shape[3])
+        self.k = torch.zeros(shape, dtype=k.dtype, device=self.device)
+        self.v = torch.zeros(shape, dtype=v.dtype, device=self.device)
+        self.k[:, :, :k.shape[2]].copy_(k)
+        self.v[:, :, :v.shape[2]].copy_(v)
+        self.allocated_workspace = workspace
+        return True
 
     def reserve(self, needed: int) -> KVView:
         """The view of the smallest segment holding ``needed`` history slots (L plus the rows

@@ -31,7 +31,10 @@ def build_model(manifest: Manifest, tensors: dict[str, torch.Tensor], dtype: tor
         if name.endswith(".codes"):
             base = name[: -len(".codes")]
             packed = artifact_tensor(tensors, base + PACKED_SUFFIX)
-            codes = unpack_ternary(packed)
+            try:  # K padded to whole 128-chunks in the file: checked to be zero weights and cut off
+                codes = unpack_ternary(packed, ref.shape[1])
+            except ValueError as e:
+                raise ArtifactError(f"{WEIGHTS}: {base}{PACKED_SUFFIX}: {e}") from None
             if codes.shape != ref.shape:
                 raise ArtifactError(f"{WEIGHTS}: {base}{PACKED_SUFFIX} unpacks to {tuple(codes.shape)}, "
                                     f"expected {tuple(ref.shape)}")

@@ -92,3 +92,82 @@ def prefill_mask(slots: int, length, n: int, device=None) -> torch.Tensor:
     s = torch.arange(slots, device=device)
     row = torch.arange(n, device=device).unsqueeze(1)
     return s.unsqueeze(0) <= (length + row)
+
+
+# --- row spans: the same visibility as three integers per row ------------------------------
+
+def spans_to_mask(spans: torch.Tensor, capacity: int, slots: int) -> torch.Tensor:
+    """[M, 3] int row spans -> [M, slots] bool mask.
+
+    Every step mask of this module is, per row, "history slots below a limit plus one
+    contiguous run of workspace rows": ``spans[m] = (history_end, workspace_begin,
+    workspace_end)`` means row m sees history slots ``[0, history_end)`` and workspace rows
+    ``[workspace_begin, workspace_end)`` (slots ``capacity + w``). The attention kernel
+    takes the spans themselves, so no [M, S] mask is built or read on the device."""
+    s = torch.arange(slots, device=spans.device)
+    w = s - capacity
+    hist_end, ws_begin, ws_end = (spans[:, i:i + 1] for i in range(3))
+    return ((s < capacity) & (s < hist_end)) | ((s >= capacity) & (w >= ws_begin) & (w < ws_end))
+
+
+def _int32(value, device) -> torch.Tensor:
+    return torch.as_tensor(value, device=device).reshape(-1)[:1].to(torch.int32)
+
+
+def history_step_spans(first_position, width: int, device=None) -> torch.Tensor:
+    """[width, 3] spans of ``history_step_mask``: row i sees history slots 0..first + i."""
+    first = _int32(first_position, device)
+    row = torch.arange(width, device=first.device, dtype=torch.int32)
+    zero = torch.zeros_like(row)
+    return torch.stack([first + row + 1, zero, zero], dim=1)
+
+
+def draft_in_place_spans(length, pending: int, block: int, device=None) -> torch.Tensor:
+    """[pending + block, 3] spans of ``draft_in_place_mask``."""
+    length = _int32(length, device)
+    rows = history_step_spans(length, pending)
+    ones = torch.ones(block, device=length.device, dtype=torch.int32)
+    block_rows = torch.stack([(length + pending - 1) * ones, 0 * ones, block * ones], dim=1)
+    return torch.cat([rows, block_rows])
+
+
+def fused_step_spans(first, causal: int, candidates: torch.Tensor, block: int, anchor_row: int = 0) -> torch.Tensor:
+    """[causal + c·block, 3] int32 row spans of a fused verify + draft step (see
+    ``fused_step_mask``); ``first`` (int or [1] tensor) is the first causal row's slot,
+    ``anchor_row`` the anchor's index among the causal rows and ``candidates`` [c] the
+    acceptance lengths j whose draft blocks the step carries."""
+    device = candidates.device
+    first = _int32(first, device)
+    c = candidates.shape[0]
+    causal_spans = history_step_spans(first, causal)
+    b = torch.arange(c * block, device=device, dtype=torch.int32) // block  # block index of each row
+    block_spans = torch.stack([first + anchor_row + candidates.to(torch.int32)[b], b * block, (b + 1) * block], dim=1)
+    return torch.cat([causal_spans, block_spans])
+
+
+def fused_step_mask(capacity: int, workspace: int, first, causal: int, candidates: torch.Tensor,
+                    block: int, anchor_row: int = 0) -> torch.Tensor:
+    """[causal + c·D, capacity + workspace] for one fused verify + draft step.
+
+    Rows, positions and slots (L = materialised history; ``first`` = L when the pending
+    tokens p_1..p_k are not materialised yet, L − 1 when k = 0 and the anchor, the last
+    history token, is recomputed at its own slot as in a verify; A = first + anchor_row is
+    the anchor's slot)::
+
+        causal rows   tokens     [p_1..p_k = anchor, d_1..d_m]  AR-causal, each written at its
+                      slots      first .. first+n-1              own history slot (= position)
+        block b of j  tokens     [d_j (the anchor if j = 0), MASK x (D-1)]   for each j in C
+                      positions  A+j .. A+j+D-1, written in workspace rows b·D .. b·D+D-1
+
+                        history slots                                     workspace rows
+                        0 ... first-1 | first ... A ... A+j ...           | 0..D-1 | D..2D-1 | ...
+        causal row i    ############# | ####### (slots <= first + i)      |        |         |
+        block 0 (j0)    ############# | ### (slots < A + j0)              | ###### |         |
+        block 1 (j1)    ############# | ####### (slots < A + j1)          |        | ####### |
+
+    A causal row sees what the same row of a verify (and of an AR step) sees, so its logits
+    are the AR ones bit for bit; the block of j sees the history and the causal rows before
+    d_j (not the row it duplicates) and itself bidirectionally — the draft block the model
+    was trained on, anchored at d_j."""
+    spans = fused_step_spans(first, causal, candidates, block, anchor_row)
+    return spans_to_mask(spans, capacity, capacity + workspace)

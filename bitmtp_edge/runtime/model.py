@@ -57,7 +57,7 @@ class PackedTernaryLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features, self.quant = in_features, out_features, quant
         self.register_buffer("codes", torch.zeros(out_features, in_features, dtype=torch.int8))
-        n_scale = (out_features, in_features // 128) if quant.weights == "group128" else (1,)
+        n_scale = (out_features, -(-in_features // 128)) if quant.weights == "group128" else (1,)
         self.register_buffer("scale", torch.ones(n_scale, dtype=torch.float32))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
