@@ -196,7 +196,8 @@ def test_serve_answers_json_lines_on_stdin(artifact):
         {"id": 3, "op": "info"},
         {"id": 4, "prompt": ""},
         {"id": 5, "prompt": "t1", "policy": "beam"},
-        {"id": 6, "prompt": "t1", "temperature": 0.7},
+        {"id": 6, "prompt": "t1", "beam_width": 4},
+        {"id": 7, "prompt": "t1", "max_new_tokens": 3, "temperature": 0.7, "seed": 5},
     ]
     text = "\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n"
     res = invoke("serve", "--artifact", artifact, "--no-warmup", input=text)
@@ -213,8 +214,9 @@ def test_serve_answers_json_lines_on_stdin(artifact):
     assert by_id[3][0]["info"]["block_size"] == 4 and by_id[3][0]["info"]["backend"] == "reference"
     assert "non-empty string" in by_id[4][0]["error"]
     assert "unknown policy 'beam'" in by_id[5][0]["error"]
-    assert "unknown key(s) temperature" in by_id[6][0]["error"]
-    assert "ready in" in res.stderr and "after 7 request(s)" in res.stderr
+    assert "unknown key(s) beam_width" in by_id[6][0]["error"]
+    assert by_id[7][0]["stats"]["seed"] == 5  # sampled
+    assert "ready in" in res.stderr and "after 8 request(s)" in res.stderr
 
 
 def test_serve_on_a_unix_socket(engine, tmp_path):

@@ -48,8 +48,9 @@ def parse_command(line: str) -> Command | None:
 
 class ChatSession:
     def __init__(self, engine: Engine, policy: str = "hybrid", max_new_tokens: int = 128,
-                 tau: float | None = None, min_prefix: int | None = None, keep_history: bool = True):
-        self.engine, self.max_new_tokens = engine, max_new_tokens
+                 tau: float | None = None, min_prefix: int | None = None, keep_history: bool = True,
+                 sampling=None):
+        self.engine, self.max_new_tokens, self.sampling = engine, max_new_tokens, sampling
         self.tau, self.min_prefix, self.keep_history = tau, min_prefix, keep_history
         self.policy = "ar"
         self.set_policy(policy)
@@ -89,7 +90,8 @@ class ChatSession:
         ids = self._context_ids(turn)
         pieces: list[str] = []
         for piece in self.engine.stream(ids, max_new_tokens=self.max_new_tokens, policy=self.policy,
-                                        tau=self.tau, min_prefix=self.min_prefix, stats=stats):
+                                        tau=self.tau, min_prefix=self.min_prefix, stats=stats,
+                                        sampling=self.sampling):
             pieces.append(piece)
             yield piece, stats
         if self.keep_history:

@@ -104,13 +104,18 @@ m_help = "Hybrid: commit without verifying when h ≥ m [default: the model's]."
 
 
 def decoding_options(command):
-    """--policy, --max-new-tokens, --tau, --min-prefix: one decode's settings (generate, chat)."""
+    """--policy, --max-new-tokens, --tau, --min-prefix and sampling: one decode's settings (generate, chat)."""
     for option in reversed((
         click.option("--policy", type=click.Choice(POLICIES), default=None,
                      help="Decoding policy [default: hybrid, or ar for an AR-only model]."),
         click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True),
         click.option("--tau", type=click.FloatRange(0, 1, min_open=True), default=None, help=tau_help),
         click.option("--min-prefix", "-m", type=click.IntRange(min=1), default=None, help=m_help),
+        click.option("--temperature", "-t", type=click.FloatRange(min=0), default=0.0, show_default=True,
+                     help="0 = greedy; above 0 samples (speculative/hybrid verify by speculative sampling)."),
+        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True),
+        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off."),
+        click.option("--seed", type=click.IntRange(min=0), default=None, help="Same seed, same text."),
     )):
         command = option(command)
     return command
@@ -134,7 +139,8 @@ def main() -> None:
 @decoding_options
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, stats).")
-def generate(prompt, artifact, backend, device, policy, max_new_tokens, tau, min_prefix, stop, as_json):
+def generate(prompt, artifact, backend, device, policy, max_new_tokens, tau, min_prefix, temperature, top_p, top_k,
+             seed, stop, as_json):
     """Complete PROMPT with the chosen decoding policy."""
     from ..runtime.decoding import DecodingError
 
@@ -142,7 +148,8 @@ def generate(prompt, artifact, backend, device, policy, max_new_tokens, tau, min
     policy = policy_for(eng, policy)
     try:
         res = eng.generate(prompt, max_new_tokens=max_new_tokens, policy=policy, tau=tau,
-                           min_prefix=min_prefix, stop=list(stop) or None)
+                           min_prefix=min_prefix, stop=list(stop) or None,
+                           sampling=_sampling(temperature, top_p, top_k, seed))
     except DecodingError as e:
         raise click.ClickException(str(e)) from None
     if as_json:
@@ -187,7 +194,8 @@ def demo(artifact, backend, device, max_new_tokens, policy, as_json):
 @decoding_options
 @click.option("--no-history", is_flag=True, help="Answer each turn alone (no running transcript).")
 @click.pass_context
-def chat(ctx, artifact, backend, device, policy, max_new_tokens, tau, min_prefix, no_history):
+def chat(ctx, artifact, backend, device, policy, max_new_tokens, tau, min_prefix, temperature, top_p, top_k, seed,
+         no_history):
     """Interactive session: type text, watch the model continue it (streamed), with live
     tok/s and tokens per iteration. Commands: /quit, /policy [NAME], /reset, /help."""
     from .chat import ChatSession
@@ -198,12 +206,22 @@ def chat(ctx, artifact, backend, device, policy, max_new_tokens, tau, min_prefix
     policy = policy_for(eng, policy)
     try:
         session = ChatSession(eng, policy=policy, max_new_tokens=max_new_tokens, tau=tau, min_prefix=min_prefix,
+                              sampling=_sampling(temperature, top_p, top_k, seed),
                               keep_history=not no_history)
     except DecodingError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"bitmtp chat — {eng.path} on {eng.backend.name}/{eng.device}, policy {session.policy}. "
                "/help for commands, /quit to leave.", err=True)
     run_chat(session, sys.stdin, interactive=sys.stdin.isatty() and sys.stdout.isatty())
+
+
+def _sampling(temperature, top_p, top_k, seed):
+    from ..runtime.sampling import SamplingError, SamplingParams
+
+    try:
+        return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    except SamplingError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 # ----------------------------------------------------------------------------- bench
@@ -371,20 +389,40 @@ def doctor(artifact, as_json):
 @backend_option
 @device_option
 @runtime_option
+@click.option("--host", default=None, help="Serve the OpenAI-compatible HTTP API on this address [default with "
+                                           "--port: 127.0.0.1; 0.0.0.0 for every interface].")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="Serve the OpenAI-compatible HTTP API on this port (see bitmtp_edge/app/http_server.py).")
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False), default=None,
-              help="Listen on this UNIX socket [default: JSON lines on stdin, replies on stdout].")
+              help="Listen on this UNIX socket (JSON lines) [default without --port/--socket: JSON lines on "
+                   "stdin, replies on stdout].")
 @click.option("--policy", type=click.Choice(POLICIES), default=None,
               help="Default policy of requests [default: hybrid, or ar for an AR-only model].")
 @click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True,
-              help="Default max_new_tokens of requests.")
+              help="Default max_new_tokens (HTTP: max_tokens) of requests.")
+@click.option("--model-name", default=None, help="HTTP: the model id clients send [default: the artifact folder's "
+                                                 "name, bitmtp-embedded for the embedded model].")
+@click.option("--max-queue", type=click.IntRange(min=0), default=16, show_default=True,
+              help="HTTP: requests that may wait behind the running one; more get 503.")
+@click.option("--monitor", type=click.Choice(["none", *MONITOR_CHOICES]), default="none", show_default=True,
+              help="HTTP: a power source for /metrics (watts, joules per token).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True, help="One log line per request at info.")
 @click.option("--no-warmup", is_flag=True, help="Skip the warm-up generations at start.")
-def serve(artifact, backend, device, runtime, socket_path, policy, max_new_tokens, no_warmup):
-    """Keep one model loaded (graphs captured, kernels warm) and answer JSON-lines requests:
-    {"prompt": ..., "max_new_tokens": 64, "policy": "hybrid", "stream": false}. See
-    bitmtp_edge/serve.py for the protocol."""
+def serve(artifact, backend, device, runtime, host, port, socket_path, policy, max_new_tokens, model_name, max_queue,
+          monitor, log_level, no_warmup):
+    """Keep one model loaded (graphs captured, kernels warm) and answer requests: with
+    --port, the OpenAI HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
+    /health, /metrics); else JSON lines {"prompt": ..., "max_new_tokens": 64} on a
+    --socket or stdin (bitmtp_edge/app/serve.py has the protocol)."""
     from ..jetson.posture import read_posture
     from .serve import ServeDefaults, UnixServer, info, serve_lines, warm_up
 
+    if port is not None and socket_path is not None:
+        raise click.UsageError("give --port (HTTP) or --socket (JSON lines), not both")
+    if host is not None and port is None:
+        raise click.UsageError("--host needs --port (e.g. --host 0.0.0.0 --port 8000)")
+    logging.getLogger("bitmtp_edge").setLevel(log_level.upper())
     posture = read_posture()
     for w in posture.warnings if posture.on_jetson else ():
         click.echo(f"warning: power posture: {w}", err=True)
@@ -392,7 +430,12 @@ def serve(artifact, backend, device, runtime, socket_path, policy, max_new_token
     eng = _load_engine(artifact, backend, device, runtime)
     if not no_warmup:
         warm_up(eng)
-    defaults = ServeDefaults(policy=policy_for(eng, policy), max_new_tokens=max_new_tokens)
+    default_policy = policy_for(eng, policy)
+    if port is not None:
+        _serve_http(eng, host or "127.0.0.1", port, default_policy, max_new_tokens, model_name, max_queue, monitor,
+                    log_level, artifact is None, t0)
+        return
+    defaults = ServeDefaults(policy=default_policy, max_new_tokens=max_new_tokens)
     where = socket_path or "stdin"
     click.echo(f"bitmtp serve: {json.dumps(info(eng))} ready in {time.perf_counter() - t0:.1f} s on {where}", err=True)
     if socket_path is None:
@@ -417,6 +460,37 @@ def serve(artifact, backend, device, runtime, socket_path, policy, max_new_token
         pass
     finally:
         server.server_close()
+
+
+def _serve_http(eng, host, port, policy, max_new_tokens, model_name, max_queue, monitor, log_level, embedded, t0):
+    from .http_server import ServerConfig, create_app, generation_defaults, make_server
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    http_log = logging.getLogger("bitmtp_edge.http")
+    http_log.addHandler(handler)
+    http_log.propagate = False  # the CLI's warning handler would print each request line twice
+    sampler = None
+    if monitor != "none":
+        from ..jetson.monitor import Sampler
+
+        try:
+            sampler = Sampler(monitor).start()
+        except Exception as e:
+            raise click.ClickException(f"--monitor {monitor}: {e}; choose another source or --monitor none") from None
+    name = model_name or ("bitmtp-embedded" if embedded else eng.path.name)
+    config = ServerConfig(model_name=name, policy=policy, max_tokens=max_new_tokens, max_queue=max_queue,
+                          sampling_defaults=generation_defaults(eng))
+    server = make_server(create_app(eng, config, sampler), host, port, log_level)
+    click.echo(f"bitmtp serve: model {name!r} ({eng.backend.name}/{eng.device}) ready in "
+               f"{time.perf_counter() - t0:.1f} s on http://{host}:{port}/v1", err=True)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on
+        pass
+    finally:
+        if sampler is not None:
+            sampler.stop()
 
 
 if __name__ == "__main__":  # pragma: no cover

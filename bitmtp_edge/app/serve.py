@@ -9,6 +9,7 @@ Request, one JSON object per line::
 
     {"id": 7, "prompt": "def add(a, b):\\n", "max_new_tokens": 64, "policy": "hybrid",
      "tau": 0.9, "min_prefix": 3, "stop": ["\\n\\n"], "stream": false}
+    {"id": 9, "prompt": "def f(x):", "temperature": 0.8, "top_p": 0.95, "seed": 1}  (sampled)
     {"id": 8, "op": "info"}
 
 Only ``prompt`` is required (text, or a list of token ids). Responses::
@@ -47,7 +48,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REQUEST_KEYS = {"id", "op", "prompt", "max_new_tokens", "policy", "tau", "min_prefix", "stop", "stream"}
+SAMPLING_KEYS = {"temperature", "top_p", "top_k", "repetition_penalty", "frequency_penalty", "presence_penalty", "seed"}
+REQUEST_KEYS = {"id", "op", "prompt", "max_new_tokens", "policy", "tau", "min_prefix", "stop", "stream"} | SAMPLING_KEYS
 
 # A prompt as long as a 128k-token context is ~0.5 MB of text or ~1 MB of ids; 4 MiB leaves
 # room and bounds what one client can make the server buffer.
@@ -73,6 +75,7 @@ def warm_up(engine: Engine) -> None:
     ids = engine.encode("def f(x):\n") or [0]
     for policy in policies:
         engine.generate(ids, max_new_tokens=8, policy=policy)
+        engine.generate(ids, max_new_tokens=8, policy=policy, temperature=1.0, seed=0)  # the sampled graphs
 
 
 def info(engine: Engine) -> dict:
@@ -112,7 +115,8 @@ def handle(engine: Engine, request: Any, defaults: ServeDefaults = ServeDefaults
         if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
             raise ValueError("\"stop\" must be a list of strings")
         kw = {"max_new_tokens": n, "policy": request.get("policy", defaults.policy), "tau": request.get("tau"),
-              "min_prefix": request.get("min_prefix"), "stop": stop, "should_stop": should_stop}
+              "min_prefix": request.get("min_prefix"), "stop": stop, "should_stop": should_stop,
+              **{k: request[k] for k in SAMPLING_KEYS if request.get(k) is not None}}
         if request.get("stream"):
             stats = DecodeStats()
             text = []

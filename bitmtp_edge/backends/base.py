@@ -49,11 +49,16 @@ class DraftResult:
     A graph backend hands back a *lazy* result (``loader``): the speculative policy never
     looks at the drafts before verifying, so the verify step reads them back together with
     its own outputs in one transfer and ``deliver``s them here.
+
+    With sampling, ``probs`` holds the draft distributions q [D, V] the tokens were drawn
+    from (a verify needs them; a graph backend keeps them in a static buffer instead).
     """
 
-    def __init__(self, tokens: list[int] | None = None, confidences: list[float] | None = None, loader=None):
+    def __init__(self, tokens: list[int] | None = None, confidences: list[float] | None = None, loader=None,
+                 probs=None):
         assert tokens is not None or loader is not None, "a DraftResult needs its values or a loader"
         self._tokens, self._confidences, self._loader = tokens, confidences, loader
+        self.probs = probs
 
     @property
     def loaded(self) -> bool:
@@ -106,8 +111,14 @@ class StepLog:
 
 
 class Backend(Protocol):
+    """Every step takes an optional ``sampler`` (``runtime.sampling.SamplingState``):
+    absent, steps take the argmax (the greedy path); present, they sample with its
+    uniforms and counts (drafts d_j ~ q_j with confidence q_j(d_j); a verify accepts by
+    speculative sampling and v is drawn from the residual or bonus distribution)."""
+
     name: str
     log: StepLog
+    device: torch.device
 
     @property
     def history_length(self) -> int: ...
@@ -115,21 +126,24 @@ class Backend(Protocol):
     @property
     def max_context(self) -> int: ...
 
+    @property
+    def vocab_size(self) -> int: ...
+
     def reset(self) -> None: ...
 
     def prefill(self, token_ids: list[int]) -> None:
         """token_ids [T] host ints: materialise them into history (verify role, causal), in
         chunks of ``PREFILL_CHUNK``. L += T."""
 
-    def ar_step(self, token: int) -> int:
+    def ar_step(self, token: int, sampler=None) -> int:
         """Width 1, verify role: materialise ``token``; return the greedy next token. L += 1."""
 
-    def draft_step(self, pending: list[int], block_size: int) -> DraftResult:
+    def draft_step(self, pending: list[int], block_size: int, sampler=None) -> DraftResult:
         """pending [k] host ints, 1 <= k <= D (``check_pending``). Width k + D, draft role:
         materialise ``pending``; draft D tokens after its anchor p_k -> DraftResult with
         tokens [D] and confidences [D]. L += k."""
 
-    def verify_step(self, anchor: int, draft: DraftResult) -> VerifyResult:
+    def verify_step(self, anchor: int, draft: DraftResult, sampler=None) -> VerifyResult:
         """draft: the D tokens of the last draft step. Width D + 1, verify role, over
         [anchor, d_1..d_D]; the anchor is the last materialised token and sits at its own
         position (its history row is hidden). Promotes the KV rows of the accepted drafts

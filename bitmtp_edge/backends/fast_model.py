@@ -181,6 +181,27 @@ class FastModel:
         a, s = self.ops.rmsnorm_quant(x.contiguous(), self.final_norm, self.cfg.rms_norm_eps)
         return self.ops.int8_head_argmax(a, s, *self.draft_head)
 
+    def verify_sample_logits(self, x):
+        """[M, H] residual -> [M, V] float32 logits of the head ``verify_top1`` takes the
+        argmax of (same norm, same 16-bit head), for sampling."""
+        h = self.ops.rmsnorm_cast(x, self.final_norm, self.cfg.rms_norm_eps, self.head_dtype)
+        return h.float() @ self.verify_head.float().t()
+
+    def draft_sample_logits(self, x):
+        """[M, H] residual -> [M, V] float32 logits of the head ``draft_top1`` uses, for
+        sampling. The int8 product is accumulated in float32 (exact up to 2**24, close
+        beyond): any draft distribution q keeps speculative sampling lossless, as long as
+        the verify compares against the same q the drafts were drawn from."""
+        if self.draft_head is None or not self.ops.specialize_widths:
+            return self.verify_sample_logits(x)
+        if self.draft_head_kind == "fp8":
+            from .fp8_head import fp8_head_logits, fp8_head_logits_reference
+
+            return (fp8_head_logits_reference if self.ops.twin else fp8_head_logits)(self.normed(x), *self.draft_head)
+        a, s = self.ops.rmsnorm_quant(x.contiguous(), self.final_norm, self.cfg.rms_norm_eps)
+        w, w_scale = self.draft_head
+        return (a.float() @ w.float().t()) * s.float()[:, None] * w_scale[None, :]
+
     def verify_logits(self, x):
         """[M, H] residual -> [M, V] float32 logits (scoring only; decoding never writes them)."""
         return F.linear(self.normed(x).to(self.head_dtype), self.verify_head).float()

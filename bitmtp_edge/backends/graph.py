@@ -23,6 +23,13 @@ verifier preparation) the verifier's input ``[anchor, d_1..d_D]`` right after th
 a verify replays with no preparation after the branch. ``Staged`` records what the last
 step left on the device; the copy-in of the next step reads it, nothing else does.
 
+**Sampling.** A sampled step (``sampler`` given) replays its own graph, captured on first
+use, so the greedy graphs captured at load stay exactly as they were. Its random numbers,
+sampling parameters and penalty counts are static device inputs (``SampleInputs``) the
+host fills before the replay (a few bytes of uniforms per step); inside, the graph runs the
+pure functions of ``runtime/sampling.py`` on the head logits: drafts d_j ~ q_j (q kept on
+the device for the verify) and speculative sampling in the verify, with the same readback.
+
 **Fused verify + draft** (policy ``fused``, ``fused_graph.py``): a verify that carries the
 draft blocks of the c likeliest acceptance lengths. Its states are (D + 1 + c·D, σ, fused)
 after a draft step and (D + c·D, σ, fused) after a fused hit; their blocks live in a
@@ -46,7 +53,9 @@ from ..format.segments import KVPlan
 from ..runtime.kv import KVStore
 from ..runtime.masks import draft_in_place_mask, history_step_mask, prefill_mask
 from ..runtime.replay import ReplayState
-from .base import PREFILL_CHUNK, DraftResult, FusedResult, StepLog, VerifyResult, check_pending, flag_non_finite
+from ..runtime.sampling import filtered_probs, inverse_cdf, penalize, sample_drafts, speculative_accept, target_probs
+from .base import (NON_FINITE_TOKEN, PREFILL_CHUNK, DraftResult, FusedResult, StepLog, VerifyResult, check_pending,
+                   flag_non_finite)
 from .fast_model import FastModel
 from .fused_graph import FusedInputs, fused_body, fused_width
 
@@ -132,6 +141,43 @@ class StaticInputs:
         return [self.history_len, self.ar_token, self.ar_out, self.pending, self.verify_tokens, self.readback, *fused]
 
 
+SAMPLING_PARAMS = ("temperature", "top_k", "top_p", "repetition", "frequency", "presence")
+
+
+@dataclass
+class SampleInputs:
+    """The sampled graphs' extra static inputs (allocated at the first sampled step)."""
+
+    params: tuple[torch.Tensor, ...]  # 6 x [] float32: SAMPLING_PARAMS, in SamplingState.values order
+    seen: torch.Tensor  # [V] float32: counts of prompt + generated tokens (penalties)
+    generated: torch.Tensor  # [V] float32: counts of generated tokens (penalties)
+    q: torch.Tensor  # [D, V] float32: the last draft's distributions, for the verify
+    u_ar: torch.Tensor  # [1] float32 uniforms of an AR step
+    u_draft: torch.Tensor  # [D] float32 uniforms of a draft step
+    u_verify: torch.Tensor  # [D + 1] float32 uniforms of a verify step
+
+    @classmethod
+    def allocate(cls, block_size: int, vocab: int, device) -> "SampleInputs":
+        d = block_size
+
+        def zeros(*shape):
+            return torch.zeros(*shape, dtype=torch.float32, device=device)
+
+        return cls(params=tuple(zeros(()) for _ in SAMPLING_PARAMS), seen=zeros(vocab), generated=zeros(vocab),
+                   q=zeros(max(d, 1), vocab), u_ar=zeros(1), u_draft=zeros(max(d, 1)), u_verify=zeros(d + 1))
+
+    def stage(self, sampler, uniforms: torch.Tensor, new_request: bool) -> None:
+        """Copy in one step's values: the parameters once per request, the penalty counts
+        when penalties are on (device to device), and the step's uniforms."""
+        if new_request:
+            for buf, value in zip(self.params, sampler.values):
+                buf.fill_(float(value))
+        if sampler.penalized:
+            self.seen.copy_(sampler.seen)
+            self.generated.copy_(sampler.generated)
+        uniforms.copy_(sampler.uniforms(uniforms.numel()))
+
+
 @dataclass(frozen=True)
 class Staged:
     """What the last step left in the static inputs, so the next copy-in can skip an upload."""
@@ -162,6 +208,10 @@ class GraphBackend:
         self.staged = Staged()
         self.log = StepLog()
         self.graphs: dict[ReplayState, torch.cuda.CUDAGraph] = {}
+        # Sampled steps: graphs keyed by (state, penalized), inputs made at the first one.
+        self.sample_graphs: dict[tuple[ReplayState, bool], torch.cuda.CUDAGraph] = {}
+        self.sample_inputs: SampleInputs | None = None
+        self._staged_sampler = None
         self.pool = torch.cuda.graph_pool_handle() if options.graphs else None
         self.capture_s = 0.0
         self.graph_pool_bytes = 0
@@ -176,6 +226,10 @@ class GraphBackend:
     @property
     def max_context(self) -> int:
         return self.kv.max_capacity
+
+    @property
+    def vocab_size(self) -> int:
+        return self.fast.cfg.vocab_size
 
     def _reserve(self, needed: int) -> None:
         growths = self.kv.growths
@@ -204,17 +258,27 @@ class GraphBackend:
         return self.fast.forward(tokens, positions, kv.k, kv.v, write_slots, mask, st.attn_rows,
                                  capacity=kv.capacity)
 
-    def _ar_body(self, seg: int) -> None:
+    def _ar_body(self, seg: int, sampled: bool | None = None) -> None:
+        """``sampled``: None = greedy; else sample (True: with penalty counts)."""
         st, cap = self.static, self.plan.segments[seg].capacity
         mask = history_step_mask(cap, self.kv.workspace, st.history_len, 1, self.device)
         x = self._forward(seg, st.ar_token, st.history_len, st.history_len, mask, 1)
-        top, conf = self.fast.verify_top1(x)
-        top = flag_non_finite(x, top, conf)  # read with the token: no extra sync
+        if sampled is None:
+            top, conf = self.fast.verify_top1(x)
+            top = flag_non_finite(x, top, conf)  # read with the token: no extra sync
+        else:
+            si = self.sample_inputs
+            temperature, top_k, top_p, rep, freq, pres = si.params
+            logits = self.fast.verify_sample_logits(x)  # [1, V]
+            if sampled:
+                logits = penalize(logits, si.seen, si.generated, rep, freq, pres)
+            top = inverse_cdf(filtered_probs(logits, temperature, top_k, top_p), si.u_ar)
+            top = flag_non_finite(x, top, logits.max(-1).values)
         st.history_len += 1
         st.ar_out.copy_(top)
         st.ar_token.copy_(top.clamp_min(0))  # a flagged row must not index the embedding
 
-    def _draft_body(self, seg: int, k: int) -> None:
+    def _draft_body(self, seg: int, k: int, sampled: bool | None = None) -> None:
         st, d, cap = self.static, self.block_size, self.plan.segments[seg].capacity
         pending, rows, L = st.pending[:k], st.workspace_rows, st.history_len
         tokens = torch.cat([pending, pending[-1:], st.mask_ids])  # [k + D]
@@ -222,8 +286,15 @@ class GraphBackend:
         slots = torch.cat([L + rows[:k], cap + rows[:d]])
         mask = draft_in_place_mask(cap, self.kv.workspace, L, k, d, self.device)
         x = self._forward(seg, tokens, L + st.draft_offsets[k], slots, mask, k)
-        top, conf = self.fast.draft_top1(x[k:])
-        top = flag_non_finite(x[k:], top, conf)
+        if sampled is None:
+            top, conf = self.fast.draft_top1(x[k:])
+            top = flag_non_finite(x[k:], top, conf)
+        else:
+            si = self.sample_inputs
+            top, q, conf = sample_drafts(self.fast.draft_sample_logits(x[k:]), si.seen, si.generated, si.params,
+                                         si.u_draft, sampled)
+            si.q.copy_(q)  # the verify compares against these very distributions
+            top = flag_non_finite(x[k:], top, conf)
         L += k
         st.readback[2:2 + d].copy_(top)
         st.readback[2 + d:].copy_(conf)
@@ -231,15 +302,22 @@ class GraphBackend:
             st.verify_tokens[:1].copy_(pending[-1:])
             st.verify_tokens[1:].copy_(top.clamp_min(0))
 
-    def _verify_body(self, seg: int) -> None:
+    def _verify_body(self, seg: int, sampled: bool | None = None) -> None:
         st, d, cap = self.static, self.block_size, self.plan.segments[seg].capacity
         first = st.history_len - 1  # the anchor's own slot; its row is recomputed bit for bit
         mask = history_step_mask(cap, self.kv.workspace, first, d + 1, self.device)
         positions = first + st.workspace_rows[: d + 1]
         x = self._forward(seg, st.verify_tokens, positions, positions, mask, d)
-        greedy, conf = self.fast.verify_top1(x)  # [D + 1]
-        greedy = flag_non_finite(x, greedy, conf)
-        accepted, verifier = accept_on_device(st.verify_tokens, greedy)
+        if sampled is None:
+            greedy, conf = self.fast.verify_top1(x)  # [D + 1]
+            greedy = flag_non_finite(x, greedy, conf)
+            accepted, verifier = accept_on_device(st.verify_tokens, greedy)
+        else:
+            si, drafts = self.sample_inputs, st.verify_tokens[1:]
+            p = target_probs(self.fast.verify_sample_logits(x), drafts, si.seen, si.generated, si.params, sampled)
+            accepted, verifier = speculative_accept(p, si.q, drafts, si.u_verify[:d], si.u_verify[d:])
+            finite = torch.isfinite(x).all() & torch.isfinite(p).all()  # NaN anywhere: flag the commit
+            verifier = torch.where(finite, verifier, torch.full_like(verifier, NON_FINITE_TOKEN))
         st.history_len += accepted  # d_1..d_a are already at their slots
         st.readback[0:1].copy_(accepted)
         st.readback[1:2].copy_(verifier)
@@ -258,26 +336,26 @@ class GraphBackend:
         fused_body(self.fast, kv.k, kv.v, kv.capacity, st.history_len, st.attn_rows, tokens, conf, drafts,
                    st.mask_ids, st.fused, count, st.pending[:1])
 
-    def _body(self, state: ReplayState):
+    def _body(self, state: ReplayState, sampled: bool | None = None):
         d = self.block_size or 0
         if state.role == "fused":
             causal = d + 1 if (state.width - d - 1) % d == 0 else d
             return lambda: self._fused_body(state.segment, causal, (state.width - causal) // d)
         if state.role == "verify" and state.width == 1:
-            return lambda: self._ar_body(state.segment)
+            return lambda: self._ar_body(state.segment, sampled)
         if state.role == "verify":
-            return lambda: self._verify_body(state.segment)
-        return lambda: self._draft_body(state.segment, state.width - d)
+            return lambda: self._verify_body(state.segment, sampled)
+        return lambda: self._draft_body(state.segment, state.width - d, sampled)
 
     # -- capture / replay ------------------------------------------------------------------
-    def _capture(self, state: ReplayState) -> None:
+    def _capture(self, state: ReplayState, sampled: bool | None = None) -> None:
         """Capture one state. Warm-up runs mutate L and the chained inputs, so those are
         restored afterwards. Their KV writes land at or past slot L - 1; mid-stream (lazy
         capture) the step's inputs are already staged, so slot L - 1 gets the very row the
         real step writes, and everything past L is invisible."""
         mutable = self.static.mutable()
         saved = [t.clone() for t in mutable]
-        body = self._body(state)
+        body = self._body(state, sampled)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -299,7 +377,10 @@ class GraphBackend:
             t.copy_(s)
         torch.cuda.synchronize(self.device)
         self.graph_pool_bytes += max(torch.cuda.memory_reserved(self.device) - before, 0)
-        self.graphs[state] = graph
+        if sampled is None:
+            self.graphs[state] = graph
+        else:
+            self.sample_graphs[(state, sampled)] = graph
 
     def capture_all(self, progress=None) -> None:
         t0 = time.perf_counter()
@@ -310,16 +391,30 @@ class GraphBackend:
                 progress(i + 1, len(states))
         self.capture_s = time.perf_counter() - t0
 
-    def _replay(self, state: ReplayState) -> None:
+    def _replay(self, state: ReplayState, sampled: bool | None = None) -> None:
         self.log.states.append(state)
         if not self.opts.graphs:
-            self._body(state)()
+            self._body(state, sampled)()
             return
-        graph = self.graphs.get(state)
+        graphs = self.graphs if sampled is None else self.sample_graphs
+        key = state if sampled is None else (state, sampled)
+        graph = graphs.get(key)
         if graph is None:
-            self._capture(state)
-            graph = self.graphs[state]
+            self._capture(state, sampled)
+            graph = graphs[key]
         graph.replay()
+
+    def _stage(self, sampler, uniforms: str) -> bool | None:
+        """Copy in a sampled step's inputs (``uniforms``: which buffer); returns the
+        ``sampled`` key of its graph (None: greedy, no sampler)."""
+        if sampler is None:
+            return None
+        if self.sample_inputs is None:
+            self.sample_inputs = SampleInputs.allocate(self.block_size or 0, self.vocab_size, self.device)
+        si = self.sample_inputs
+        si.stage(sampler, getattr(si, uniforms), new_request=self._staged_sampler is not sampler)
+        self._staged_sampler = sampler
+        return sampler.penalized
 
     def _slice_out(self, t: torch.Tensor) -> list:
         """The one host read of a step."""
@@ -336,6 +431,7 @@ class GraphBackend:
         self.static.history_len.zero_()
         self.log = StepLog()
         self.staged = Staged()
+        self._staged_sampler = None
 
     def prefill(self, token_ids: list[int]) -> None:
         from kernels_ampere.attention import small_width_attention_reference
@@ -357,17 +453,18 @@ class GraphBackend:
         st.history_len.fill_(self.kv.length)
         self.staged = Staged()
 
-    def ar_step(self, token: int) -> int:
+    def ar_step(self, token: int, sampler=None) -> int:
         self._reserve(self.kv.length + 1)
         if self.staged.ar_token != token:  # copy in, unless the last AR graph already wrote it
             self._upload(self.static.ar_token, [token])
-        self._replay(ReplayState(1, self.kv.segment, "verify"))
+        sampled = self._stage(sampler, "u_ar")
+        self._replay(ReplayState(1, self.kv.segment, "verify"), sampled)
         self.kv.advance(1)
         nxt = int(self._slice_out(self.static.ar_out)[0])
         self.staged = Staged(ar_token=nxt)
         return nxt
 
-    def draft_step(self, pending: list[int], block_size: int) -> DraftResult:
+    def draft_step(self, pending: list[int], block_size: int, sampler=None) -> DraftResult:
         if self.mask_token_id is None:
             raise RuntimeError("this artifact has no MTP block (AR-only); use policy='ar'")
         if block_size != self.block_size:
@@ -384,7 +481,8 @@ class GraphBackend:
             st.pending[:k].copy_(st.readback[2:2 + k].long())
         else:
             self._upload(st.pending[:k], pending)
-        self._replay(ReplayState(k + d, self.kv.segment, "draft"))
+        sampled = self._stage(sampler, "u_draft")
+        self._replay(ReplayState(k + d, self.kv.segment, "draft"), sampled)
         self.kv.advance(k)
 
         def slice_out():
@@ -395,11 +493,12 @@ class GraphBackend:
         self.staged = Staged(drafts=result)
         return result
 
-    def verify_step(self, anchor: int, draft: DraftResult) -> VerifyResult:
+    def verify_step(self, anchor: int, draft: DraftResult, sampler=None) -> VerifyResult:
         d, st = self.block_size, self.static
         if not self.opts.hoist_verify:  # Generic: prepare the verifier's inputs after the branch
             self._upload(st.verify_tokens, [anchor] + [max(t, 0) for t in draft.tokens])
-        self._replay(ReplayState(d + 1, self.kv.segment, "verify"))
+        sampled = self._stage(sampler, "u_verify")
+        self._replay(ReplayState(d + 1, self.kv.segment, "verify"), sampled)
         values = self._slice_out(st.readback)  # a, v, drafts, confidences: one transfer
         accepted, verifier = int(values[0]), int(values[1])
         draft.deliver([int(t) for t in values[2:2 + d]], values[2 + d:])
@@ -466,4 +565,4 @@ class GraphBackend:
         return self.fast.verify_logits(x)
 
 
-__all__ = ["GraphBackend", "RuntimeOptions", "StaticInputs", "Staged", "accept_on_device"]
+__all__ = ["GraphBackend", "RuntimeOptions", "SampleInputs", "StaticInputs", "Staged", "accept_on_device"]

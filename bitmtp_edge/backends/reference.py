@@ -16,7 +16,8 @@ from ..runtime.kv import KVStore, KVView
 from ..runtime.masks import draft_in_place_mask, fused_step_mask, history_step_mask, prefill_mask
 from ..runtime.model import TernaryLM
 from ..runtime.replay import ReplayState
-from .base import PREFILL_CHUNK, DraftResult, FusedResult, StepLog, VerifyResult, check_pending, flag_non_finite
+from .base import (NON_FINITE_TOKEN, PREFILL_CHUNK, DraftResult, FusedResult, StepLog, VerifyResult, check_pending,
+                   flag_non_finite)
 
 
 class ReferenceBackend:
@@ -36,6 +37,10 @@ class ReferenceBackend:
     @property
     def max_context(self) -> int:
         return self.kv.max_capacity
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.cfg.vocab_size
 
     def reset(self) -> None:
         self.kv.reset()
@@ -66,7 +71,7 @@ class ReferenceBackend:
             self._run(kv, chunk, list(range(self.kv.length, self.kv.length + len(chunk))), mask, slots)
             self.kv.advance(len(chunk))
 
-    def ar_step(self, token: int) -> int:
+    def ar_step(self, token: int, sampler=None) -> int:
         length = self.kv.length
         kv = self._reserve(length + 1)
         mask = history_step_mask(kv.capacity, kv.workspace, length, 1, self.device)
@@ -74,9 +79,13 @@ class ReferenceBackend:
         self._record(1, "verify")
         self.kv.advance(1)  # the row sits at its own slot: materialising = moving L
         self.log.host_syncs += 1
-        return int(self._greedy(hidden)[0])
+        if sampler is None:
+            return int(self._greedy(hidden)[0])
+        logits = self.model.verify_logits(hidden)  # [1, V]
+        token = torch.tensor([sampler.next_token(logits)], device=self.device)
+        return int(flag_non_finite(hidden, token, logits.max(-1).values)[0])
 
-    def draft_step(self, pending: list[int], block_size: int) -> DraftResult:
+    def draft_step(self, pending: list[int], block_size: int, sampler=None) -> DraftResult:
         if self.mask_token_id is None:
             raise RuntimeError("this artifact has no MTP block (AR-only); use policy='ar'")
         check_pending(pending, block_size)
@@ -92,14 +101,18 @@ class ReferenceBackend:
         mask = draft_in_place_mask(cap, kv.workspace, length, k, block_size, self.device)
         hidden = self._run(kv, tokens, positions, mask, slots)
         self._record(k + block_size, "draft")
-        probs = torch.softmax(self.model.draft_logits(hidden[k:]), dim=-1)
-        conf, top = probs.max(dim=-1)
-        top = flag_non_finite(hidden[k:], top, conf)
+        logits = self.model.draft_logits(hidden[k:])  # [D, V]
         self.kv.advance(k)  # materialise the pending rows
         self.log.host_syncs += 1
+        if sampler is not None:
+            drafts, q, conf = sampler.draft(logits)
+            drafts = flag_non_finite(hidden[k:], drafts, logits.max(-1).values)
+            return DraftResult(drafts.tolist(), conf.tolist(), probs=q)
+        conf, top = torch.softmax(logits, dim=-1).max(dim=-1)
+        top = flag_non_finite(hidden[k:], top, conf)
         return DraftResult(top.tolist(), conf.tolist())
 
-    def verify_step(self, anchor: int, draft: DraftResult) -> VerifyResult:
+    def verify_step(self, anchor: int, draft: DraftResult, sampler=None) -> VerifyResult:
         drafts = list(draft.tokens)
         length = self.kv.length
         if length == 0:
@@ -115,6 +128,15 @@ class ReferenceBackend:
         hidden = self._run(kv, [anchor] + [max(t, 0) for t in drafts], list(range(first, first + width)), mask, slots)
         self._record(width, "verify")
         self.log.host_syncs += 1
+        if sampler is not None:
+            if draft.probs is None:
+                raise RuntimeError("a sampled verify needs the draft distributions; draft with the same sampler")
+            logits = self.model.verify_logits(hidden)  # [D + 1, V]
+            a, v = sampler.verify(logits, torch.tensor(drafts, device=self.device), draft.probs)
+            if not bool(torch.isfinite(logits[: a + 1]).all()):  # NaN rows: flag the commit, as greedy does
+                v = NON_FINITE_TOKEN
+            self.kv.advance(a)
+            return VerifyResult(a, v)
         greedy = self._greedy(hidden).tolist()
         a = accepted_prefix(drafts, greedy)
         self.kv.advance(a)  # promote d_1..d_a

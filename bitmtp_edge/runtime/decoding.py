@@ -11,6 +11,9 @@ Vocabulary used throughout:
   prefix with d_j == the verifier's greedy token of row j-1; the **verifier token** v =
   the greedy token of row a.
 
+With sampling (``DecodeOptions.sampling``, temperature > 0 or penalties) "greedy token"
+reads "sampled token", and a verify accepts by speculative sampling (``runtime/sampling.py``).
+
 Policies: ``ar`` (one token per width-1 verify step), ``confidence`` (commit max(h, 1)),
 ``speculative`` (always verify: lossless), ``hybrid`` (commit h if h ≥ m, else verify),
 ``fused`` (lossless like speculative, one forward pass per iteration: each verify carries
@@ -31,6 +34,7 @@ from ..backends.base import NON_FINITE_TOKEN, Backend, DraftResult
 from ..format.config import DEFAULT_CANDIDATES, DEFAULT_MIN_PREFIX, DEFAULT_TAU, MTPConfig
 from .decoding_rules import accepted_prefix, confident_prefix  # noqa: F401  (re-exported)
 from .policies import POLICIES
+from .sampling import SamplingParams, SamplingState
 
 
 class DecodingError(ValueError):
@@ -55,11 +59,13 @@ class DecodeOptions:
     # Polled once per iteration (before each step): True ends the generation with
     # finish_reason "cancelled" (a server's client went away). Must be cheap, never block.
     should_stop: Callable[[], bool] | None = field(default=None, compare=False)
+    sampling: SamplingParams | None = None  # None or plain greedy: argmax, the original path
 
     @classmethod
     def for_model(cls, mtp: MTPConfig | None, policy: str, max_new_tokens: int, *, tau: float | None = None,
                   min_prefix: int | None = None, stop_token_ids: frozenset[int] = frozenset(),
-                  should_stop: Callable[[], bool] | None = None, candidates: int | None = None) -> "DecodeOptions":
+                  should_stop: Callable[[], bool] | None = None, candidates: int | None = None,
+                  sampling: SamplingParams | None = None) -> "DecodeOptions":
         """The options for a model with this MTP block (None: AR-only): τ and m default to the
         model's, the block size is the model's D."""
         return cls(
@@ -67,7 +73,7 @@ class DecodeOptions:
             block_size=mtp.block_size if mtp else None,
             tau=tau if tau is not None else (mtp.tau if mtp else DEFAULT_TAU),
             min_prefix=min_prefix if min_prefix is not None else (mtp.min_prefix if mtp else 1),
-            stop_token_ids=stop_token_ids, should_stop=should_stop,
+            stop_token_ids=stop_token_ids, should_stop=should_stop, sampling=sampling,
             candidates=candidates if candidates is not None else DEFAULT_CANDIDATES,
         )
 
@@ -75,6 +81,10 @@ class DecodeOptions:
         if not isinstance(self.policy, str) or self.policy not in POLICIES:
             raise DecodingError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         _check_int("max_new_tokens", self.max_new_tokens)
+        if self.sampling is not None and not self.sampling.plain_greedy and (
+                self.policy == "fused" or (self.policy == "hybrid" and self.hybrid_fused)):
+            raise DecodingError("sampling (temperature > 0 or penalties) is not implemented for fused passes; "
+                                "use policy 'speculative' or 'hybrid' (speculative sampling), or temperature 0")
         _check_int("min_prefix", self.min_prefix)
         if self.block_size is not None:
             _check_int("block_size", self.block_size)
@@ -117,6 +127,7 @@ class DecodeStats:
     host_syncs: int = 0
     segment_growths: int = 0
     finish_reason: str = ""
+    seed: int | None = None  # the sampling seed used (None: greedy), to reproduce a sampled text
 
     @property
     def tokens_per_iteration(self) -> float:
@@ -145,7 +156,22 @@ class DecodeStats:
             "accepted_histogram": {str(k): v for k, v in sorted(self.accepted_histogram.items())},
             "prefill_s": self.prefill_s, "decode_s": self.decode_s, "host_syncs": self.host_syncs,
             "segment_growths": self.segment_growths, "finish_reason": self.finish_reason,
+            "seed": self.seed,
         }
+
+
+def check_prompt_fits(prompt_tokens: int, opts: DecodeOptions, max_context: int) -> int:
+    """Refuse a prompt the largest KV segment cannot hold with room to decode; returns the
+    slots decoding keeps free (1 for AR, 2·D for draft blocks)."""
+    if prompt_tokens < 1:
+        raise DecodingError("the prompt is empty; give at least one token")
+    reserve = 1 if opts.policy == "ar" else 2 * (opts.block_size or 0)
+    if prompt_tokens + reserve > max_context:
+        raise DecodingError(
+            f"the prompt has {prompt_tokens} tokens but the largest KV segment holds "
+            f"{max_context} (with {reserve} slots for decoding); shorten it or re-export with a larger --max-context"
+        )
+    return reserve
 
 
 def decode(backend: Backend, prompt_ids: list[int], opts: DecodeOptions, stats: DecodeStats,
@@ -157,15 +183,11 @@ def decode(backend: Backend, prompt_ids: list[int], opts: DecodeOptions, stats: 
     says so (``finish_reason``: stop, length, context_full, cancelled). Raises
     ``NonFiniteError`` when a step's hidden states or logits are NaN/Inf.
     """
-    if not prompt_ids:
-        raise DecodingError("the prompt is empty; give at least one token")
-    d = opts.block_size or 0
-    reserve = 1 if opts.policy == "ar" else 2 * d
-    if len(prompt_ids) + reserve > backend.max_context:
-        raise DecodingError(
-            f"the prompt has {len(prompt_ids)} tokens but the largest KV segment holds "
-            f"{backend.max_context} (with {reserve} slots for decoding); shorten it or re-export with a larger --max-context"
-        )
+    reserve = check_prompt_fits(len(prompt_ids), opts, backend.max_context)
+    sampler = None
+    if opts.sampling is not None and not opts.sampling.plain_greedy:
+        sampler = SamplingState(opts.sampling, prompt_ids, backend.vocab_size, backend.device)
+        stats.seed = sampler.seed
     backend.reset()
     stats.prompt_tokens = len(prompt_ids)
     t0 = time.perf_counter()
@@ -182,8 +204,10 @@ def decode(backend: Backend, prompt_ids: list[int], opts: DecodeOptions, stats: 
             if opts.should_stop is not None and opts.should_stop():
                 stats.finish_reason = "cancelled"
                 return
-            committed = _iterate(backend, state, opts, stats)
+            committed = _iterate(backend, state, opts, stats, sampler)
             stats.iterations += 1
+            if sampler is not None:
+                sampler.commit(committed)
             if NON_FINITE_TOKEN in committed:
                 stats.finish_reason = "non_finite"
                 raise NonFiniteError(
@@ -218,18 +242,24 @@ class _LoopState:
     draft: DraftResult | None = None  # drafts after the anchor a fused pass left (policy "fused")
 
 
-def _iterate(backend: Backend, state: _LoopState, opts: DecodeOptions, stats: DecodeStats) -> list[int]:
-    """One iteration: returns the committed tokens and updates ``state``."""
+def _iterate(backend: Backend, state: _LoopState, opts: DecodeOptions, stats: DecodeStats,
+             sampler: SamplingState | None = None) -> list[int]:
+    """One iteration: returns the committed tokens and updates ``state``.
+
+    With a ``sampler`` the steps sample instead of taking the argmax: drafts d_j ~ q_j
+    (confidence = q_j(d_j)), and a verify is speculative sampling, so verified tokens are
+    distributed exactly as AR sampling's. Without one, the calls are the greedy ones."""
     pending = state.pending
+    extra = () if sampler is None else (sampler,)
     if opts.policy == "ar":
-        nxt = backend.ar_step(pending[-1])  # AR always holds exactly one pending token
+        nxt = backend.ar_step(pending[-1], *extra)  # AR always holds exactly one pending token
         stats.verifier_calls += 1
         stats.forward_passes += 1
         state.pending = [nxt]
         return [nxt]
     if opts.policy == "fused" or (opts.policy == "hybrid" and opts.hybrid_fused):
         return _iterate_fused(backend, state, opts, stats)
-    draft = backend.draft_step(pending, opts.block_size)
+    draft = backend.draft_step(pending, opts.block_size, *extra)
     stats.draft_calls += 1
     stats.forward_passes += 1
     if opts.policy in ("confidence", "hybrid"):  # speculative never reads h: no host sync here
@@ -238,7 +268,7 @@ def _iterate(backend: Backend, state: _LoopState, opts: DecodeOptions, stats: De
             n = max(h, 1)
             state.pending = draft.tokens[:n]
             return _flag_confidences(draft, draft.tokens[:n])
-    verified = backend.verify_step(pending[-1], draft)
+    verified = backend.verify_step(pending[-1], draft, *extra)
     stats.verifier_calls += 1
     stats.forward_passes += 1
     a, v = verified.accepted, verified.verifier_token

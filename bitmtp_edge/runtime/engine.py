@@ -23,8 +23,11 @@ from ..backends.ops import kernel_ops, kernel_ops_available
 from ..backends.reference import ReferenceBackend
 from ..format.manifest import WEIGHTS, ArtifactError, Manifest, load_tensors, read_manifest, verify_files
 from ..format.validate import artifact_file, check_finite, check_kv_fits, check_weights_header
-from .decoding import DecodeOptions, DecodeStats, DecodingError, decode
+from .decoding import DecodeOptions, DecodeStats, DecodingError, check_prompt_fits, decode
+from .chat_template import ChatTemplate, ChatTemplateError, load_chat_template
+from .detokenize import TextStream
 from .load import build_model
+from .sampling import SamplingParams
 
 BACKENDS = ("auto", "reference", "ampere", "server")
 
@@ -53,6 +56,7 @@ def _resolve_device(device: str | torch.device) -> torch.device:
 class Engine:
     def __init__(self, path: Path, manifest: Manifest, backend, tokenizer, device: torch.device):
         self.path, self.manifest, self.backend, self.tokenizer, self.device = path, manifest, backend, tokenizer, device
+        self._chat_template: ChatTemplate | None | bool = False  # False: not read yet
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None, backend: str = "auto", device: str = "auto",
@@ -125,8 +129,33 @@ class Engine:
     def decode_ids(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
+    @property
+    def chat_template(self) -> ChatTemplate | None:
+        """The artifact's chat template (None: a completion model)."""
+        if self._chat_template is False:
+            self._chat_template = load_chat_template(self.path)
+        return self._chat_template
+
+    def render_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+        """Messages [{"role", "content"}] -> prompt text, through the model's chat template."""
+        template = self.chat_template
+        if template is None:
+            raise ChatTemplateError(f"{self.path} has no chat template (no chat_template.jinja, no chat_template in "
+                                    "tokenizer_config.json): it is a completion model; send a plain prompt instead")
+        return template.render(list(messages), add_generation_prompt=add_generation_prompt)
+
+    def check_request(self, prompt_ids: Sequence[int], max_new_tokens: int = 128, policy: str = "hybrid",
+                      tau: float | None = None, min_prefix: int | None = None,
+                      sampling: SamplingParams | None = None) -> DecodeOptions:
+        """Everything a generation would refuse, checked up front (a server answers 400
+        before queueing): policy, τ, m, max_new_tokens, token ids, prompt length."""
+        opts = self._options(policy, max_new_tokens, None, tau, min_prefix, sampling=sampling)
+        ids = self._prompt_ids(list(prompt_ids))
+        check_prompt_fits(len(ids), opts, self.backend.max_context)
+        return opts
+
     def _options(self, policy, max_new_tokens, block_size, tau, min_prefix, should_stop=None,
-                 candidates=None) -> DecodeOptions:
+                 candidates=None, sampling=None) -> DecodeOptions:
         mtp = self.manifest.mtp
         if policy != "ar" and mtp is None:
             raise DecodingError(f"policy {policy!r} needs an MTP-trained model; {self.path} is AR-only, use policy='ar'")
@@ -137,7 +166,7 @@ class Engine:
             raise DecodingError(f"block_size={block_size}: {self.path} is AR-only and has no MTP block")
         return DecodeOptions.for_model(mtp, policy, max_new_tokens, tau=tau, min_prefix=min_prefix,
                                        stop_token_ids=self.eos_token_ids, should_stop=should_stop,
-                                       candidates=candidates)
+                                       candidates=candidates, sampling=sampling)
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, (bytes, bytearray, memoryview)):
@@ -170,70 +199,75 @@ class Engine:
 
     def stream_ids(self, prompt, *, max_new_tokens=128, policy="hybrid", block_size=None, tau=None,
                    min_prefix=None, stats: DecodeStats | None = None,
-                   should_stop: Callable[[], bool] | None = None,
-                   candidates: int | None = None) -> Iterator[list[int]]:
+                   should_stop: Callable[[], bool] | None = None, candidates: int | None = None,
+                   sampling: SamplingParams | None = None, **sampling_kw) -> Iterator[list[int]]:
         """Yield each iteration's committed token ids. Arguments are checked when this is
         called, before anything runs. ``should_stop()`` is polled once per iteration; True
         ends the generation (``finish_reason`` "cancelled"). ``candidates``: draft blocks per
-        fused pass (policy ``fused``; default ``format.config.DEFAULT_CANDIDATES``)."""
-        opts = self._options(policy, max_new_tokens, block_size, tau, min_prefix, should_stop, candidates)
+        fused pass (policy ``fused``; default ``format.config.DEFAULT_CANDIDATES``).
+
+        Sampling: ``sampling=SamplingParams(...)`` or its fields as keywords
+        (``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``frequency_penalty``,
+        ``presence_penalty``, ``seed``); temperature 0 (the default) is greedy."""
+        opts = self._options(policy, max_new_tokens, block_size, tau, min_prefix, should_stop, candidates,
+                             sampling=_sampling(sampling, sampling_kw))
         ids = self._prompt_ids(prompt)
         return decode(self.backend, ids, opts, stats if stats is not None else DecodeStats())
 
     def stream(self, prompt, *, max_new_tokens=128, policy="hybrid", block_size=None, tau=None,
                min_prefix=None, stop: Sequence[str] | None = None,
-               stats: DecodeStats | None = None, should_stop: Callable[[], bool] | None = None,
-               candidates: int | None = None) -> Iterator[str]:
-        """Yield text pieces as tokens are committed (decoded incrementally, stop strings honoured)."""
+               stats: DecodeStats | None = None, **kw) -> Iterator[str]:
+        """Yield text pieces as tokens are committed: decoded incrementally (O(1) per token,
+        never a partial character), stop strings honoured (held back until they cannot
+        start one). Joined, the pieces equal ``generate(...).text``. ``kw``: ``should_stop``
+        and sampling (see ``stream_ids``)."""
         _check_stop(stop)
+        stats = stats if stats is not None else DecodeStats()
         chunks = self.stream_ids(prompt, max_new_tokens=max_new_tokens, policy=policy, block_size=block_size,
-                                 tau=tau, min_prefix=min_prefix, stats=stats, should_stop=should_stop,
-                                 candidates=candidates)
+                                 tau=tau, min_prefix=min_prefix, stats=stats, **kw)
         return self._stream_text(chunks, stop, stats)
 
     def _stream_text(self, chunks, stop, stats) -> Iterator[str]:
-        out: list[int] = []
-        emitted = ""
+        text = TextStream(self.tokenizer, stop)
         for chunk in chunks:
-            out.extend(chunk)
-            text = self.decode_ids(out)
-            cut = _find_stop(text, stop)
-            if cut is not None:
-                text = text[:cut]
-            # A byte-level BPE may end mid-character; hold back a trailing replacement char.
-            safe = text[:-1] if text.endswith("\ufffd") and cut is None else text
-            if len(safe) > len(emitted) and safe.startswith(emitted):
-                yield safe[len(emitted):]
-                emitted = safe
-            if cut is not None:
-                if stats is not None:
-                    stats.finish_reason = "stop"
+            piece = text.push(chunk)
+            if piece:
+                yield piece
+            if text.stopped:
+                chunks.close()  # ends decode() here: its finally records the timings
+                stats.finish_reason = "stop"
                 return
-        final = self.decode_ids(out)
-        cut = _find_stop(final, stop)
-        final = final if cut is None else final[:cut]
-        if len(final) > len(emitted) and final.startswith(emitted):
-            yield final[len(emitted):]
+        tail = text.finish()
+        if tail:
+            yield tail
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, policy: str = "hybrid",
                  block_size: int | None = None, tau: float | None = None, min_prefix: int | None = None,
-                 stop: Sequence[str] | None = None,
-                 should_stop: Callable[[], bool] | None = None, candidates: int | None = None) -> GenerationResult:
+                 stop: Sequence[str] | None = None, **kw) -> GenerationResult:
+        """Generate after ``prompt``; ``kw``: ``should_stop`` and sampling (see ``stream_ids``)."""
         _check_stop(stop)
         stats = DecodeStats()
         ids: list[int] = []
-        for chunk in self.stream_ids(prompt, max_new_tokens=max_new_tokens, policy=policy, block_size=block_size,
-                                     tau=tau, min_prefix=min_prefix, stats=stats, should_stop=should_stop,
-                                     candidates=candidates):
+        text = TextStream(self.tokenizer, stop)
+        chunks = self.stream_ids(prompt, max_new_tokens=max_new_tokens, policy=policy, block_size=block_size,
+                                 tau=tau, min_prefix=min_prefix, stats=stats, **kw)
+        for chunk in chunks:
             ids.extend(chunk)
-            if stop and _find_stop(self.decode_ids(ids), stop) is not None:
-                stats.finish_reason = "stop"
-                break
-        text = self.decode_ids(ids)
-        cut = _find_stop(text, stop)
-        if cut is not None:
-            text = text[:cut]
-        return GenerationResult(text=text, token_ids=ids, stats=stats)
+            if stop:
+                text.push(chunk)
+                if text.stopped:
+                    chunks.close()
+                    stats.finish_reason = "stop"
+                    return GenerationResult(text=text.text, token_ids=ids, stats=stats)
+        return GenerationResult(text=self.decode_ids(ids) if not stop else text.text + text.finish(),
+                                token_ids=ids, stats=stats)
+
+    def chat(self, messages: Sequence[dict], max_new_tokens: int = 128, policy: str = "hybrid",
+             add_generation_prompt: bool = True, **kw) -> GenerationResult:
+        """Answer a conversation [{"role": "system"|"user"|"assistant", "content": ...}] with the
+        model's chat template (a ChatTemplateError for a model without one); ``kw`` as generate."""
+        return self.generate(self.render_chat(messages, add_generation_prompt), max_new_tokens=max_new_tokens,
+                             policy=policy, **kw)
 
     @torch.no_grad()
     def logits(self, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
@@ -287,11 +321,16 @@ def cpu_threads_rule() -> tuple[int | None, str]:
 CPU_THREADS_MAX = 4  # small decode steps stop scaling beyond a few threads
 
 
-def _find_stop(text: str, stop: Sequence[str] | None) -> int | None:
-    if not stop:
-        return None
-    hits = [text.find(s) for s in stop if s and s in text]
-    return min(hits) if hits else None
+def _sampling(sampling: SamplingParams | None, fields: dict) -> SamplingParams | None:
+    if not fields:
+        return sampling
+    if sampling is not None:
+        raise TypeError(f"give sampling=SamplingParams(...) or its fields ({', '.join(fields)}), not both")
+    known = set(SamplingParams.__dataclass_fields__)
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise TypeError(f"unknown argument(s) {', '.join(unknown)}; sampling fields are {', '.join(sorted(known))}")
+    return SamplingParams(**fields)
 
 
 def choose_backend(backend: str, device: torch.device) -> str:

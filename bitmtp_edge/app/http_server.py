@@ -1,0 +1,535 @@
+"""``bitmtp serve --port P``: the OpenAI-compatible HTTP server (FastAPI + uvicorn).
+
+Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``
+(JSON or SSE streaming as OpenAI streams), ``GET /health`` and ``GET /metrics``
+(Prometheus text).
+
+**Batch 1, honestly.** One engine, one KV buffer: a single worker thread runs one
+generation at a time, and requests wait in a FIFO queue of bounded length (full: 503 with
+a message, so a client can back off). Everything a generation would refuse (unknown
+model, bad sampling values, a prompt longer than the largest KV segment ...) is checked
+before queueing and answered 400 with what to change. A client that disconnects sets its
+job's cancel flag; the decode loop reads it before every iteration, so the engine is free
+again one iteration later (or the job is dropped from the queue unrun).
+
+The event loop never touches the engine: the worker posts each generation's text pieces
+into the request's asyncio queue (``call_soon_threadsafe``), and the request handler turns
+them into one JSON body or SSE chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Request  # at module level: FastAPI resolves the handlers' annotations here
+
+from . import openai_schema as oa
+
+if TYPE_CHECKING:
+    from ..runtime.engine import Engine
+    from ..jetson.monitor import Sampler
+
+log = logging.getLogger("bitmtp_edge.http")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model_name: str
+    policy: str = "hybrid"
+    max_tokens: int = 128  # when a request gives none
+    max_tokens_limit: int = 4096
+    max_queue: int = 16  # requests waiting behind the running one
+    sampling_defaults: dict = field(default_factory=lambda: {"temperature": 1.0})
+
+
+def generation_defaults(engine: Engine) -> dict:
+    """The model's sampling defaults (generation_config.json), else OpenAI's (temperature 1).
+    ``do_sample: false`` makes greedy the default, as transformers does."""
+    path = engine.path / "generation_config.json"
+    try:
+        config = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, json.JSONDecodeError):
+        log.warning("%s: unreadable; using OpenAI's sampling defaults", path)
+        config = {}
+    if config.get("do_sample") is False:
+        return {"temperature": 0.0}
+    out = {"temperature": float(config.get("temperature", 1.0))}
+    for key in ("top_p", "top_k", "repetition_penalty"):
+        if key in config:
+            out[key] = config[key]
+    return out
+
+
+class QueueFull(Exception):
+    pass
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+# --- the worker ---------------------------------------------------------------------------------
+
+@dataclass
+class Job:
+    rid: str
+    endpoint: str
+    prompt_ids: list[int]
+    decode_kw: dict  # max_new_tokens, policy, tau, min_prefix, sampling
+    stop: list[str]
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
+
+    def post(self, *event) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
+            pass
+
+
+class Worker:
+    """One thread, one generation at a time, FIFO."""
+
+    def __init__(self, engine: Engine, max_queue: int, metrics: Metrics):
+        self.engine, self.max_queue, self.metrics = engine, max_queue, metrics
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self.running: Job | None = None
+        self._thread = threading.Thread(target=self._loop, name="bitmtp-generate", daemon=True)
+        self._thread.start()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._waiting)
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull(f"the server is busy: {len(self._waiting)} requests are already waiting for the "
+                                f"one model (batch 1, --max-queue {self.max_queue}); retry in a moment")
+            self._waiting.append(job)
+            self._cond.notify()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            self._stopping = True
+            for job in self._waiting:
+                job.cancel.set()
+            if self.running is not None:
+                self.running.cancel.set()
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                job = self._waiting.popleft()
+                self.running = job
+            try:
+                if job.cancel.is_set():  # the client left while queued
+                    self.metrics.cancelled(job)
+                    job.post("cancelled")
+                else:
+                    self._generate(job)
+            finally:
+                self.running = None
+
+    def _generate(self, job: Job) -> None:
+        from ..runtime.decoding import DecodeStats, DecodingError
+        from ..runtime.detokenize import TextStream
+
+        stats = DecodeStats()
+        text = TextStream(self.engine.tokenizer, job.stop)
+        started = time.monotonic()
+        try:
+            chunks = self.engine.stream_ids(job.prompt_ids, stats=stats, should_stop=job.cancel.is_set, **job.decode_kw)
+            for chunk in chunks:
+                piece = text.push(chunk)
+                if piece:
+                    job.post("delta", piece)
+                if text.stopped:
+                    chunks.close()  # decode() records its timings on close
+                    stats.finish_reason = "stop"
+                    break
+            else:
+                tail = text.finish()
+                if tail:
+                    job.post("delta", tail)
+        except DecodingError as e:  # checked before queueing; kept as a safety net
+            job.post("error", 400, str(e))
+            return
+        except Exception as e:
+            log.exception("%s failed", job.rid)
+            job.post("error", 500, f"internal error ({type(e).__name__}: {e}); see the server log")
+            return
+        energy = self.metrics.window_energy(started, time.monotonic())
+        if stats.finish_reason == "cancelled":
+            self.metrics.cancelled(job)
+            log.info("%s %s cancelled (the client left) after %d tokens", job.rid, job.endpoint, stats.new_tokens)
+            job.post("cancelled")
+            return
+        self.metrics.finished(job, stats, energy)
+        log.info("%s %s policy=%s prompt=%d completion=%d tok/s=%.1f tokens/iter=%.2f%s finish=%s queue+total=%.0fms",
+                 job.rid, job.endpoint, job.decode_kw["policy"], stats.prompt_tokens, stats.new_tokens,
+                 stats.decode_tokens_per_s, stats.tokens_per_iteration, _per_pass(stats), stats.finish_reason,
+                 1e3 * (time.perf_counter() - job.submitted))
+        job.post("done", stats)
+
+
+def _per_pass(stats) -> str:
+    passes = getattr(stats, "forward_passes", None)
+    return f" tokens/pass={stats.new_tokens / passes:.2f}" if passes else ""
+
+
+# --- metrics ------------------------------------------------------------------------------------
+
+class Metrics:
+    """Counters since start, rendered as Prometheus text."""
+
+    def __init__(self, sampler: Sampler | None = None):
+        self.sampler = sampler
+        self._lock = threading.Lock()
+        self.requests: collections.Counter = collections.Counter()  # (endpoint, status) -> n
+        self.totals: collections.Counter = collections.Counter()
+        self.worker: Worker | None = None
+
+    def request(self, endpoint: str, status: int) -> None:
+        with self._lock:
+            self.requests[(endpoint, status)] += 1
+
+    def cancelled(self, job: Job) -> None:
+        with self._lock:
+            self.totals["cancelled"] += 1
+
+    def finished(self, job: Job, stats, energy_j: float | None) -> None:
+        with self._lock:
+            t = self.totals
+            t["generations"] += 1
+            t["prompt_tokens"] += stats.prompt_tokens
+            t["completion_tokens"] += stats.new_tokens
+            t["decode_s"] += stats.decode_s
+            t["iterations"] += stats.iterations
+            t["verifier_calls"] += stats.verifier_calls
+            passes = getattr(stats, "forward_passes", None)
+            if passes is not None:
+                t["forward_passes"] += passes
+            if energy_j is not None:
+                t["energy_j"] += energy_j
+                t["energy_tokens"] += stats.new_tokens
+
+    def window_energy(self, start: float, end: float) -> float | None:
+        if self.sampler is None:
+            return None
+        try:
+            return self.sampler.mark_window(start, end, wait_s=0).energy_j
+        except Exception as e:  # a monitor hiccup must not fail a request
+            log.warning("power monitor: %s", e)
+            return None
+
+    def render(self) -> str:
+        with self._lock:
+            t, requests = dict(self.totals), dict(self.requests)
+        lines: list[str] = []
+
+        def metric(name, kind, help_text, samples):
+            lines.append(f"# HELP bitmtp_{name} {help_text}")
+            lines.append(f"# TYPE bitmtp_{name} {kind}")
+            for labels, value in samples:
+                lines.append(f"bitmtp_{name}{labels} {value:.6g}" if isinstance(value, float)
+                             else f"bitmtp_{name}{labels} {value}")
+
+        def ratio(a, b):
+            return float(t.get(a, 0)) / t[b] if t.get(b) else 0.0
+
+        metric("requests_total", "counter", "HTTP requests answered, by endpoint and status.",
+               [(f'{{endpoint="{e}",status="{s}"}}', n) for (e, s), n in sorted(requests.items())])
+        metric("generations_total", "counter", "Generations completed.", [("", t.get("generations", 0))])
+        metric("cancelled_total", "counter", "Generations cancelled by a disconnecting client.",
+               [("", t.get("cancelled", 0))])
+        metric("prompt_tokens_total", "counter", "Prompt tokens processed.", [("", t.get("prompt_tokens", 0))])
+        metric("completion_tokens_total", "counter", "Tokens generated.", [("", t.get("completion_tokens", 0))])
+        metric("decode_seconds_total", "counter", "Time spent decoding (after prefill).",
+               [("", float(t.get("decode_s", 0.0)))])
+        metric("iterations_total", "counter", "Decoding iterations.", [("", t.get("iterations", 0))])
+        metric("verifier_calls_total", "counter", "Verify steps run.", [("", t.get("verifier_calls", 0))])
+        metric("decode_tokens_per_second", "gauge", "Generated tokens per decoding second, since start.",
+               [("", ratio("completion_tokens", "decode_s"))])
+        metric("tokens_per_iteration", "gauge", "Generated tokens per decoding iteration, since start.",
+               [("", ratio("completion_tokens", "iterations"))])
+        metric("verifier_call_rate", "gauge", "Verify steps per iteration, since start.",
+               [("", ratio("verifier_calls", "iterations"))])
+        if "forward_passes" in t:
+            metric("forward_passes_total", "counter", "Model forward passes.", [("", t["forward_passes"])])
+            metric("tokens_per_forward_pass", "gauge", "Generated tokens per forward pass, since start.",
+                   [("", ratio("completion_tokens", "forward_passes"))])
+        worker = self.worker
+        metric("queue_depth", "gauge", "Requests waiting for the model.", [("", worker.queue_depth if worker else 0)])
+        metric("busy", "gauge", "1 while a generation runs.", [("", int(bool(worker and worker.running)))])
+        if self.sampler is not None:
+            latest = self.sampler.latest()
+            if latest is not None and latest.power_w is not None:
+                metric("power_watts", "gauge", f"Latest power sample ({self.sampler.source_name}).",
+                       [("", float(latest.power_w))])
+            if "energy_j" in t:
+                metric("energy_joules_total", "counter", "Energy over decoding windows.", [("", float(t["energy_j"]))])
+                metric("joules_per_token", "gauge", "Energy per generated token, since start.",
+                       [("", ratio("energy_j", "energy_tokens"))])
+        return "\n".join(lines) + "\n"
+
+
+# --- the app --------------------------------------------------------------------------------------
+
+def create_app(engine: Engine, config: ServerConfig, sampler: Sampler | None = None):
+    """The FastAPI app over ``engine``; its worker starts with the app and stops with it."""
+    from contextlib import asynccontextmanager
+
+    from fastapi import FastAPI
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+    metrics = Metrics(sampler)
+    state: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(app):
+        worker = Worker(engine, config.max_queue, metrics)
+        metrics.worker = state["worker"] = app.state.worker = worker
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(worker.stop)
+
+    app = FastAPI(title="BitMTP Edge", lifespan=lifespan)
+    app.state.metrics = metrics
+
+    def failure(endpoint: str, status: int, message: str, param: str | None = None, kind: str | None = None):
+        metrics.request(endpoint, status)
+        log.info("%s %d %s", endpoint, status, message)
+        kind = kind or {400: "invalid_request_error", 503: "server_busy"}.get(status, "server_error")
+        return JSONResponse(oa.error(message, param, kind), status_code=status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        return failure(request.url.path, 400, _validation_message(exc.errors()))
+
+    @app.get("/health")
+    async def health():
+        worker = state["worker"]
+        return {"status": "ok", "model": config.model_name, "busy": worker.running is not None,
+                "queue_depth": worker.queue_depth}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        from .serve import info as engine_info
+
+        metrics.request("/v1/models", 200)
+        return {"object": "list", "data": [{
+            "id": config.model_name, "object": "model", "created": int(engine.path.stat().st_mtime),
+            "owned_by": "bitmtp-edge", "max_model_len": engine.backend.max_context,
+            "bitmtp": engine_info(engine)}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: oa.CompletionRequest, request: Request):
+        endpoint = "/v1/completions"
+        try:
+            prompt = body.prompt_value()
+            ids = engine.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+            job = _job(engine, config, body, body.max_tokens, ids, endpoint, "cmpl")
+            state["worker"].submit(job)
+        except BadRequest as e:
+            return failure(endpoint, 400, str(e), e.param)
+        except ValueError as e:
+            return failure(endpoint, 400, str(e))
+        except QueueFull as e:
+            return failure(endpoint, 503, str(e))
+        metrics.request(endpoint, 200)
+        if body.stream:
+            return StreamingResponse(_stream_completion(job, config, body), media_type="text/event-stream")
+        return await _collect(job, request, lambda text, stats: oa.completion(
+            job.rid, config.model_name, text, oa.finish_reason(stats.finish_reason),
+            oa.usage(stats.prompt_tokens, stats.new_tokens), stats.to_dict()))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: oa.ChatCompletionRequest, request: Request):
+        from ..runtime.chat_template import ChatTemplateError
+
+        endpoint = "/v1/chat/completions"
+        try:
+            text = engine.render_chat([m.template_dict() for m in body.messages], body.add_generation_prompt)
+            job = _job(engine, config, body, body.token_limit, engine.encode(text), endpoint, "chatcmpl")
+            state["worker"].submit(job)
+        except ChatTemplateError as e:
+            return failure(endpoint, 400, str(e), "messages")
+        except BadRequest as e:
+            return failure(endpoint, 400, str(e), e.param)
+        except ValueError as e:
+            return failure(endpoint, 400, str(e))
+        except QueueFull as e:
+            return failure(endpoint, 503, str(e))
+        metrics.request(endpoint, 200)
+        if body.stream:
+            return StreamingResponse(_stream_chat(job, config, body), media_type="text/event-stream")
+        return await _collect(job, request, lambda text, stats: oa.chat_completion(
+            job.rid, config.model_name, text, oa.finish_reason(stats.finish_reason),
+            oa.usage(stats.prompt_tokens, stats.new_tokens), stats.to_dict()))
+
+    return app
+
+
+def _validation_message(errors) -> str:
+    parts = []
+    for err in errors[:5]:
+        where = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        if err.get("type") == "json_invalid":
+            return f"the request body is not valid JSON ({err.get('ctx', {}).get('error', err.get('msg'))}); send a JSON object"
+        if err.get("type") == "extra_forbidden":
+            parts.append(f"unknown field {where!r}; leave it out (see GET /v1/models for the served model)")
+        elif err.get("type") == "missing":
+            parts.append(f"{where or 'body'}: required field missing")
+        else:
+            msg = err.get("msg", "invalid").removeprefix("Value error, ")
+            parts.append(f"{where}: {msg}" if where else msg)
+    return "; ".join(parts) or "invalid request body"
+
+
+def _job(engine: Engine, config: ServerConfig, body: oa._Body, max_tokens: int | None, prompt_ids: list[int],
+         endpoint: str, prefix: str) -> Job:
+    """Check every field against the engine (400 on any problem) and build the job."""
+    from ..runtime.decoding import DecodingError
+    from ..runtime.sampling import SamplingError, SamplingParams
+
+    if body.model != config.model_name:
+        raise BadRequest(f"unknown model {body.model!r}; this server serves {config.model_name!r} (GET /v1/models)",
+                         "model")
+    n = config.max_tokens if max_tokens is None else max_tokens
+    if not 1 <= n <= config.max_tokens_limit:
+        raise BadRequest(f"max_tokens = {n}: give an integer in 1..{config.max_tokens_limit}", "max_tokens")
+    sampled = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
+               "repetition_penalty": body.repetition_penalty, "frequency_penalty": body.frequency_penalty,
+               "presence_penalty": body.presence_penalty, "seed": body.seed}
+    fields = {**config.sampling_defaults, **{k: v for k, v in sampled.items() if v is not None}}
+    try:
+        sampling = SamplingParams(**fields)
+    except SamplingError as e:
+        raise BadRequest(str(e), str(e).split(" ")[0]) from None
+    policy = body.policy or (config.policy if engine.manifest.mtp is not None else "ar")
+    try:
+        engine.check_request(prompt_ids, max_new_tokens=n, policy=policy, tau=body.tau,
+                             min_prefix=body.min_prefix, sampling=sampling)
+    except DecodingError as e:
+        raise BadRequest(str(e)) from None
+    kw = {"max_new_tokens": n, "policy": policy, "tau": body.tau, "min_prefix": body.min_prefix,
+          "sampling": sampling}
+    return Job(oa.new_id(prefix), endpoint, prompt_ids, kw, body.stop_list, asyncio.get_running_loop())
+
+
+async def _collect(job: Job, request, respond):
+    """Wait for the job's end (cancelling it if the client goes away); one JSON body."""
+    from fastapi.responses import JSONResponse, Response
+
+    async def watch_disconnect():
+        # The body is read: the next ASGI message can only be the client's disconnect.
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        job.cancel.set()
+
+    watcher = asyncio.create_task(watch_disconnect())
+    pieces: list[str] = []
+    try:
+        while True:
+            event = await job.events.get()
+            if event[0] == "delta":
+                pieces.append(event[1])
+            elif event[0] == "done":
+                return JSONResponse(respond("".join(pieces), event[1]))
+            elif event[0] == "error":
+                return JSONResponse(oa.error(event[2], kind="invalid_request_error" if event[1] == 400
+                                             else "server_error"), status_code=event[1])
+            else:  # cancelled (the client left while queued or running)
+                return Response(status_code=499)
+    finally:
+        watcher.cancel()
+        job.cancel.set()  # a no-op once done; stops the generation when the handler is torn down
+
+
+def _sse(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _events(job: Job):
+    """The job's events until its end; leaving early (client gone) cancels the generation."""
+    try:
+        while True:
+            event = await job.events.get()
+            yield event
+            if event[0] in ("done", "error", "cancelled"):
+                return
+    finally:
+        job.cancel.set()
+
+
+async def _stream_completion(job: Job, config: ServerConfig, body: oa.CompletionRequest):
+    created = int(time.time())
+    async for event in _events(job):
+        if event[0] == "delta":
+            yield _sse(oa.completion_chunk(job.rid, config.model_name, created, event[1]))
+        elif event[0] == "done":
+            stats = event[1]
+            use = oa.usage(stats.prompt_tokens, stats.new_tokens)
+            yield _sse(oa.completion_chunk(job.rid, config.model_name, created, "",
+                                           oa.finish_reason(stats.finish_reason), use, stats.to_dict()))
+            yield "data: [DONE]\n\n"
+        elif event[0] == "error":
+            yield _sse(oa.error(event[2], kind="server_error"))
+            yield "data: [DONE]\n\n"
+
+
+async def _stream_chat(job: Job, config: ServerConfig, body: oa.ChatCompletionRequest):
+    created = int(time.time())
+    include_usage = bool((body.stream_options or {}).get("include_usage"))
+    yield _sse(oa.chat_chunk(job.rid, config.model_name, created, {"role": "assistant", "content": ""}))
+    async for event in _events(job):
+        if event[0] == "delta":
+            yield _sse(oa.chat_chunk(job.rid, config.model_name, created, {"content": event[1]}))
+        elif event[0] == "done":
+            stats = event[1]
+            use = oa.usage(stats.prompt_tokens, stats.new_tokens)
+            reason = oa.finish_reason(stats.finish_reason)
+            yield _sse(oa.chat_chunk(job.rid, config.model_name, created, {}, reason, use, stats.to_dict()))
+            if include_usage:  # OpenAI's own form: a last chunk with no choices
+                yield _sse(oa.chat_chunk(job.rid, config.model_name, created, {}, None, use, stats.to_dict(),
+                                         choices=False))
+            yield "data: [DONE]\n\n"
+        elif event[0] == "error":
+            yield _sse(oa.error(event[2], kind="server_error"))
+            yield "data: [DONE]\n\n"
+
+
+# --- running it -----------------------------------------------------------------------------------
+
+def make_server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info"):
+    """A uvicorn server for ``app`` (run it with ``.run()``, stop it with ``.should_exit``)."""
+    import uvicorn
+
+    return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
+                                         access_log=False, timeout_graceful_shutdown=5))

@@ -1,0 +1,340 @@
+"""The OpenAI-compatible HTTP server, live: uvicorn on 127.0.0.1 (a free port), driven by
+the official ``openai`` client, on a tiny templated model on the CPU."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from bitmtp_edge.app.http_server import ServerConfig, create_app, make_server  # noqa: E402
+from bitmtp_edge.runtime.engine import Engine  # noqa: E402
+from tests.helpers import artifact_tensors, manifest_for, random_model, reference_backend  # noqa: E402
+
+MODEL = "tiny-chat"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}t2 {{ m['content'] }} "
+    "{% elif m['role'] == 'user' %}t3 {{ m['content'] }} "
+    "{% elif m['role'] == 'assistant' %}t4 {{ m['content'] }} {{ eos_token }} "
+    "{% else %}{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}t4{% endif %}"
+)
+
+
+def write_tiny_artifact(out: Path, template: str | None, seed: int = 11, max_context: int = 512) -> Path:
+    """A random tiny MTP model with a word-level tokenizer ("t0 t1 ...") and, when given,
+    a chat template in tokenizer_config.json (as the exporter copies it)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from bitmtp_edge.format.manifest import write_artifact
+
+    model = random_model(seed)
+    vocab = model.cfg.vocab_size
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    src = out.parent / f"{out.name}-src"
+    src.mkdir(parents=True)
+    tok.save(str(src / "tokenizer.json"))
+    config = {"eos_token": f"t{vocab - 2}", "tokenizer_class": "PreTrainedTokenizerFast"}
+    if template is not None:
+        config["chat_template"] = template
+    (src / "tokenizer_config.json").write_text(json.dumps(config))
+    plan = reference_backend(model, max_context=max_context).plan
+    return write_artifact(out, manifest_for(model, 4, plan), artifact_tensors(model),
+                          {"tokenizer.json": src / "tokenizer.json",
+                           "tokenizer_config.json": src / "tokenizer_config.json"})
+
+
+class LiveServer:
+    """uvicorn in a thread on a free port; ``stop()`` ends it (bounded waits throughout)."""
+
+    def __init__(self, engine: Engine, config: ServerConfig):
+        self.app = create_app(engine, config)
+        self.server = make_server(self.app, log_level="warning")
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start within 30 s"
+            assert self.thread.is_alive(), "uvicorn died while starting"
+            time.sleep(0.05)
+
+    def client(self, **kw):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120, **kw)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.sock.close()
+        assert not self.thread.is_alive(), "uvicorn did not stop within 30 s"
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory) -> Path:
+    return write_tiny_artifact(tmp_path_factory.mktemp("http") / "tiny", CHAT_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def oracle(artifact) -> Engine:
+    """A second engine on the same artifact: what the API returns for the same request."""
+    return Engine.load(artifact, backend="reference", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def live(artifact):
+    engine = Engine.load(artifact, backend="reference", device="cpu")
+    server = LiveServer(engine, ServerConfig(model_name=MODEL, max_tokens=16, max_tokens_limit=512, max_queue=8))
+    yield server
+    server.stop()
+
+
+PROMPT = "t1 t5 t7 t9 t11"
+
+
+def test_models_lists_the_served_model(live):
+    models = live.client().models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert models.data[0].model_extra["max_model_len"] == 512
+
+
+def test_greedy_speculative_completion_equals_engine_ar(live, oracle):
+    expected = oracle.generate(PROMPT, max_new_tokens=12, policy="ar")
+    resp = live.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
+                                            extra_body={"policy": "speculative"})
+    assert resp.choices[0].text == expected.text and expected.text
+    assert resp.usage.completion_tokens == len(expected.token_ids)
+    assert resp.usage.prompt_tokens == 5 and resp.usage.total_tokens == 5 + len(expected.token_ids)
+    stats = resp.model_extra["bitmtp"]
+    assert stats["verifier_calls"] == stats["iterations"] > 0 and stats["seed"] is None
+    assert resp.choices[0].finish_reason == ("length" if len(expected.token_ids) == 12 else "stop")
+
+
+def test_token_id_prompts_and_hybrid_extras(live, oracle):
+    ids = oracle.encode(PROMPT)
+    expected = oracle.generate(ids, max_new_tokens=10, policy="hybrid", tau=0.3, min_prefix=2)
+    resp = live.client().completions.create(model=MODEL, prompt=ids, max_tokens=10, temperature=0,
+                                            extra_body={"policy": "hybrid", "tau": 0.3, "min_prefix": 2})
+    assert resp.choices[0].text == expected.text
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 1.3, "top_p": 0.9, "seed": 5}])
+def test_streaming_equals_non_streaming(live, sampling):
+    client = live.client()
+    kw = dict(model=MODEL, prompt=PROMPT, max_tokens=20, stop=["t40", "t41 t42"], extra_body={"policy": "hybrid"},
+              **sampling)
+    whole = client.completions.create(**kw)
+    chunks = list(client.completions.create(stream=True, **kw))
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    last = chunks[-1]
+    assert last.choices[0].finish_reason == whole.choices[0].finish_reason
+    assert last.usage.completion_tokens == whole.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_chat_applies_the_template(live, oracle):
+    messages = [{"role": "system", "content": "t20 t21"}, {"role": "user", "content": "t30 t31 t32"}]
+    assert oracle.render_chat(messages) == "t2 t20 t21 t3 t30 t31 t32 t4"
+    expected = oracle.chat(messages, max_new_tokens=10, policy="ar")
+    client = live.client()
+    resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0,
+                                          extra_body={"policy": "speculative"})
+    assert resp.choices[0].message.role == "assistant"
+    assert resp.choices[0].message.content == expected.text
+    assert resp.usage.prompt_tokens == 8
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0, stream=True,
+                                            stream_options={"include_usage": True},
+                                            extra_body={"policy": "speculative"})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected.text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == resp.usage.completion_tokens
+
+
+def test_template_renders_like_transformers(oracle):
+    transformers = pytest.importorskip("transformers")
+    from bitmtp_edge.runtime.chat_template import ChatTemplate
+
+    source = ("{%- for m in messages %}{%- if loop.index0 > 5 %}{% break %}{% endif %}"
+              "<|{{ m.role }}|>{{ m.content | tojson }}{{ '\\n' }}{%- endfor %}"
+              "{%- if add_generation_prompt %}<|assistant|>{{ bos_token }}{% endif %}")
+    messages = [{"role": "user", "content": "héllo \"wörld\" <b>"}, {"role": "assistant", "content": "ok"}]
+    ours = ChatTemplate(source, {"bos_token": "<s>"}, "test").render(messages)
+    theirs = transformers.utils.chat_template_utils.render_jinja_template(
+        conversations=[messages], chat_template=source, add_generation_prompt=True, bos_token="<s>")[0][0]
+    assert ours == theirs and "héllo" in ours
+
+
+def test_seeded_sampling_is_reproducible(live):
+    client = live.client()
+
+    def text(seed):
+        return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=1.5, top_p=0.95,
+                                         seed=seed, extra_body={"policy": "speculative", "top_k": 50}).choices[0].text
+
+    first = text(7)
+    assert text(7) == first
+    assert len({first, text(8), text(9)}) > 1
+
+
+def _post(live, path, body, raw=False):
+    content = body if raw else json.dumps(body)
+    return httpx.post(live.url + path, content=content, headers={"content-type": "application/json"}, timeout=60)
+
+
+@pytest.mark.parametrize("body, status, words", [
+    ({"model": "gpt-4", "prompt": PROMPT}, 400, ["unknown model 'gpt-4'", MODEL]),
+    ({"model": MODEL, "prompt": PROMPT, "max_tokens": 0}, 400, ["max_tokens = 0", "1..512"]),
+    ({"model": MODEL, "prompt": PROMPT, "max_tokens": 10 ** 9}, 400, ["1..512"]),
+    ({"model": MODEL, "prompt": PROMPT, "max_tokens": -3}, 400, ["max_tokens = -3"]),
+    ({"model": MODEL, "prompt": PROMPT, "n": 2}, 400, ["n = 2", "n = 1"]),
+    ({"model": MODEL, "prompt": " ".join(["t5"] * 600)}, 400, ["600 tokens", "largest KV segment holds 512"]),
+    ({"model": MODEL, "prompt": PROMPT, "temperature": -1}, 400, ["temperature must be"]),
+    ({"model": MODEL, "prompt": PROMPT, "policy": "greedy"}, 400, ["unknown policy 'greedy'"]),
+    ({"model": MODEL, "prompt": PROMPT, "best_of": 3}, 400, ["best_of"]),
+    ({"model": MODEL, "prompt": PROMPT, "temprature": 0.5}, 400, ["unknown field 'temprature'"]),
+    ({"model": MODEL}, 400, ["prompt", "required"]),
+    ({"model": MODEL, "prompt": ["t1", "t2"]}, 400, ["2 prompts", "one per request"]),
+])
+def test_bad_completion_requests_are_400_with_a_fix(live, body, status, words):
+    resp = _post(live, "/v1/completions", body)
+    assert resp.status_code == status, resp.text
+    message = resp.json()["error"]["message"]
+    for word in words:
+        assert word in message, message
+
+
+def test_bad_json_and_bad_chat_requests(live):
+    resp = _post(live, "/v1/completions", '{"model": "tiny-chat", "prompt": ', raw=True)
+    assert resp.status_code == 400 and "not valid JSON" in resp.json()["error"]["message"]
+    resp = _post(live, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "t1"}]})
+    assert resp.status_code == 400 and "role" in resp.json()["error"]["message"]
+    resp = _post(live, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "tool", "content": "t1"}]})
+    assert resp.status_code == 400 and "unknown role tool" in resp.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError, match="tools are not supported"):
+        live.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "t1"}],
+                                              tools=[{"type": "function", "function": {"name": "f"}}])
+    assert httpx.get(live.url + "/health", timeout=10).json()["status"] == "ok"  # the server lives on
+
+
+def test_a_model_without_template_answers_chat_with_400(tmp_path):
+    artifact = write_tiny_artifact(tmp_path / "plain", None, seed=12)
+    server = LiveServer(Engine.load(artifact, backend="reference", device="cpu"), ServerConfig(model_name="plain"))
+    try:
+        with pytest.raises(openai.BadRequestError, match="no chat template.*completion model"):
+            server.client().chat.completions.create(model="plain", messages=[{"role": "user", "content": "t1"}])
+        assert server.client().completions.create(model="plain", prompt="t1 t2", max_tokens=3, temperature=0).usage
+    finally:
+        server.stop()
+
+
+def test_four_concurrent_clients_get_their_own_answers(live, oracle):
+    prompts = [f"t{i} t{i + 3} t{i + 6}" for i in (1, 10, 20, 30)]
+    expected = [oracle.generate(p, max_new_tokens=10, policy="ar").text for p in prompts]
+
+    def ask(prompt):
+        return live.client().completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0,
+                                                extra_body={"policy": "hybrid", "tau": 1.0}).choices[0].text
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(ask, prompts))
+    assert answers == expected  # hybrid at τ = 1 always verifies: greedy-lossless
+
+
+def _metric(live, name: str) -> float:
+    text = httpx.get(live.url + "/metrics", timeout=10).text
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")
+              or line.startswith(name + "{")]
+    return sum(values)
+
+
+def _wait_idle(live, timeout=60):
+    deadline = time.monotonic() + timeout
+    while httpx.get(live.url + "/health", timeout=10).json()["busy"]:
+        assert time.monotonic() < deadline, "the generation did not end"
+        time.sleep(0.1)
+
+
+def test_a_disconnecting_client_cancels_its_generation(live):
+    _wait_idle(live)
+    before = _metric(live, "bitmtp_cancelled_total")
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 500, "temperature": 0, "stream": True}
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", live.url + "/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
+            first = next(resp.iter_lines())
+            assert first.startswith("data: ")
+        # leaving the block closes the connection mid-stream
+    deadline = time.monotonic() + 60
+    while _metric(live, "bitmtp_cancelled_total") <= before:
+        assert time.monotonic() < deadline, "the generation was not cancelled"
+        time.sleep(0.1)
+    _wait_idle(live)
+    # Cancelled before 500 tokens: the engine is free for the next request at once.
+    assert live.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0).usage
+
+
+def test_a_client_that_gives_up_on_a_json_answer_cancels_it(live):
+    _wait_idle(live)
+    before = _metric(live, "bitmtp_cancelled_total")
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 500, "temperature": 0}  # seconds of decoding
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(live.url + "/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.2))
+    deadline = time.monotonic() + 60
+    while _metric(live, "bitmtp_cancelled_total") <= before:
+        assert time.monotonic() < deadline, "the generation was not cancelled"
+        time.sleep(0.1)
+    _wait_idle(live)
+
+
+def test_a_full_queue_answers_503(live):
+    worker = live.app.state.worker
+    _wait_idle(live)
+    saved = worker.max_queue
+    worker.max_queue = 0
+    try:
+        with httpx.Client(timeout=60) as client:
+            body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 100, "temperature": 0, "stream": True}
+            with client.stream("POST", live.url + "/v1/completions", json=body) as resp:
+                next(resp.iter_lines())  # the first one runs
+                busy = _post(live, "/v1/completions", {"model": MODEL, "prompt": PROMPT})
+                assert busy.status_code == 503
+                assert "busy" in busy.json()["error"]["message"] and "retry" in busy.json()["error"]["message"]
+    finally:
+        worker.max_queue = saved
+    _wait_idle(live)
+
+
+def test_metrics_and_the_request_log(live, caplog):
+    before_400 = _metric(live, 'bitmtp_requests_total{endpoint="/v1/completions",status="400"}')
+    assert _post(live, "/v1/completions", {"model": MODEL, "prompt": PROMPT, "n": 3}).status_code == 400
+    with caplog.at_level(logging.INFO, logger="bitmtp_edge.http"):
+        live.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0,
+                                         extra_body={"policy": "speculative"})
+        deadline = time.monotonic() + 10
+        while not any("finish=" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    line = next(r.getMessage() for r in caplog.records if "finish=" in r.getMessage())
+    assert "policy=speculative" in line and "prompt=5" in line and "completion=6" in line and "tok/s=" in line
+    assert _metric(live, 'bitmtp_requests_total{endpoint="/v1/completions",status="200"}') >= 1
+    assert _metric(live, "bitmtp_completion_tokens_total") >= 6
+    assert _metric(live, "bitmtp_decode_tokens_per_second") > 0
+    assert 0 < _metric(live, "bitmtp_verifier_call_rate") <= 1
+    assert _metric(live, 'bitmtp_requests_total{endpoint="/v1/completions",status="400"}') == before_400 + 1
