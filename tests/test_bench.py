@@ -103,7 +103,7 @@ def test_routes_put_ar_first_and_sweep_tau_and_m(engine):
     mtp = engine.manifest.mtp
     default = B.make_routes(engine, None)
     assert [r.name for r in default] == ["ar", f"confidence τ={mtp.tau:g}", "speculative",
-                                         f"hybrid τ={mtp.tau:g} m={mtp.min_prefix}"]
+                                         f"hybrid τ={mtp.tau:g} m={mtp.min_prefix}", "fused"]
     sweep = B.make_routes(engine, ("hybrid", "ar"), taus=(0.5, 0.9), min_prefixes=(1, 2))
     assert [r.name for r in sweep] == ["ar", "hybrid τ=0.5 m=1", "hybrid τ=0.5 m=2", "hybrid τ=0.9 m=1",
                                        "hybrid τ=0.9 m=2"]
@@ -248,7 +248,8 @@ def test_bench_drives_the_graph_backend_like_the_engine_does(model, engine):
     data = B.run_bench(fast, prompts, B.make_routes(fast, None), config).to_dict()
     assert data["engine"]["backend"] == backend.name
     assert data["engine"]["runtime"] == {"specialize": True, "graphs": False, "hoist_verify": True,
-                                         "capture": "load", "kv_dtype": "torch.float32"}
+                                         "capture": "load", "kv_dtype": "torch.float32",
+                                         "fused_candidates": "(3,)"}
     ref = B.run_bench(engine, prompts, B.make_routes(engine, None), config).to_dict()
     # the twins are exact: both backends commit the same tokens per iteration on every route
     for a, b in zip(data["routes"], ref["routes"]):

@@ -167,7 +167,7 @@ def make_routes(engine: Engine, policies: Sequence[str] | None, taus: Sequence[f
             raise BenchError(f"--min-prefix {m}: m must be in 1..{mtp.block_size} (the model's D)")
     routes: list[Route] = []
     for policy in sorted(dict.fromkeys(policies), key=lambda p: p != "ar"):
-        if policy in ("ar", "speculative"):
+        if policy in ("ar", "speculative", "fused"):  # no τ or m: they always verify
             routes.append(Route(policy))
         elif policy == "confidence":
             routes.extend(Route(policy, tau=t) for t in taus)
