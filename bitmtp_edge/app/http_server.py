@@ -338,6 +338,24 @@ def create_app(engine: Engine, config: ServerConfig, sampler: Sampler | None = N
     async def prometheus():
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
+    def admit(endpoint: str, build):
+        """Build a request's job and queue it; (job, None), or (None, the error response) when
+        the request is bad (400) or the queue is full (503)."""
+        from ..runtime.chat_template import ChatTemplateError
+
+        try:
+            job = build()
+            state["worker"].submit(job)
+            return job, None
+        except ChatTemplateError as e:
+            return None, failure(endpoint, 400, str(e), "messages")
+        except BadRequest as e:
+            return None, failure(endpoint, 400, str(e), e.param)
+        except ValueError as e:
+            return None, failure(endpoint, 400, str(e))
+        except QueueFull as e:
+            return None, failure(endpoint, 503, str(e))
+
     @app.get("/v1/models")
     async def models():
         from .serve import info as engine_info
@@ -351,17 +369,15 @@ def create_app(engine: Engine, config: ServerConfig, sampler: Sampler | None = N
     @app.post("/v1/completions")
     async def completions(body: oa.CompletionRequest, request: Request):
         endpoint = "/v1/completions"
-        try:
+
+        def build():
             prompt = body.prompt_value()
             ids = engine.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-            job = _job(engine, config, body, body.max_tokens, ids, endpoint, "cmpl")
-            state["worker"].submit(job)
-        except BadRequest as e:
-            return failure(endpoint, 400, str(e), e.param)
-        except ValueError as e:
-            return failure(endpoint, 400, str(e))
-        except QueueFull as e:
-            return failure(endpoint, 503, str(e))
+            return _job(engine, config, body, body.max_tokens, ids, endpoint, "cmpl")
+
+        job, refused = admit(endpoint, build)
+        if refused is not None:
+            return refused
         metrics.request(endpoint, 200)
         if body.stream:
             return StreamingResponse(_stream_completion(job, config, body), media_type="text/event-stream")
@@ -371,21 +387,15 @@ def create_app(engine: Engine, config: ServerConfig, sampler: Sampler | None = N
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: oa.ChatCompletionRequest, request: Request):
-        from ..runtime.chat_template import ChatTemplateError
-
         endpoint = "/v1/chat/completions"
-        try:
+
+        def build():
             text = engine.render_chat([m.template_dict() for m in body.messages], body.add_generation_prompt)
-            job = _job(engine, config, body, body.token_limit, engine.encode(text), endpoint, "chatcmpl")
-            state["worker"].submit(job)
-        except ChatTemplateError as e:
-            return failure(endpoint, 400, str(e), "messages")
-        except BadRequest as e:
-            return failure(endpoint, 400, str(e), e.param)
-        except ValueError as e:
-            return failure(endpoint, 400, str(e))
-        except QueueFull as e:
-            return failure(endpoint, 503, str(e))
+            return _job(engine, config, body, body.token_limit, engine.encode(text), endpoint, "chatcmpl")
+
+        job, refused = admit(endpoint, build)
+        if refused is not None:
+            return refused
         metrics.request(endpoint, 200)
         if body.stream:
             return StreamingResponse(_stream_chat(job, config, body), media_type="text/event-stream")
