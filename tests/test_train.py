@@ -279,8 +279,9 @@ def test_quality_report_on_a_tiny_model(data, trained, tmp_path):
     r = json.loads(out_json.read_text())
     assert set(r["heldout"]["models"]) == {"sft", "d4"} and r["heldout"]["baseline"] == "sft"
     dec = r["decoding"]["summary"]
-    assert set(dec["sft"]) == {"ar"} and set(dec["d4"]) == {"ar", "confidence", "speculative", "hybrid"}
+    assert set(dec["sft"]) == {"ar"} and set(dec["d4"]) == {"ar", "confidence", "speculative", "hybrid", "fused"}
     assert dec["d4"]["speculative"]["agreement_with_ar"] == 1.0
+    assert dec["d4"]["fused"]["agreement_with_ar"] == 1.0  # the reference backend is exact
     assert dec["d4"]["speculative"]["tokens_per_iteration"] >= 1.0
     assert r["training"]["d4"]["steps"] == 40 and "d4: speculative agreement with AR = 100%" in r["targets"]
     assert "| d4 | hybrid |" in out_md.read_text()

@@ -182,7 +182,7 @@ def evaluate_decoding(models: dict[str, str], prompts: list[Prompt], data: str, 
         policies = POLICIES if read_checkpoint(path).mtp else ("ar",)
         tasks += [DecodeTask(name, path, pol, idx) for pol in policies]
     # Longest first, so the pool's tail is short.
-    weight = {"ar": 3, "confidence": 2, "speculative": 4, "hybrid": 4}
+    weight = {"ar": 3, "confidence": 2, "speculative": 4, "hybrid": 4, "fused": 4}  # longest first
     tasks.sort(key=lambda t: -weight[t.policy])
     args = [(t, prompts, data, device, max_new_tokens, tau, min_prefix) for t in tasks]
     t0 = time.perf_counter()
