@@ -96,36 +96,8 @@ def log(msg: str) -> None:
 
 # --- timing --------------------------------------------------------------------------------
 
-class Timer:
-    """µs per call of ``calls[i % len(calls)]()``, replayed from one CUDA graph (cold weights)."""
-
-    def __init__(self, reps: int, replays: int):
-        self.reps, self.replays = reps, replays
-
-    def __call__(self, calls: list) -> float:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # compile / warm every variant outside the capture
-            for c in calls:
-                c()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(self.reps):
-                calls[i % len(calls)]()
-        graph.replay()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(self.replays):
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3 / self.reps)
-        del graph
-        return statistics.median(times)
+# Timing: the autotuner's GraphTimer (one CUDA graph replaying the calls), so the benchmark
+# and the tuning table measure alike.
 
 
 def n_copies(nbytes: int, rotate_mb: float, min_copies: int) -> int:
@@ -241,7 +213,7 @@ def check_linear(case: LinearCase, variant: str, config=None):
         check_close(out, ref, 2**-7, variant)
 
 
-def tune_linear(case: LinearCase, variant: str, timer: Timer) -> tuple[object, float, list[dict]]:
+def tune_linear(case: LinearCase, variant: str, timer: GraphTimer) -> tuple[object, float, list[dict]]:
     tried = []
     best, best_us = None, float("inf")
     for cfg in tuning.linear_candidates(case.m, case.shape.n, case.shape.k, case.shape.grouped,
@@ -355,8 +327,8 @@ def git_commit() -> str:
 class Run:
     def __init__(self, args):
         self.args = args
-        self.timer = Timer(args.reps, args.replays)
-        self.tune_timer = Timer(max(args.reps // 4, 16), 3)  # candidates: a cheaper look
+        self.timer = GraphTimer(args.reps, args.replays)
+        self.tune_timer = GraphTimer(max(args.reps // 4, 16), 3)  # candidates: a cheaper look
         self.rows: list[dict] = []
         self.tuned: list[dict] = []  # winners, written as the table at the end
         self.chosen: dict[str, object] = {}  # the same winners, used by this run's benchmark
