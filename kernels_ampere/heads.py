@@ -31,6 +31,7 @@ from .tuning import HeadConfig, default_head, lookup
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 _NO_INDEX = tl.constexpr(2**31 - 1)  # larger than any vocabulary index
+F16_ROW_TILE = 16  # rows per program of the 16-bit head, whatever the width (row invariance)
 
 
 @triton.jit
@@ -50,7 +51,7 @@ def _head_partial_kernel(
     gdc_prologue(USE_GDC)
     pid = tl.program_id(0)
     rv = pid * BLOCK_V + tl.arange(0, BLOCK_V)
-    rm = tl.arange(0, BLOCK_M)
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rh = tl.arange(0, BLOCK_H)
     mask_v = rv < V
     mask_m = rm < M
@@ -130,12 +131,16 @@ def _head_argmax(h, h_scale, w, w_scale, config, op):
     conf = torch.empty((m,), dtype=torch.float32, device=h.device)
     if m == 0:
         return top1, conf
-    block_m = max(16, next_pow2(m))
+    # The int8 head is exact, so all rows share one tile (each weight tile read once). The
+    # 16-bit head accumulates floats: its rows go in tiles of a fixed height, so a row's
+    # logits are the same tile computation at every width (a taller tile may switch the
+    # tensor-core instruction, e.g. to wgmma on Hopper, and its rounding with it).
+    block_m = max(16, next_pow2(m)) if int8 else F16_ROW_TILE
     n_parts = triton.cdiv(v, config.block_v)
     pmax = torch.empty((n_parts, m), dtype=torch.float32, device=h.device)
     pidx = torch.empty((n_parts, m), dtype=torch.int32, device=h.device)
     psum = torch.empty((n_parts, m), dtype=torch.float32, device=h.device)
-    _head_partial_kernel[(n_parts,)](
+    _head_partial_kernel[(n_parts, triton.cdiv(m, block_m))](
         h, h if h_scale is None else h_scale, w, w if w_scale is None else w_scale,
         pmax, pidx, psum, m, v, hdim, h.stride(0), w.stride(0),
         INT8=int8, BLOCK_M=block_m, BLOCK_V=config.block_v, BLOCK_H=config.block_h,
