@@ -363,17 +363,18 @@ def part_baselines(work: Path, args, dims: dict, progress) -> dict:
 
 
 def part_trained(args) -> dict:
-    from bitmtp_edge.app.demo import demo_prompts
-
     out = {}
+    counts = args.candidates
     routes = {"ar": ("ar", {}), "confidence": ("confidence", {}), "speculative": ("speculative", {}),
-              "hybrid": ("hybrid", {}), f"fused c={args.candidates}": ("fused", {"candidates": args.candidates}),
-              f"hybrid+fused c={args.candidates}": ("hybrid", {"candidates": args.candidates, "hybrid_fused": True})}
+              "hybrid": ("hybrid", {})}
+    routes.update({f"fused c={c}": ("fused", {"candidates": c}) for c in counts})
+    c_hybrid = DEFAULT_CANDIDATES if DEFAULT_CANDIDATES in counts else counts[-1]
+    routes[f"hybrid+fused c={c_hybrid}"] = ("hybrid", {"candidates": c_hybrid, "hybrid_fused": True})
     for art in args.artifact:
         res = {}
         for name in args.trained_configs.split(","):
             eng = Engine.load(art, backend=args.backend, device="cuda", runtime=name)
-            prompts = demo_prompts(eng, limit=args.prompts)
+            prompts = held_out_prompts(eng, args.prompts)
             per = {}
             for route, (policy, kw) in routes.items():
                 rows = [timed_generate(eng, p, policy, args.tokens, args.repeats, **kw) for p in prompts]
@@ -387,9 +388,11 @@ def part_trained(args) -> dict:
                                                                     for r in rows),
                               "steps": [r["steps"] for r in rows], "tokens": [r["tokens"] for r in rows],
                               "_ids": [r["token_ids"] for r in rows]}
+            per["prompts"] = [p[:60] for p in prompts]
             ar_ids = per["ar"].pop("_ids")
             for policy in [r for r in routes if r != "ar"]:
                 ids = per[policy].pop("_ids")
+                per[policy]["unequal_prompts"] = [i for i, (a, b) in enumerate(zip(ar_ids, ids)) if a != b]
                 per[policy]["speedup"] = per[policy]["tok_s"] / per["ar"]["tok_s"]
                 same = sum(x == y for a, b in zip(ar_ids, ids) for x, y in zip(a, b))
                 per[policy]["agreement_with_ar"] = same / max(sum(len(a) for a in ar_ids), 1)
@@ -404,6 +407,15 @@ def part_trained(args) -> dict:
 
 
 # -- report ------------------------------------------------------------------------------------
+
+def held_out_prompts(eng: Engine, limit: int) -> list[str]:
+    """The artifact's held-out prompts (``prompts.jsonl``), then the demo's built-in ones, up
+    to ``limit``."""
+    from bitmtp_edge.app.demo import FALLBACK_PROMPTS, demo_prompts
+
+    prompts = demo_prompts(eng, limit=limit)
+    return (prompts + [p for p in FALLBACK_PROMPTS if p not in prompts])[:limit]
+
 
 def markdown(report: dict) -> str:
     lines = ["# End-to-end decode benchmark", "",
@@ -448,6 +460,8 @@ def markdown(report: dict) -> str:
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for name, per in res.items():
             for policy, p in per.items():
+                if policy == "prompts":
+                    continue
                 equal = f"{p['equal_to_ar']}/{p['prompts']}" if "equal_to_ar" in p else "—"
                 lines.append(f"| {name} | {policy} | {p['tok_s']:.0f} | {p['tokens_per_iteration']:.2f} | "
                              f"{p.get('tokens_per_forward', 0.0):.2f} | {p.get('verifier_call_rate', 0.0):.2f} | "
@@ -497,6 +511,8 @@ def project_2b(report: dict) -> dict:
     for art, res in report["trained"].items():
         per = res.get(name) or next(iter(res.values()))
         for route, r in per.items():
+            if route == "prompts":
+                continue
             steps = [tuple(x) for seq in r.get("steps", []) for x in seq]
             missing = {s for s in steps if s not in cost}
             if not steps or missing:
@@ -577,8 +593,8 @@ def main() -> None:
     ap.add_argument("--max-context", type=int, default=2048)
     ap.add_argument("--configs", default=",".join(CONFIGS), help="runtime configurations of the 2b part")
     ap.add_argument("--trained-configs", default="generic,full", help="runtime configurations of the trained part")
-    ap.add_argument("--candidates", type=int, default=DEFAULT_CANDIDATES,
-                    help="draft blocks per fused pass (c) for the fused routes of the trained part")
+    ap.add_argument("--candidates", type=lambda v: [int(x) for x in v.split(",")], default=[DEFAULT_CANDIDATES],
+                    help="draft blocks per fused pass (c), comma-separated: one fused route each in the trained part")
     ap.add_argument("--quick", action="store_true", help="4 layers, small vocab: a smoke run")
     ap.add_argument("--work", type=Path, default=Path("/tmp/bitmtp-bench"))
     ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results")

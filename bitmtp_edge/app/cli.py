@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from ..format.config import DEFAULT_CANDIDATES
 from ..runtime.policies import POLICIES
 
 # Copies of engine.BACKENDS, RuntimeOptions.PRESETS and bench.MONITOR_CHOICES, so that building
@@ -137,10 +138,13 @@ def main() -> None:
 @backend_option
 @device_option
 @decoding_options
+@click.option("--candidates", "-c", type=click.IntRange(min=1), default=None,
+              help="Policy fused: draft blocks per pass (the c likeliest acceptance lengths; 1..D + 1) "
+                   f"[default: {DEFAULT_CANDIDATES}].")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, stats).")
 def generate(prompt, artifact, backend, device, policy, max_new_tokens, tau, min_prefix, temperature, top_p, top_k,
-             seed, stop, as_json):
+             seed, candidates, stop, as_json):
     """Complete PROMPT with the chosen decoding policy."""
     from ..runtime.decoding import DecodingError
 
@@ -148,7 +152,7 @@ def generate(prompt, artifact, backend, device, policy, max_new_tokens, tau, min
     policy = policy_for(eng, policy)
     try:
         res = eng.generate(prompt, max_new_tokens=max_new_tokens, policy=policy, tau=tau,
-                           min_prefix=min_prefix, stop=list(stop) or None,
+                           min_prefix=min_prefix, stop=list(stop) or None, candidates=candidates,
                            sampling=_sampling(temperature, top_p, top_k, seed))
     except DecodingError as e:
         raise click.ClickException(str(e)) from None

@@ -33,15 +33,13 @@ class FusedInputs:
     causal: torch.Tensor  # [D] int64: [v, e_1..e_{D-1}] left by the last fused graph
     conf: torch.Tensor  # [D - 1] float32: c(e_1)..c(e_{D-1})
     readback: torch.Tensor  # [3 + (D + 1) + 2 (D - 1) + 2 D] float64, layout in ``slices``
-    rows: torch.Tensor  # [max width] int64: 0, 1, 2, ... (constant)
 
     @classmethod
     def allocate(cls, block_size: int, device) -> "FusedInputs":
         d = block_size
         return cls(causal=torch.zeros(d, dtype=torch.long, device=device),
                    conf=torch.zeros(max(d - 1, 0), dtype=torch.float32, device=device),
-                   readback=torch.zeros(3 + (d + 1) + 2 * (d - 1) + 2 * d, dtype=torch.float64, device=device),
-                   rows=torch.arange(d + 1 + (d + 1) * d, device=device))
+                   readback=torch.zeros(3 + (d + 1) + 2 * (d - 1) + 2 * d, dtype=torch.float64, device=device))
 
     def mutable(self) -> list[torch.Tensor]:
         return [self.causal, self.conf, self.readback]
@@ -64,57 +62,95 @@ def fused_width(block_size: int, causal: int, count: int) -> int:
 
 
 def fused_body(fast, k_cache, v_cache, capacity: int, history_len: torch.Tensor, attn_rows: torch.Tensor,
-               tokens: torch.Tensor, confidences: torch.Tensor, drafts: torch.Tensor, mask_ids: torch.Tensor,
+               tokens: torch.Tensor, confidences: torch.Tensor, drafts: torch.Tensor, mask_id: int,
                io: FusedInputs, count: int, pending_out: torch.Tensor) -> None:
     """One fused step over ``tokens`` = the causal rows [anchor, d_1..d_m] (n = m + 1 rows) with
     the drafts' ``confidences`` [m]; n = D + 1 means the anchor is history (slot L − 1), n = D
     that it is pending (slot L). ``drafts`` [m]: d_1..d_m as the host should read them back
     (``NON_FINITE_TOKEN`` where a draft row was not finite; ``tokens`` hold them clamped).
-    Reads and writes static tensors only."""
-    n, d = tokens.shape[0], mask_ids.shape[0] + 1
-    m = n - 1
+    Reads and writes static tensors only. The bookkeeping runs as three kernels
+    (``fused_kernels.py``) on the Triton ops, as their torch twins below on the twin ops."""
+    n, d = tokens.shape[0], io.causal.shape[0]
     pending = 1 if n == d else 0
+    sl = FusedInputs.slices(d)
+    kernels = not fast.ops.twin
+    if kernels:
+        from . import fused_kernels as fk
+    prepare = fk.fused_prepare if kernels else fused_prepare_reference
+    chosen, step_tokens, positions, slots, spans, rows_limit = prepare(
+        history_len, tokens, confidences, mask_id, capacity, count, d, pending)
+    attn_rows.copy_(rows_limit)  # history slots past the last causal row are skipped
+    x = fast.forward(step_tokens, positions, k_cache, v_cache, slots, None, attn_rows, capacity=capacity,
+                     row_spans=spans)
+    greedy, gconf = fast.verify_top1(x[:n])  # the verify rows: the AR greedy token of each
+    wanted = torch.empty(d - 1, dtype=torch.long, device=x.device)
+    accept = fk.fused_accept if kernels else fused_accept_reference
+    accept(x, greedy, gconf, tokens, chosen, drafts, confidences, history_len, io.readback, wanted, io.causal,
+           pending_out, d, pending, sl)
+    rows_a = x.index_select(0, wanted)  # rows 1..D-1 of a's block: the drafts after v
+    top, conf = fast.draft_top1(rows_a)
+    chain = fk.fused_chain if kernels else fused_chain_reference
+    chain(rows_a, top, conf, io.readback, io.causal, io.conf, sl)
+
+
+# --- the pure-PyTorch twins of fused_kernels.py ------------------------------------------------
+
+def fused_prepare_reference(history_len, tokens, confidences, mask_id: int, capacity: int, count: int, block: int,
+                            pending: int):
+    """-> (C [c] ascending, step tokens [W], positions [W], KV slots [W] int64, row spans
+    [W, 3] int32, attention row limit [1] int32), W = n + c·D. Rows: the n causal ones
+    ([anchor, d_1..d_m], at their own slots from ``first`` = L − 1 + pending), then per
+    j ∈ C the block [d_j, MASK × (D − 1)] at positions A + j.. in workspace rows b·D..
+    (``masks.fused_step_spans``)."""
+    n, d, dev = tokens.shape[0], block, tokens.device
     first = history_len - 1 + pending  # [1]: the anchor's slot
-    chosen = candidate_lengths(confidences, count)  # [c] ascending, on the device
+    chosen = candidate_lengths(confidences, count)  # [c] ascending
     c = chosen.shape[0]
-    rows = io.rows
+    rows = torch.arange(n + c * d, device=dev)
     heads = tokens.gather(0, chosen)  # d_j (the anchor for j = 0)
-    block_tokens = torch.cat([heads.unsqueeze(1), mask_ids.unsqueeze(0).expand(c, d - 1)], dim=1).reshape(-1)
-    step_tokens = torch.cat([tokens, block_tokens])
+    masks = torch.full((c, d - 1), mask_id, dtype=torch.long, device=dev)
+    step_tokens = torch.cat([tokens, torch.cat([heads.unsqueeze(1), masks], dim=1).reshape(-1)])
     in_block = rows[:d].repeat(c)  # 0..D-1 per block
     block_pos = first + chosen.unsqueeze(1).expand(c, d).reshape(-1) + in_block
     positions = torch.cat([first + rows[:n], block_pos])
     slots = torch.cat([first + rows[:n], capacity + rows[:c * d]])
     spans = fused_step_spans(first, n, chosen, d)
-    attn_rows.copy_(first + n)  # history slots past the last causal row are skipped
-    x = fast.forward(step_tokens, positions, k_cache, v_cache, slots, None, attn_rows, capacity=capacity,
-                     row_spans=spans)
-    greedy, gconf = fast.verify_top1(x[:n])  # the verify rows: the AR greedy token of each
+    return chosen, step_tokens, positions, slots, spans, (first + n).to(torch.int32)
+
+
+def fused_accept_reference(x, greedy, gconf, tokens, chosen, drafts, confidences, history_len, readback, wanted,
+                           causal, pending_out, block: int, pending: int, slices: dict) -> None:
+    """After the verify head: a, v, a ∈ C, the rows of a's block (``wanted``), L += pending +
+    a, the readback's first part; v into the next step's inputs (a fused hit's causal[0],
+    a draft step's pending[0])."""
+    n, d, m = tokens.shape[0], block, tokens.shape[0] - 1
+    c = chosen.shape[0]
     greedy = flag_non_finite(x[:n], greedy, gconf)
     match = (tokens[1:] == greedy[:-1]).long()
     accepted = match.cumprod(0).sum().view(1)
     verifier = greedy.gather(0, accepted)
     hit_at = chosen == accepted
     hit = hit_at.any().view(1)
-    block = hit_at.long().argmax()  # a's block (block 0 on a miss: computed, never read)
-    wanted = n + block * d + 1 + rows[:d - 1]  # rows 1..D-1 of block a: the drafts after v
-    rows_a = x.index_select(0, wanted)
-    top, conf = fast.draft_top1(rows_a)
-    top = flag_non_finite(rows_a, top, conf)
+    block_index = hit_at.long().argmax()  # a's block (block 0 on a miss: computed, never read)
+    wanted.copy_(n + block_index * d + 1 + torch.arange(d - 1, device=x.device))
     history_len += pending + accepted  # the pending anchor and d_1..d_a, all at their slots
-    # readback (one host read) and the next step's inputs
-    sl = FusedInputs.slices(d)
-    rb = io.readback
-    rb[sl["held_tokens"]][:m].copy_(drafts)
-    rb[sl["held_conf"]][:m].copy_(confidences)
-    rb[sl["accepted"]].copy_(accepted)
-    rb[sl["verifier"]].copy_(verifier)
-    rb[sl["hit"]].copy_(hit)
-    rb[sl["candidates"]].fill_(-1)
-    rb[sl["candidates"]][:c].copy_(chosen)
-    rb[sl["next_tokens"]].copy_(top)
-    rb[sl["next_conf"]].copy_(conf)
-    io.causal[:1].copy_(verifier.clamp_min(0))  # a flagged row must not index the embedding
-    io.causal[1:].copy_(top.clamp_min(0))
-    io.conf.copy_(conf)
+    rb = readback
+    rb[slices["held_tokens"]][:m].copy_(drafts)
+    rb[slices["held_conf"]][:m].copy_(confidences.float())
+    rb[slices["accepted"]].copy_(accepted)
+    rb[slices["verifier"]].copy_(verifier)
+    rb[slices["hit"]].copy_(hit)
+    rb[slices["candidates"]].fill_(-1)
+    rb[slices["candidates"]][:c].copy_(chosen)
+    causal[:1].copy_(verifier.clamp_min(0))  # a flagged row must not index the embedding
     pending_out.copy_(verifier.clamp_min(0))  # a miss drafts next from pending [v]
+
+
+def fused_chain_reference(rows, top, conf, readback, causal, next_conf, slices: dict) -> None:
+    """After the draft head on a's block: the next drafts (flagged) and their confidences
+    into the readback and the next fused step's inputs."""
+    top = flag_non_finite(rows, top, conf)
+    readback[slices["next_tokens"]].copy_(top)
+    readback[slices["next_conf"]].copy_(conf)
+    causal[1:].copy_(top.clamp_min(0))
+    next_conf.copy_(conf)

@@ -33,8 +33,10 @@ the device for the verify) and speculative sampling in the verify, with the same
 **Fused verify + draft** (policy ``fused``, ``fused_graph.py``): a verify that carries the
 draft blocks of the c likeliest acceptance lengths. Its states are (D + 1 + c·D, σ, fused)
 after a draft step and (D + c·D, σ, fused) after a fused hit; their blocks live in a
-workspace widened to (D + 1)·D slots, which only the fused states' views include (the
-other steps keep the artifact's narrower workspace, so their attention reads no more).
+workspace widened to (D + 1)·D slots. Every decode step attends over that same view with
+row spans (``_step_view``): a row is then the same attention computation in an AR step, a
+verify and a fused step (tests/test_row_invariance.py); the extra workspace slots cost the
+other roles one more masked key tile per layer.
 
 Ablation switches (``RuntimeOptions``): ``specialize`` (M1: width-specialised kernel
 configs and the cheap draft head), ``graphs`` (M2: capture + replay instead of eager
@@ -51,7 +53,7 @@ import torch
 from ..format.config import DEFAULT_CANDIDATES
 from ..format.segments import KVPlan
 from ..runtime.kv import KVStore
-from ..runtime.masks import draft_in_place_mask, history_step_mask, prefill_mask
+from ..runtime.masks import draft_in_place_spans, history_step_spans, prefill_mask
 from ..runtime.replay import ReplayState
 from ..runtime.sampling import filtered_probs, inverse_cdf, penalize, sample_drafts, speculative_accept, target_probs
 from .base import (NON_FINITE_TOKEN, PREFILL_CHUNK, DraftResult, FusedResult, StepLog, VerifyResult, check_pending,
@@ -250,19 +252,28 @@ class GraphBackend:
         return out
 
     # -- graph bodies: everything below reads and writes static tensors only ------------------
-    def _forward(self, seg, tokens, positions, write_slots, mask, history_rows):
-        """One step over segment ``seg``; ``history_rows`` = rows this step writes at slots
-        from L on (the attention kernel skips history slots past L + history_rows)."""
-        st, kv = self.static, self.kv.view(seg)
+    def _step_view(self, seg: int):
+        """The KV view every decode step of segment ``seg`` attends over: the widened
+        workspace, for every role. With one view and one visibility form (row spans), a row
+        runs the same compiled attention with the same loop over the workspace whatever the
+        step's width; on the H200 a verify row over the artifact's narrow workspace with an
+        [M, S] mask and the same row in a fused step (spans, wide view) differed in the last
+        bits of the attention output, which flipped an exact bf16 tie of the head."""
+        return self.kv.view(seg, workspace=self.kv.allocated_workspace)
+
+    def _forward(self, seg, tokens, positions, write_slots, spans, history_rows):
+        """One step over segment ``seg`` with row spans ``spans`` [M, 3]; ``history_rows`` =
+        rows this step writes at slots from L on (attention skips history slots past L + history_rows)."""
+        st, kv = self.static, self._step_view(seg)
         st.attn_rows.copy_(st.history_len + history_rows)
-        return self.fast.forward(tokens, positions, kv.k, kv.v, write_slots, mask, st.attn_rows,
-                                 capacity=kv.capacity)
+        return self.fast.forward(tokens, positions, kv.k, kv.v, write_slots, None, st.attn_rows,
+                                 capacity=kv.capacity, row_spans=spans)
 
     def _ar_body(self, seg: int, sampled: bool | None = None) -> None:
         """``sampled``: None = greedy; else sample (True: with penalty counts)."""
-        st, cap = self.static, self.plan.segments[seg].capacity
-        mask = history_step_mask(cap, self.kv.workspace, st.history_len, 1, self.device)
-        x = self._forward(seg, st.ar_token, st.history_len, st.history_len, mask, 1)
+        st = self.static
+        spans = history_step_spans(st.history_len, 1)
+        x = self._forward(seg, st.ar_token, st.history_len, st.history_len, spans, 1)
         if sampled is None:
             top, conf = self.fast.verify_top1(x)
             top = flag_non_finite(x, top, conf)  # read with the token: no extra sync
@@ -284,8 +295,8 @@ class GraphBackend:
         tokens = torch.cat([pending, pending[-1:], st.mask_ids])  # [k + D]
         # Pending rows at their own history slots, the block in the workspace.
         slots = torch.cat([L + rows[:k], cap + rows[:d]])
-        mask = draft_in_place_mask(cap, self.kv.workspace, L, k, d, self.device)
-        x = self._forward(seg, tokens, L + st.draft_offsets[k], slots, mask, k)
+        spans = draft_in_place_spans(L, k, d)
+        x = self._forward(seg, tokens, L + st.draft_offsets[k], slots, spans, k)
         if sampled is None:
             top, conf = self.fast.draft_top1(x[k:])
             top = flag_non_finite(x[k:], top, conf)
@@ -303,11 +314,10 @@ class GraphBackend:
             st.verify_tokens[1:].copy_(top.clamp_min(0))
 
     def _verify_body(self, seg: int, sampled: bool | None = None) -> None:
-        st, d, cap = self.static, self.block_size, self.plan.segments[seg].capacity
+        st, d = self.static, self.block_size
         first = st.history_len - 1  # the anchor's own slot; its row is recomputed bit for bit
-        mask = history_step_mask(cap, self.kv.workspace, first, d + 1, self.device)
         positions = first + st.workspace_rows[: d + 1]
-        x = self._forward(seg, st.verify_tokens, positions, positions, mask, d)
+        x = self._forward(seg, st.verify_tokens, positions, positions, history_step_spans(first, d + 1), d)
         if sampled is None:
             greedy, conf = self.fast.verify_top1(x)  # [D + 1]
             greedy = flag_non_finite(x, greedy, conf)
@@ -328,13 +338,13 @@ class GraphBackend:
         last fused graph left."""
         st, d = self.static, self.block_size
         if causal == d + 1:  # the drafts as the draft graph read them back (NaN rows flagged)
-            tokens, conf, drafts = st.verify_tokens, st.readback[2 + d:].float(), st.readback[2:2 + d]
+            tokens, conf, drafts = st.verify_tokens, st.readback[2 + d:], st.readback[2:2 + d]
         else:
             tokens, conf = st.fused.causal, st.fused.conf
             drafts = tokens[1:]
-        kv = self.kv.view(seg, workspace=self.kv.allocated_workspace)
+        kv = self._step_view(seg)
         fused_body(self.fast, kv.k, kv.v, kv.capacity, st.history_len, st.attn_rows, tokens, conf, drafts,
-                   st.mask_ids, st.fused, count, st.pending[:1])
+                   self.mask_token_id, st.fused, count, st.pending[:1])
 
     def _body(self, state: ReplayState, sampled: bool | None = None):
         d = self.block_size or 0

@@ -1,5 +1,6 @@
 """The prefix rules every policy and backend shares (host-side twins of the device ops),
-and the fused step's choice of candidate acceptance lengths (one torch op for both)."""
+and the fused step's choice of candidate acceptance lengths (the twin of the graph
+backend's ``fused_prepare`` kernel)."""
 
 from __future__ import annotations
 
@@ -31,18 +32,20 @@ def accepted_prefix(drafts: Sequence[int], verifier_tokens: Sequence[int]) -> in
 def acceptance_probabilities(confidences: torch.Tensor) -> torch.Tensor:
     """[m] draft confidences -> [m + 1] estimated P(a = j), j = 0..m, taking the drafts'
     confidences as independent acceptance chances: c_1…c_j · (1 − c_{j+1}), and c_1…c_m
-    for j = m."""
+    for j = m. float32, the running product rounded after every factor (the fused step's
+    kernel computes it in this very order, so both pick the same C)."""
     conf = confidences.float().reshape(-1)
-    one = torch.ones(1, dtype=conf.dtype, device=conf.device)
-    reach = torch.cumprod(torch.cat([one, conf]), 0)  # reach[j] = c_1…c_j
-    stop = torch.cat([1.0 - conf, one])  # the draft after j is rejected (always, past d_m)
-    return reach * stop
+    reach = [torch.ones((), dtype=torch.float32, device=conf.device)]
+    for c in conf:
+        reach.append(reach[-1] * c)  # float32 x float32: one rounding per factor
+    stop = torch.cat([1.0 - conf, torch.ones(1, dtype=conf.dtype, device=conf.device)])
+    return torch.stack(reach) * stop
 
 
 def candidate_lengths(confidences: torch.Tensor, count: int) -> torch.Tensor:
-    """C: the ``count`` most probable acceptance lengths (ties to the shorter), ascending,
-    int64 on the confidences' device. Pure tensor ops, so a captured graph runs it."""
-    p = acceptance_probabilities(confidences)
+    """C: the ``count`` most probable acceptance lengths (ties to the shorter; a NaN
+    probability first), ascending, int64 on the confidences' device."""
+    p = acceptance_probabilities(confidences).nan_to_num(nan=2.0)
     count = min(count, p.shape[0])
     order = torch.sort(p, descending=True, stable=True).indices[:count]
     return torch.sort(order).values
