@@ -16,7 +16,11 @@ int32) may say the same thing in three integers per row: row m sees history slot
 ``s < history_end`` and workspace rows ``[workspace_begin, workspace_end)``. Every decode
 step has that shape (AR, verify, draft, and the fused verify + draft blocks), and the kernel
 then computes the visibility in registers instead of reading an [M, S] mask: nothing per
-step grows with M x S. Both forms give the same visible set, so the same bits.
+step grows with M x S. Both forms give the same visible set, but they compile to different
+kernels, and on an H200 (hd 64, 256-512 history slots) some rows came out different in
+the last bits: a runtime whose steps must agree row for row uses one form for all of them
+(the graph backend: spans). Slots a row cannot see cost no bits: a wider workspace, or a
+longer history loop, leaves a row's result unchanged.
 
 GQA: the ``G = Hq / Hkv`` query heads of one KV head, times the M rows, form the query rows
 of that KV head, cut into tiles of 16 (the same tile at every width, so a row computes the

@@ -45,6 +45,7 @@ launches), ``hoist_verify`` (M3). Generic = none of them, Full = all three.
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass
 
@@ -381,8 +382,17 @@ class GraphBackend:
         # allocated memory does not move, the pool's reserved segments do.
         before = torch.cuda.memory_reserved(self.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            body()
+        # No garbage collection while capturing: a collected CUDAGraph (an earlier engine's,
+        # freed through a reference cycle) resets its graph mid-capture, which CUDA refuses
+        # and which invalidates this capture (torch no longer collects on entering capture).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                body()
+        finally:
+            if collecting:
+                gc.enable()
         for t, s in zip(mutable, saved):
             t.copy_(s)
         torch.cuda.synchronize(self.device)
@@ -394,6 +404,7 @@ class GraphBackend:
 
     def capture_all(self, progress=None) -> None:
         t0 = time.perf_counter()
+        gc.collect()  # free unreachable graphs now, not while capturing (see ``_capture``)
         states = self.states()
         for i, state in enumerate(states):
             self._capture(state)
