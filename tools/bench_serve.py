@@ -143,6 +143,10 @@ def timed_json(client, url: str, prompt: str, policy: str, tokens: int) -> dict:
             "decode_s": data["bitmtp"]["decode_s"]}
 
 
+def _median_ms(seconds: list[float]) -> float | None:
+    return 1e3 * statistics.median(seconds) if seconds else None
+
+
 def _rate(rows: list[dict], key: str) -> float:
     seconds = sum(r[key] for r in rows)
     return sum(r["tokens"] for r in rows) / seconds if seconds > 0 else 0.0
@@ -184,7 +188,7 @@ def summarize(runs: list[dict], servers: list[str], short: int, long: int) -> di
         out["servers"][name] = {
             "stream_wall_tok_s": _rate(stream, "wall_s"), "stream_decode_tok_s": _rate(stream, "decode_s"),
             "json_wall_tok_s": _rate(js, "wall_s"), "json_decode_tok_s": _rate(js, "decode_s"),
-            "first_token_ms": 1e3 * statistics.median(s["first_s"] for s in stream if s["first_s"] is not None),
+            "first_token_ms": _median_ms([s["first_s"] for s in stream if s["first_s"] is not None]),
             "server_prefill_ms": 1e3 * statistics.median(s["prefill_s"] for s in stream),
             "chunks_per_token": sum(s["chunks"] for s in stream) / max(sum(s["tokens"] for s in stream), 1),
             "stream": overhead([(r[f"stream@{name}"], r["direct"]) for r in runs], short, long),
@@ -229,7 +233,7 @@ def markdown(report: dict) -> str:
             lines.append(f"| {policy} | {name} | {s['direct_wall_tok_s']:.0f} / {s['direct_decode_tok_s']:.0f} | "
                          f"{v['stream_wall_tok_s']:.0f} / {v['stream_decode_tok_s']:.0f} | "
                          f"{v['json_wall_tok_s']:.0f} / {v['json_decode_tok_s']:.0f} | "
-                         f"{v['first_token_ms']:.2f} ({s['direct_prefill_ms']:.2f}) | {v['chunks_per_token']:.3f} | "
+                         f"{_f(v['first_token_ms'], '.2f')} ({s['direct_prefill_ms']:.2f}) | {v['chunks_per_token']:.3f} | "
                          f"{'yes' if v['identical'] else 'NO'} |")
     lines += ["", "## HTTP overhead (paired: HTTP wall − Engine.generate wall)", "",
               "| policy | server | path | per token, all-in at the long length | marginal per token "
