@@ -30,8 +30,8 @@ PY
 fi
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-python3 -c "import fastapi, uvicorn, pydantic, httpx, anyio; print('fastapi', fastapi.__version__, 'uvicorn', \
-uvicorn.__version__, 'pydantic', pydantic.__version__, 'httpx', httpx.__version__, 'anyio', anyio.__version__)" || exit 1
+python3 -c "import importlib.metadata as md, fastapi, uvicorn, pydantic, httpx, anyio; \
+print(*(f'{n} {md.version(n)}' for n in ('fastapi', 'starlette', 'uvicorn', 'pydantic', 'httpx', 'anyio')))" || exit 1
 timeout -k 10 ${T_BENCH:-420} python3 tools/bench_serve.py --policies ${POLICIES:-ar,speculative,hybrid} \
   --prompts ${PROMPTS:-4} --tokens 256 --short-tokens 16 --repeats ${REPEATS:-5} --out "$OUT" 2>&1 \
   | tee "$OUT/bench_serve.log" | grep -v "Warning"
