@@ -128,8 +128,11 @@ def timed_stream(client, url: str, prompt: str, policy: str, tokens: int) -> dic
             last = chunk if chunk.get("usage") else last
     wall = time.perf_counter() - t0
     return {"wall_s": wall, "tokens": last["usage"]["completion_tokens"], "text": "".join(pieces),
-            "first_s": first, "chunks": chunks, "prefill_s": last["bitmtp"]["prefill_s"],
-            "decode_s": last["bitmtp"]["decode_s"]}
+            "first_s": first, "chunks": chunks, **_server_times(last["bitmtp"])}
+
+
+def _server_times(stats: dict) -> dict:
+    return {key: stats[key] for key in ("prefill_s", "decode_s", "server_s")}
 
 
 def timed_json(client, url: str, prompt: str, policy: str, tokens: int) -> dict:
@@ -139,8 +142,7 @@ def timed_json(client, url: str, prompt: str, policy: str, tokens: int) -> dict:
     resp.raise_for_status()
     data = resp.json()
     return {"wall_s": time.perf_counter() - t0, "tokens": data["usage"]["completion_tokens"],
-            "text": data["choices"][0]["text"], "prefill_s": data["bitmtp"]["prefill_s"],
-            "decode_s": data["bitmtp"]["decode_s"]}
+            "text": data["choices"][0]["text"], **_server_times(data["bitmtp"])}
 
 
 def _median_ms(seconds: list[float]) -> float | None:
@@ -153,7 +155,7 @@ def _rate(rows: list[dict], key: str) -> float:
 
 
 def overhead(pairs: list[tuple[dict, dict]], short: int, long: int) -> dict:
-    """HTTP wall − direct wall, paired per request: the all-in cost per token at the long
+    """HTTP wall − baseline wall, paired per request: the all-in cost per token at the long
     length, and its split into a fixed cost per request and a marginal cost per token (the
     slope of the median overhead between the two lengths)."""
     by_len = {n: [(h, d) for h, d in pairs if d["requested"] == n] for n in (short, long)}
@@ -166,7 +168,7 @@ def overhead(pairs: list[tuple[dict, dict]], short: int, long: int) -> dict:
                                                        for h, d in by_len[long]),
         "fixed_ms_per_request": 1e3 * (med_s[short] - (marginal or 0.0) * med_tok[short]),
         "marginal_us_per_token": None if marginal is None else 1e6 * marginal,
-        # The server's own decode loop vs the direct one (what HTTP work beside it costs it).
+        # The server's own decode loop vs the baseline's (what HTTP work beside it costs it).
         "decode_loop_us_per_token": 1e6 * statistics.median((h["decode_s"] - d["decode_s"]) / max(d["tokens"], 1)
                                                             for h, d in by_len[long]),
     }
@@ -191,8 +193,16 @@ def summarize(runs: list[dict], servers: list[str], short: int, long: int) -> di
             "first_token_ms": _median_ms([s["first_s"] for s in stream if s["first_s"] is not None]),
             "server_prefill_ms": 1e3 * statistics.median(s["prefill_s"] for s in stream),
             "chunks_per_token": sum(s["chunks"] for s in stream) / max(sum(s["tokens"] for s in stream), 1),
+            # Where a request's time goes besides decoding (long requests, medians): the HTTP
+            # exchange and the client (wall − the server's admission-to-end time), and the
+            # worker's set-up and hand-off (server time − prefill − decode).
+            "stream_outside_server_ms": _median_ms([s["wall_s"] - s["server_s"] for s in stream]),
+            "stream_worker_rest_ms": _median_ms([s["server_s"] - s["prefill_s"] - s["decode_s"] for s in stream]),
+            "json_outside_server_ms": _median_ms([s["wall_s"] - s["server_s"] for s in js]),
             "stream": overhead([(r[f"stream@{name}"], r["direct"]) for r in runs], short, long),
             "json": overhead([(r[f"json@{name}"], r["direct"]) for r in runs], short, long),
+            # Streaming's own cost: SSE vs JSON on the same server process (no cross-process bias).
+            "stream_vs_json": overhead([(r[f"stream@{name}"], r[f"json@{name}"]) for r in runs], short, long),
             "identical": all(r["direct"]["text"] == r[f"stream@{name}"]["text"] == r[f"json@{name}"]["text"]
                              for r in runs),
         }
@@ -206,7 +216,7 @@ def add_shares(report: dict) -> None:
     report["ar_step_us"] = step_us
     for summary in report["policies"].values():
         for server in summary["servers"].values():
-            for kind in ("stream", "json"):
+            for kind in ("stream", "json", "stream_vs_json"):
                 o = server[kind]
                 for key in ("all_in", "marginal", "decode_loop"):
                     value = o[f"{key}_us_per_token"]
@@ -241,20 +251,31 @@ def markdown(report: dict) -> str:
               "|---|---|---|---|---|---|---|"]
     for policy, s in report.get("policies", {}).items():
         for name, v in s["servers"].items():
-            for kind in ("stream", "json"):
+            for kind, label in (("stream", "SSE − direct"), ("json", "JSON − direct"),
+                                ("stream_vs_json", "SSE − JSON, same server")):
                 o = v[kind]
                 lines.append(
-                    f"| {policy} | {name} | {'SSE' if kind == 'stream' else 'JSON'} | "
+                    f"| {policy} | {name} | {label} | "
                     f"{_f(o['all_in_us_per_token'])} µs ({_f(o['all_in_pct_of_ar_step'])} %) | "
                     f"{_f(o['marginal_us_per_token'])} µs ({_f(o['marginal_pct_of_ar_step'])} %) | "
                     f"{o['fixed_ms_per_request']:.2f} ms | "
                     f"{_f(o['decode_loop_us_per_token'])} µs ({_f(o['decode_loop_pct_of_ar_step'])} %) |")
+    lines += ["", "## Where the rest goes (long requests, medians, ms per request)", "",
+              "| policy | server | SSE: HTTP exchange + client | SSE: worker set-up + hand-off | JSON: HTTP exchange + client |",
+              "|---|---|---|---|---|"]
+    for policy, s in report.get("policies", {}).items():
+        for name, v in s["servers"].items():
+            lines.append(f"| {policy} | {name} | {_f(v['stream_outside_server_ms'], '.2f')} | "
+                         f"{_f(v['stream_worker_rest_ms'], '.2f')} | {_f(v['json_outside_server_ms'], '.2f')} |")
     lines += ["", "Percentages are of one AR decode step. All-in: the median over requests of (HTTP wall − direct "
               "wall) / tokens at the long length, fixed costs included. Marginal: the slope of the median "
               "overhead between the two lengths (what each further streamed token costs); fixed: the rest, per "
               "request (parsing, validation, tokenising, queue hand-off, response). Decode loop slowdown: the "
               "server's own decode time per token minus the direct one (HTTP work competing with the decode "
-              "thread). Server `interval N ms`: `--stream-interval-ms N`, at most one SSE chunk per N ms. "
+              "thread). SSE − JSON pairs the two HTTP paths of one server process: streaming's own "
+              "cost, free of any difference between the server's engine and this process's. HTTP exchange + "
+              "client: the client's wall time minus the server's time from admission (request parsed, "
+              "validated, tokenised) to the end. Server `interval N ms`: `--stream-interval-ms N`, at most one SSE chunk per N ms. "
               "Client and servers are separate processes on one host; each holds its own engine on the GPU; "
               "only one decodes at a time."]
     if report.get("error"):
@@ -282,7 +303,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256, help="the long requests' max_tokens")
     ap.add_argument("--short-tokens", type=int, default=16, help="the short requests' max_tokens")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--stream-intervals", default="5,0",
+    ap.add_argument("--stream-intervals", default="5,20,0",
                     help="comma-separated --stream-interval-ms values, one server each")
     ap.add_argument("--start-timeout", type=float, default=600)
     ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results")
@@ -350,6 +371,8 @@ def main() -> None:
                                 row[key] = {**paths[key](text, n), "requested": n}
                             runs.append(row)
                 report["policies"][policy] = summarize(runs, list(servers), *lengths)
+                report.setdefault("rows", {})[policy] = [
+                    {k: {f: v for f, v in row[k].items() if f != "text"} for k in row} for row in runs]
                 add_shares(report)
                 s = report["policies"][policy]
                 log(f"{policy}: direct {s['direct_decode_tok_s']:.0f} tok/s decode, {s['direct_wall_tok_s']:.0f} wall; "

@@ -164,12 +164,23 @@ class Job:
     events: EventPipe = field(init=False)
     cancel: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
+    started: float | None = None  # the worker took it
+    finished: float | None = None  # the worker posted its end
 
     def __post_init__(self):
         self.events = EventPipe(self.loop)
 
     def post(self, *event) -> None:
         self.events.post(*event)
+
+    def report(self, stats) -> dict:
+        """The response's ``bitmtp`` field: the decoding stats plus the server's own times
+        from admission (request checked and tokenised): waiting in the queue, and until the
+        end was handed to the response."""
+        out = stats.to_dict()
+        if self.started is not None and self.finished is not None:
+            out["queue_s"], out["server_s"] = self.started - self.submitted, self.finished - self.submitted
+        return out
 
 
 class Worker:
@@ -228,6 +239,7 @@ class Worker:
         from ..runtime.decoding import DecodeStats, DecodingError
         from ..runtime.detokenize import TextStream
 
+        job.started = time.perf_counter()
         stats = DecodeStats()
         text = TextStream(self.engine.tokenizer, job.stop)
         started = time.monotonic()
@@ -263,6 +275,7 @@ class Worker:
                  job.rid, job.endpoint, job.decode_kw["policy"], stats.prompt_tokens, stats.new_tokens,
                  stats.decode_tokens_per_s, stats.tokens_per_iteration, _per_pass(stats), stats.finish_reason,
                  1e3 * (time.perf_counter() - job.submitted))
+        job.finished = time.perf_counter()
         job.post("done", stats)
 
 
@@ -457,7 +470,7 @@ def create_app(engine: Engine, config: ServerConfig, sampler: Sampler | None = N
             return StreamingResponse(_stream_completion(job, config, body), media_type="text/event-stream")
         return await _collect(job, request, lambda text, stats: oa.completion(
             job.rid, config.model_name, text, oa.finish_reason(stats.finish_reason),
-            oa.usage(stats.prompt_tokens, stats.new_tokens), stats.to_dict()))
+            oa.usage(stats.prompt_tokens, stats.new_tokens), job.report(stats)))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: oa.ChatCompletionRequest, request: Request):
@@ -475,7 +488,7 @@ def create_app(engine: Engine, config: ServerConfig, sampler: Sampler | None = N
             return StreamingResponse(_stream_chat(job, config, body), media_type="text/event-stream")
         return await _collect(job, request, lambda text, stats: oa.chat_completion(
             job.rid, config.model_name, text, oa.finish_reason(stats.finish_reason),
-            oa.usage(stats.prompt_tokens, stats.new_tokens), stats.to_dict()))
+            oa.usage(stats.prompt_tokens, stats.new_tokens), job.report(stats)))
 
     return app
 
@@ -590,7 +603,7 @@ async def _stream_completion(job: Job, config: ServerConfig, body: oa.Completion
             stats = end[1]
             use = oa.usage(stats.prompt_tokens, stats.new_tokens)
             out += _sse(oa.completion_chunk(job.rid, config.model_name, created, "",
-                                            oa.finish_reason(stats.finish_reason), use, stats.to_dict()))
+                                            oa.finish_reason(stats.finish_reason), use, job.report(stats)))
             out += "data: [DONE]\n\n"
         elif end is not None and end[0] == "error":
             out += _sse(oa.error(end[2], kind="server_error")) + "data: [DONE]\n\n"
@@ -608,9 +621,9 @@ async def _stream_chat(job: Job, config: ServerConfig, body: oa.ChatCompletionRe
             stats = end[1]
             use = oa.usage(stats.prompt_tokens, stats.new_tokens)
             reason = oa.finish_reason(stats.finish_reason)
-            out += _sse(oa.chat_chunk(job.rid, config.model_name, created, {}, reason, use, stats.to_dict()))
+            out += _sse(oa.chat_chunk(job.rid, config.model_name, created, {}, reason, use, job.report(stats)))
             if include_usage:  # OpenAI's own form: a last chunk with no choices
-                out += _sse(oa.chat_chunk(job.rid, config.model_name, created, {}, None, use, stats.to_dict(),
+                out += _sse(oa.chat_chunk(job.rid, config.model_name, created, {}, None, use, job.report(stats),
                                           choices=False))
             out += "data: [DONE]\n\n"
         elif end is not None and end[0] == "error":
