@@ -10,13 +10,14 @@ order and repeated: ``Engine.generate`` directly, the same request streamed over
 non-streamed, at two lengths (``--short-tokens``, ``--tokens``). Greedy, so all produce the
 same tokens (checked: ``same text``).
 
-Reported per policy and server: wall tok/s of each path (prefill included); decode-only
-tok/s (tokens over the decode loop's own time: ``Engine.generate``'s stats directly, the
-server's ``bitmtp`` stats over HTTP); time to the first streamed token vs the direct
-prefill; and the HTTP overhead, paired per request (HTTP wall − direct wall), split into a
-fixed cost per request and a marginal cost per token (the slope between the two lengths),
-each as a share of one AR decode step (direct AR decode time per token) — the issue's
-target is ≤ 5 % per streamed token.
+Reported per policy and server (long requests): wall tok/s of each path (prefill included);
+decode-only tok/s (tokens over the decode loop's own time: ``Engine.generate``'s stats
+directly, the server's ``bitmtp`` stats over HTTP); time to the first streamed token; and
+the HTTP overhead paired per request, as a fixed cost per request (time outside prefill and
+decode) and per token (the decode loop's extra time; the whole difference with and without
+the prefill), each per-token figure as a share of one AR decode step (the issue's target:
+≤ 5 % per streamed token). SSE is paired with ``Engine.generate`` and with JSON on the same
+server, which isolates streaming's own cost from any difference between two processes.
 
     python tools/bench_serve.py                      # embedded model, backend auto
     python tools/bench_serve.py --artifact OUT/ --policies ar,hybrid --tokens 256 --repeats 5
@@ -154,73 +155,89 @@ def _rate(rows: list[dict], key: str) -> float:
     return sum(r["tokens"] for r in rows) / seconds if seconds > 0 else 0.0
 
 
-def overhead(pairs: list[tuple[dict, dict]], short: int, long: int) -> dict:
-    """HTTP wall − baseline wall, paired per request: the all-in cost per token at the long
-    length, and its split into a fixed cost per request and a marginal cost per token (the
-    slope of the median overhead between the two lengths)."""
-    by_len = {n: [(h, d) for h, d in pairs if d["requested"] == n] for n in (short, long)}
-    med_s = {n: statistics.median(h["wall_s"] - d["wall_s"] for h, d in rows) for n, rows in by_len.items()}
-    med_tok = {n: statistics.median(d["tokens"] for _, d in rows) for n, rows in by_len.items()}
-    marginal = (med_s[long] - med_s[short]) / (med_tok[long] - med_tok[short]) \
-        if med_tok[long] > med_tok[short] else None
+def _outside(row: dict) -> float:
+    """A request's time outside prefill and decode (client, HTTP, set-up, hand-off)."""
+    return row["wall_s"] - row["prefill_s"] - row["decode_s"]
+
+
+def _med(values) -> float:
+    return statistics.median(list(values))
+
+
+def paired(pairs: list[tuple[dict, dict]]) -> dict:
+    """Path A vs path B over the same requests (long ones), medians of the pairwise differences:
+    the fixed cost per request (time outside prefill and decode), the decode loop's extra time
+    per token, the whole per-token overhead with prefill left out (the eager prefill varies by
+    milliseconds from call to call in every path alike), and the plain wall difference."""
+    def per_token(fn):
+        return 1e6 * _med((fn(a) - fn(b)) / max(b["tokens"], 1) for a, b in pairs)
+
     return {
-        "all_in_us_per_token": 1e6 * statistics.median((h["wall_s"] - d["wall_s"]) / max(d["tokens"], 1)
-                                                       for h, d in by_len[long]),
-        "fixed_ms_per_request": 1e3 * (med_s[short] - (marginal or 0.0) * med_tok[short]),
-        "marginal_us_per_token": None if marginal is None else 1e6 * marginal,
-        # The server's own decode loop vs the baseline's (what HTTP work beside it costs it).
-        "decode_loop_us_per_token": 1e6 * statistics.median((h["decode_s"] - d["decode_s"]) / max(d["tokens"], 1)
-                                                            for h, d in by_len[long]),
+        "fixed_ms_per_request": 1e3 * _med(_outside(a) - _outside(b) for a, b in pairs),
+        "decode_us_per_token": per_token(lambda r: r["decode_s"]),
+        "no_prefill_us_per_token": per_token(lambda r: r["wall_s"] - r["prefill_s"]),
+        "wall_us_per_token": per_token(lambda r: r["wall_s"]),
     }
 
 
-def summarize(runs: list[dict], servers: list[str], short: int, long: int) -> dict:
+def summarize(runs: list[dict], servers: list[str], long: int, identical: dict | None = None) -> dict:
+    """Per server: rates over the long requests, SSE and JSON against ``Engine.generate``
+    (the issue's comparison; two processes, two engines) and SSE against JSON on the same
+    server (streaming's own cost, free of any difference between the two engines)."""
     long_runs = [r for r in runs if r["direct"]["requested"] == long]
+    short_runs = [r for r in runs if r["direct"]["requested"] != long]
     direct = [r["direct"] for r in long_runs]
     out = {
-        "runs": len(runs), "tokens_long": statistics.median(d["tokens"] for d in direct),
+        "runs": len(runs), "tokens_long": _med(d["tokens"] for d in direct),
         "direct_wall_tok_s": _rate(direct, "wall_s"), "direct_decode_tok_s": _rate(direct, "decode_s"),
-        "direct_prefill_ms": 1e3 * statistics.median(d["prefill_s"] for d in direct),
+        "direct_prefill_ms": 1e3 * _med(d["prefill_s"] for d in direct),
+        "direct_outside_ms": 1e3 * _med(_outside(d) for d in direct),
         "direct_decode_us_per_token": 1e6 * sum(d["decode_s"] for d in direct) / max(sum(d["tokens"] for d in direct), 1),
         "servers": {},
     }
     for name in servers:
         stream = [r[f"stream@{name}"] for r in long_runs]
         js = [r[f"json@{name}"] for r in long_runs]
+        texts_equal = identical.get(name) if identical is not None else all(
+            r["direct"]["text"] == r[f"stream@{name}"]["text"] == r[f"json@{name}"]["text"] for r in runs)
         out["servers"][name] = {
             "stream_wall_tok_s": _rate(stream, "wall_s"), "stream_decode_tok_s": _rate(stream, "decode_s"),
             "json_wall_tok_s": _rate(js, "wall_s"), "json_decode_tok_s": _rate(js, "decode_s"),
             "first_token_ms": _median_ms([s["first_s"] for s in stream if s["first_s"] is not None]),
-            "server_prefill_ms": 1e3 * statistics.median(s["prefill_s"] for s in stream),
+            "server_prefill_ms": 1e3 * _med(s["prefill_s"] for s in stream),
             "chunks_per_token": sum(s["chunks"] for s in stream) / max(sum(s["tokens"] for s in stream), 1),
-            # Where a request's time goes besides decoding (long requests, medians): the HTTP
-            # exchange and the client (wall − the server's admission-to-end time), and the
-            # worker's set-up and hand-off (server time − prefill − decode).
+            # The fixed cost split: outside the server's admission-to-end time (HTTP exchange,
+            # parsing, validation, tokenising, the client) and inside it besides prefill and
+            # decode (queue hand-off, set-up).
             "stream_outside_server_ms": _median_ms([s["wall_s"] - s["server_s"] for s in stream]),
             "stream_worker_rest_ms": _median_ms([s["server_s"] - s["prefill_s"] - s["decode_s"] for s in stream]),
-            "json_outside_server_ms": _median_ms([s["wall_s"] - s["server_s"] for s in js]),
-            "stream": overhead([(r[f"stream@{name}"], r["direct"]) for r in runs], short, long),
-            "json": overhead([(r[f"json@{name}"], r["direct"]) for r in runs], short, long),
-            # Streaming's own cost: SSE vs JSON on the same server process (no cross-process bias).
-            "stream_vs_json": overhead([(r[f"stream@{name}"], r[f"json@{name}"]) for r in runs], short, long),
-            "identical": all(r["direct"]["text"] == r[f"stream@{name}"]["text"] == r[f"json@{name}"]["text"]
-                             for r in runs),
+            "stream_vs_direct": paired([(r[f"stream@{name}"], r["direct"]) for r in long_runs]),
+            "json_vs_direct": paired([(r[f"json@{name}"], r["direct"]) for r in long_runs]),
+            "stream_vs_json": paired([(r[f"stream@{name}"], r[f"json@{name}"]) for r in long_runs]),
+            # The same fixed cost measured on the short requests: it should not depend on length.
+            "stream_vs_direct_fixed_ms_short": 1e3 * _med(_outside(r[f"stream@{name}"]) - _outside(r["direct"])
+                                                          for r in short_runs) if short_runs else None,
+            "identical": texts_equal,
         }
     return out
 
 
+COMPARISONS = (("stream_vs_direct", "SSE − Engine.generate"), ("json_vs_direct", "JSON − Engine.generate"),
+               ("stream_vs_json", "SSE − JSON, same server"))
+
+
 def add_shares(report: dict) -> None:
-    """Each overhead as a share of one AR decode step (direct, decode-only)."""
+    """Each per-token overhead as a share of one AR decode step (direct, decode-only)."""
     ar = report["policies"].get("ar")
     step_us = ar["direct_decode_us_per_token"] if ar else None
     report["ar_step_us"] = step_us
     for summary in report["policies"].values():
         for server in summary["servers"].values():
-            for kind in ("stream", "json", "stream_vs_json"):
+            for kind, _ in COMPARISONS:
                 o = server[kind]
-                for key in ("all_in", "marginal", "decode_loop"):
+                for key in ("decode", "no_prefill", "wall"):
                     value = o[f"{key}_us_per_token"]
-                    o[f"{key}_pct_of_ar_step"] = 100 * value / step_us if step_us and value is not None else None
+                    o[f"{key}_pct_of_ar_step"] = 100 * value / step_us if step_us else None
 
 
 def _f(x, fmt=".1f", unit=""):
@@ -228,59 +245,76 @@ def _f(x, fmt=".1f", unit=""):
 
 
 def markdown(report: dict) -> str:
+    policies = report.get("policies", {})
     lines = ["# HTTP serving overhead", "", f"- device: {report['device']}", f"- date: {report['date']}",
              f"- commit: {report['commit']}", f"- command: `{report['command']}`",
              f"- backend: {report.get('backend')}, runtime: {report.get('runtime')}, HTTP stack: "
              f"{report.get('http_stack')}",
-             f"- tokens per request: {report['short_tokens']} and {report['tokens']}; prompts: {report['prompts']}, "
-             f"repeats: {report['repeats']}; AR step (direct, decode only): {_f(report.get('ar_step_us'), '.1f', ' µs')}",
-             "", "## Rates (long requests)", "",
-             "| policy | server | Engine.generate tok/s wall / decode | SSE tok/s wall / server decode "
-             "| JSON tok/s wall / server decode | first token ms (direct prefill ms) | chunks per token | same text |",
-             "|---|---|---|---|---|---|---|---|"]
-    for policy, s in report.get("policies", {}).items():
+             f"- tokens per request: {report['tokens']} (tables; {report['short_tokens']}-token requests also run); "
+             f"prompts: {report.get('prompts')}, repeats: {report['repeats']}; AR step (Engine.generate, decode "
+             f"only): {_f(report.get('ar_step_us'), '.1f', ' µs')}"]
+    if report.get("note"):
+        lines += [f"- {report['note']}"]
+    lines += ["", "## Rates", "",
+              "| policy | server | Engine.generate tok/s wall / decode | SSE tok/s wall / server decode "
+              "| JSON tok/s wall / server decode | first token ms (server prefill; direct prefill) "
+              "| chunks per token | same text |",
+              "|---|---|---|---|---|---|---|---|"]
+    for policy, s in policies.items():
         for name, v in s["servers"].items():
+            same = {True: "yes", False: "NO"}.get(v["identical"], "—")
             lines.append(f"| {policy} | {name} | {s['direct_wall_tok_s']:.0f} / {s['direct_decode_tok_s']:.0f} | "
                          f"{v['stream_wall_tok_s']:.0f} / {v['stream_decode_tok_s']:.0f} | "
                          f"{v['json_wall_tok_s']:.0f} / {v['json_decode_tok_s']:.0f} | "
-                         f"{_f(v['first_token_ms'], '.2f')} ({s['direct_prefill_ms']:.2f}) | {v['chunks_per_token']:.3f} | "
-                         f"{'yes' if v['identical'] else 'NO'} |")
-    lines += ["", "## HTTP overhead (paired: HTTP wall − Engine.generate wall)", "",
-              "| policy | server | path | per token, all-in at the long length | marginal per token "
-              "| fixed per request | server decode loop slowdown per token |",
+                         f"{_f(v['first_token_ms'], '.2f')} ({v['server_prefill_ms']:.2f}; {s['direct_prefill_ms']:.2f}) "
+                         f"| {v['chunks_per_token']:.3f} | {same} |")
+    lines += ["", "## HTTP overhead, paired per request (medians of A − B)", "",
+              "| policy | server | A − B | fixed ms per request | decode loop µs per token "
+              "| per token, prefill left out (fixed included) | per token, wall |",
               "|---|---|---|---|---|---|---|"]
-    for policy, s in report.get("policies", {}).items():
+    for policy, s in policies.items():
         for name, v in s["servers"].items():
-            for kind, label in (("stream", "SSE − direct"), ("json", "JSON − direct"),
-                                ("stream_vs_json", "SSE − JSON, same server")):
+            for kind, label in COMPARISONS:
                 o = v[kind]
-                lines.append(
-                    f"| {policy} | {name} | {label} | "
-                    f"{_f(o['all_in_us_per_token'])} µs ({_f(o['all_in_pct_of_ar_step'])} %) | "
-                    f"{_f(o['marginal_us_per_token'])} µs ({_f(o['marginal_pct_of_ar_step'])} %) | "
-                    f"{o['fixed_ms_per_request']:.2f} ms | "
-                    f"{_f(o['decode_loop_us_per_token'])} µs ({_f(o['decode_loop_pct_of_ar_step'])} %) |")
-    lines += ["", "## Where the rest goes (long requests, medians, ms per request)", "",
-              "| policy | server | SSE: HTTP exchange + client | SSE: worker set-up + hand-off | JSON: HTTP exchange + client |",
+                lines.append(f"| {policy} | {name} | {label} | {o['fixed_ms_per_request']:.2f} | "
+                             f"{o['decode_us_per_token']:.1f} ({_f(o['decode_pct_of_ar_step'])} %) | "
+                             f"{o['no_prefill_us_per_token']:.1f} ({_f(o['no_prefill_pct_of_ar_step'])} %) | "
+                             f"{o['wall_us_per_token']:.1f} ({_f(o['wall_pct_of_ar_step'])} %) |")
+    lines += ["", "## The fixed cost per request (medians, ms)", "",
+              "| policy | server | Engine.generate outside prefill+decode | SSE: outside the server's admission-to-end "
+              "| SSE: server set-up + hand-off |",
               "|---|---|---|---|---|"]
-    for policy, s in report.get("policies", {}).items():
+    for policy, s in policies.items():
         for name, v in s["servers"].items():
-            lines.append(f"| {policy} | {name} | {_f(v['stream_outside_server_ms'], '.2f')} | "
-                         f"{_f(v['stream_worker_rest_ms'], '.2f')} | {_f(v['json_outside_server_ms'], '.2f')} |")
-    lines += ["", "Percentages are of one AR decode step. All-in: the median over requests of (HTTP wall − direct "
-              "wall) / tokens at the long length, fixed costs included. Marginal: the slope of the median "
-              "overhead between the two lengths (what each further streamed token costs); fixed: the rest, per "
-              "request (parsing, validation, tokenising, queue hand-off, response). Decode loop slowdown: the "
-              "server's own decode time per token minus the direct one (HTTP work competing with the decode "
-              "thread). SSE − JSON pairs the two HTTP paths of one server process: streaming's own "
-              "cost, free of any difference between the server's engine and this process's. HTTP exchange + "
-              "client: the client's wall time minus the server's time from admission (request parsed, "
-              "validated, tokenised) to the end. Server `interval N ms`: `--stream-interval-ms N`, at most one SSE chunk per N ms. "
-              "Client and servers are separate processes on one host; each holds its own engine on the GPU; "
-              "only one decodes at a time."]
+            lines.append(f"| {policy} | {name} | {s['direct_outside_ms']:.2f} | {_f(v['stream_outside_server_ms'], '.2f')} "
+                         f"| {_f(v['stream_worker_rest_ms'], '.2f')} |")
+    lines += ["", "Percentages are of one AR decode step. Fixed: time outside prefill and decode (A) minus "
+              "the same for B. Decode loop: the decode time per token of A minus B's, the HTTP work beside "
+              "the decode thread included; across processes it also holds the two engines' own "
+              "difference (each process's host-bound decode loop runs at its own few-% different pace: "
+              "compare the JSON − Engine.generate rows, where the server does no per-token HTTP work). "
+              "SSE − JSON pairs the two paths of one server process, so it isolates streaming's own cost. "
+              "Prefill left out: ((A wall − A prefill) − (B wall − B prefill)) / tokens; the eager prefill "
+              "varies by milliseconds between calls in every path alike. Wall: (A wall − B wall) / tokens. "
+              "Outside the server's admission-to-end: HTTP exchange, parsing, validation, tokenising, the "
+              "client's own work. Server `interval N ms`: `--stream-interval-ms N`, at most one SSE chunk "
+              "per N ms. Client and servers are separate processes on one host, each with its own engine "
+              "on the GPU; only one decodes at a time."]
     if report.get("error"):
         lines += ["", f"error: {report['error']}"]
     return "\n".join(lines) + "\n"
+
+
+def resummarize(path: Path) -> dict:
+    """Recompute a saved report's summaries from its raw rows (texts are not kept: each
+    server's same-text verdict is carried over)."""
+    report = json.loads(path.read_text())
+    for policy, rows in report.get("rows", {}).items():
+        old = report["policies"][policy]["servers"]
+        report["policies"][policy] = summarize(rows, list(old), report["tokens"],
+                                               identical={k: v["identical"] for k, v in old.items()})
+    add_shares(report)
+    return report
 
 
 def http_stack() -> str:
@@ -307,7 +341,18 @@ def main() -> None:
                     help="comma-separated --stream-interval-ms values, one server each")
     ap.add_argument("--start-timeout", type=float, default=600)
     ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results")
+    ap.add_argument("--resummarize", type=Path, default=None, metavar="SERVE_JSON",
+                    help="only recompute the summaries and Markdown of a saved serve.json from its raw rows")
     args = ap.parse_args()
+    if args.resummarize is not None:
+        report = resummarize(args.resummarize)
+        report["note"] = (f"summaries recomputed from this run's raw rows by `bench_serve.py --resummarize` at "
+                          f"{_commit()}")
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "serve.json").write_text(json.dumps(report, indent=1))
+        (args.out / "serve.md").write_text(markdown(report))
+        print(markdown(report))
+        return
     if not 0 < args.short_tokens < args.tokens:
         ap.error(f"--short-tokens {args.short_tokens} must be in 1..--tokens-1 ({args.tokens - 1})")
     intervals = [float(x) for x in args.stream_intervals.split(",")]
@@ -370,15 +415,16 @@ def main() -> None:
                             for key in order[k:] + order[:k]:
                                 row[key] = {**paths[key](text, n), "requested": n}
                             runs.append(row)
-                report["policies"][policy] = summarize(runs, list(servers), *lengths)
+                report["policies"][policy] = summarize(runs, list(servers), args.tokens)
                 report.setdefault("rows", {})[policy] = [
                     {k: {f: v for f, v in row[k].items() if f != "text"} for k in row} for row in runs]
                 add_shares(report)
                 s = report["policies"][policy]
                 log(f"{policy}: direct {s['direct_decode_tok_s']:.0f} tok/s decode, {s['direct_wall_tok_s']:.0f} wall; "
-                    + "; ".join(f"{name}: SSE {v['stream_wall_tok_s']:.0f} wall, marginal "
-                                f"{_f(v['stream']['marginal_us_per_token'])} µs/token, fixed "
-                                f"{v['stream']['fixed_ms_per_request']:.2f} ms" for name, v in s["servers"].items()))
+                    + "; ".join(f"{name}: SSE {v['stream_wall_tok_s']:.0f} wall, SSE − JSON "
+                                f"{v['stream_vs_json']['decode_us_per_token']:.1f} µs/token, fixed vs direct "
+                                f"{v['stream_vs_direct']['fixed_ms_per_request']:.2f} ms"
+                                for name, v in s["servers"].items()))
                 save()
     except Exception as e:  # noqa: BLE001 - keep what was measured
         report["error"] = f"{type(e).__name__}: {e}"[:2000]
