@@ -16,8 +16,9 @@ The event loop never touches the engine: the worker appends each generation's te
 to the request's ``EventPipe`` and the request handler turns them into one JSON body or SSE
 chunks. **Per token the worker only appends under a lock**: waking the event loop costs a
 self-pipe write plus the loop's Python work, which competes with the decode loop for the
-GIL right when it launches the next step (measured ~65 µs per wake on the H200 against a
-~230 µs AR step). So the loop is woken only when the reader waits for it; a streaming
+GIL right when it launches the next step (on the H200, a chunk per token slowed the 250 µs
+AR step by ~17 µs; one chunk per 5 ms by ~7 µs: tools/results/serve.md). So the loop is
+woken only when the reader waits for it; a streaming
 reader takes whatever piled up at most once per ``stream_interval_s`` (tokens decoded
 faster than that share one SSE chunk, as OpenAI's protocol allows: a chunk's text may hold
 several tokens), and a JSON reader only at the end. A slow decoder (a token per interval
