@@ -18,11 +18,11 @@ chunks. **Per token the worker only appends under a lock**: waking the event loo
 self-pipe write plus the loop's Python work, which competes with the decode loop for the
 GIL right when it launches the next step (on the H200, a chunk per token slowed the 250 µs
 AR step by ~17 µs; one chunk per 5 ms by ~7 µs: tools/results/serve.md). So the loop is
-woken only when the reader waits for it; a streaming
-reader takes whatever piled up at most once per ``stream_interval_s`` (tokens decoded
-faster than that share one SSE chunk, as OpenAI's protocol allows: a chunk's text may hold
-several tokens), and a JSON reader only at the end. A slow decoder (a token per interval
-or slower) still streams token by token, and the request's end wakes the reader at once.
+woken only when the reader waits for it; a streaming reader takes whatever piled up at
+most once per ``stream_interval_s`` (tokens decoded faster than that share one SSE chunk,
+as OpenAI's protocol allows: a chunk's text may hold several tokens), and a JSON reader
+only at the end. A slow decoder (a token per interval or slower) still streams token by
+token, and the request's end wakes the reader at once.
 """
 
 from __future__ import annotations
