@@ -12,7 +12,9 @@ of the drafts' confidences), the rows' tokens, positions, slots and attention sp
 accepted count a and the verifier token v, whether a ∈ C, the cheap head on the D − 1 rows
 of block a only (the drafts after v), and the next step's inputs: ``causal``/``conf`` for a
 fused hit, the draft graph's pending slot for a miss. One ``readback`` holds what the host
-needs, read once per iteration.
+needs, read once per iteration. Around the forward and the two heads this is three kernels
+on the Triton ops (``fused_kernels.py``: prepare, accept, chain) and their torch twins below
+on the twin ops: captured, each small torch op would be a kernel node of its own.
 """
 
 from __future__ import annotations
