@@ -111,6 +111,10 @@ def test_routes_put_ar_first_and_sweep_tau_and_m(engine):
         B.make_routes(engine, ("ar", "greedy"))
     with pytest.raises(B.BenchError, match=r"--min-prefix 9: m must be in 1\.\.4"):
         B.make_routes(engine, ("hybrid",), min_prefixes=(9,))
+    fused = B.make_routes(engine, ("fused", "ar"), candidates=(1, 3, 1))
+    assert [(r.name, r.candidates) for r in fused] == [("ar", None), ("fused c=1", 1), ("fused c=3", 3)]
+    with pytest.raises(B.BenchError, match=r"--candidates 6: c must be in 1\.\.5"):
+        B.make_routes(engine, ("fused",), candidates=(6,))
 
 
 def test_an_ar_only_model_benchmarks_ar_alone():
@@ -186,6 +190,16 @@ def test_bench_runs_on_the_embedded_model_and_its_held_out_prompts(tmp_path):
     assert all(r["decode_tok_s"] > 0 for r in report["routes"])
     for name in B.FILES:
         assert (tmp_path / "e" / name).is_file()
+
+
+def test_bench_cli_sweeps_fused_candidates(artifact, prompts_file, tmp_path):
+    res = invoke("bench", "--artifact", artifact, "--prompts", prompts_file, "-n", 6, "--repeats", 1,
+                 "--warmup", 0, "--policies", "ar,fused", "-c", 1, "--candidates", 2, "--monitor", "psutil",
+                 "--out", tmp_path / "out", "--json")
+    assert res.exit_code == 0, res.output
+    routes = json.loads(res.stdout)["routes"]
+    assert [(r["name"], r["candidates"]) for r in routes] == [("ar", None), ("fused c=1", 1), ("fused c=2", 2)]
+    assert all(r["new_tokens"] > 0 for r in routes)
 
 
 def test_bench_cli_table_on_stdout(artifact, prompts_file, tmp_path):

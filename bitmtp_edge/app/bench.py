@@ -119,11 +119,12 @@ def builtin_prompts(engine: Engine) -> tuple[list[BenchPrompt], str]:
 
 @dataclass(frozen=True)
 class Route:
-    """One decoding configuration: a policy at the model's D with its τ and m."""
+    """One decoding configuration: a policy at the model's D with its τ and m (or c)."""
 
     policy: str
     tau: float | None = None  # confidence, hybrid
     min_prefix: int | None = None  # hybrid
+    candidates: int | None = None  # fused: draft blocks per pass (None: the default)
 
     @property
     def name(self) -> str:
@@ -132,18 +133,22 @@ class Route:
             parts.append(f"τ={self.tau:g}")
         if self.min_prefix is not None:
             parts.append(f"m={self.min_prefix}")
+        if self.candidates is not None:
+            parts.append(f"c={self.candidates}")
         return " ".join(parts)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "policy": self.policy, "tau": self.tau, "min_prefix": self.min_prefix}
+        return {"name": self.name, "policy": self.policy, "tau": self.tau, "min_prefix": self.min_prefix,
+                "candidates": self.candidates}
 
 
 def make_routes(engine: Engine, policies: Sequence[str] | None, taus: Sequence[float] = (),
-                min_prefixes: Sequence[int] = ()) -> list[Route]:
-    """Routes for ``policies`` (None: every policy the model supports) at each τ / m.
+                min_prefixes: Sequence[int] = (), candidates: Sequence[int] = ()) -> list[Route]:
+    """Routes for ``policies`` (None: every policy the model supports) at each τ / m / c.
 
-    τ matters to ``confidence`` and ``hybrid``, m to ``hybrid`` only; unset values are the
-    model's (``bitmtp.json``). AR comes first: it is the baseline of every speedup."""
+    τ matters to ``confidence`` and ``hybrid``, m to ``hybrid`` only, c (``candidates``, draft
+    blocks per pass) to ``fused`` only; unset values are the model's (``bitmtp.json``) and the
+    default c. AR comes first: it is the baseline of every speedup."""
     from ..runtime.policies import POLICIES
 
     mtp = engine.manifest.mtp
@@ -165,9 +170,15 @@ def make_routes(engine: Engine, policies: Sequence[str] | None, taus: Sequence[f
     for m in ms:
         if mtp is not None and not 1 <= m <= mtp.block_size:
             raise BenchError(f"--min-prefix {m}: m must be in 1..{mtp.block_size} (the model's D)")
+    counts = tuple(dict.fromkeys(candidates))
+    for c in counts:
+        if mtp is not None and not 1 <= c <= mtp.block_size + 1:
+            raise BenchError(f"--candidates {c}: c must be in 1..{mtp.block_size + 1} (D + 1 = every acceptance length)")
     routes: list[Route] = []
     for policy in sorted(dict.fromkeys(policies), key=lambda p: p != "ar"):
-        if policy in ("ar", "speculative", "fused"):  # no τ or m: they always verify
+        if policy == "fused" and counts:
+            routes.extend(Route(policy, candidates=c) for c in counts)
+        elif policy in ("ar", "speculative", "fused"):  # no τ or m: they always verify
             routes.append(Route(policy))
         elif policy == "confidence":
             routes.extend(Route(policy, tau=t) for t in taus)
@@ -255,7 +266,7 @@ def run_once(engine: Engine, prompt: str, route: Route, config: BenchConfig) -> 
     from ..runtime.decoding import DecodeOptions, DecodeStats, decode
 
     opts = DecodeOptions.for_model(engine.manifest.mtp, route.policy, config.max_new_tokens, tau=route.tau,
-                                   min_prefix=route.min_prefix,
+                                   min_prefix=route.min_prefix, candidates=route.candidates,
                                    stop_token_ids=frozenset() if config.ignore_eos else engine.eos_token_ids)
     ids = engine.encode(prompt)
     cuda = engine.device.type == "cuda"

@@ -258,6 +258,8 @@ def _parse_policies(ctx, param, value):
 @click.option("--tau", multiple=True, type=click.FloatRange(0, 1, min_open=True),
               help=tau_help + " Repeat to sweep.")
 @click.option("--min-prefix", "-m", multiple=True, type=click.IntRange(min=1), help=m_help + " Repeat to sweep.")
+@click.option("--candidates", "-c", multiple=True, type=click.IntRange(min=1),
+              help=f"Policy fused: draft blocks per pass [default: {DEFAULT_CANDIDATES}]. Repeat to sweep.")
 @click.option("--block-size", "-D", type=click.IntRange(min=2), default=None,
               help="Must be the D the model was trained for [default: the artifact's].")
 @click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=None,
@@ -277,8 +279,9 @@ def _parse_policies(ctx, param, value):
 @click.option("--json", "as_json", is_flag=True, help="Print bench.json to stdout instead of the table.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table.")
 @click.pass_context
-def bench(ctx, artifact, backend, device, runtime, prompts_file, num_prompts, policies, tau, min_prefix, block_size,
-          max_new_tokens, warmup, repeats, ignore_eos, strict, monitor, interval_ms, out_dir, as_json, quiet):
+def bench(ctx, artifact, backend, device, runtime, prompts_file, num_prompts, policies, tau, min_prefix, candidates,
+          block_size, max_new_tokens, warmup, repeats, ignore_eos, strict, monitor, interval_ms, out_dir, as_json,
+          quiet):
     """Benchmark AR and each decoding policy with power monitoring.
 
     Per route: decode tok/s, tokens per iteration, verifier-call rate, speedup over AR,
@@ -328,7 +331,7 @@ def bench(ctx, artifact, backend, device, runtime, prompts_file, num_prompts, po
         else:
             source = str(prompts_file)
         prompts = prompts[:num_prompts] if num_prompts else prompts
-        routes = B.make_routes(eng, policies, tau, min_prefix)
+        routes = B.make_routes(eng, policies, tau, min_prefix, candidates)
     except B.BenchError as e:
         raise click.ClickException(str(e)) from None
     out = Path(out_dir) if out_dir else Path(f"bench-{datetime.now():%Y%m%d-%H%M%S}")
