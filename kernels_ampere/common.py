@@ -100,6 +100,35 @@ def gdc_prologue(USE_GDC: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
+@triton.jit
+def prefetch_l2(ptrs, mask, USE_ASM: tl.constexpr):
+    """Ask the L2 for the 128-byte line of every address in ``ptrs`` where ``mask``: no
+    register is written and nothing waits, so a kernel can start all of its weights' DRAM
+    traffic at once. A no-op under the interpreter (no inline assembly there): the hint
+    never changes a result."""
+    if USE_ASM:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+            "=r,l,r",
+            [ptrs, mask.to(tl.int32)],
+            dtype=tl.int32,
+            is_pure=False,  # no result is used: an impure statement is kept
+            pack=1,
+        )
+
+
+@triton.jit
+def prefetch_rows_l2(row_ptrs, mask_rows, nbytes, LINES: tl.constexpr, USE_ASM: tl.constexpr):
+    """Prefetch into L2 the ``nbytes`` bytes that start at each of ``row_ptrs`` ([R] uint8
+    pointers, one program's slice of R weight rows), LINES 128-byte lines per row and step.
+    The last line of a row is asked for too when the slice does not start on a line."""
+    rl = tl.arange(0, LINES) * 128
+    for off in range(0, nbytes + 127, LINES * 128):
+        o = off + rl
+        prefetch_l2(row_ptrs[:, None] + tl.minimum(o, nbytes - 1)[None, :],
+                    mask_rows[:, None] & ((o < nbytes + 127) & (nbytes > 0))[None, :], USE_ASM)
+
+
 _PDL_ENABLED = [os.environ.get("BITMTP_PDL", "1") != "0"]
 
 

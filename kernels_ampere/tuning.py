@@ -50,6 +50,7 @@ class LinearConfig:
     num_warps: int = 4
     num_stages: int = 1
     split_k: int = 1  # K slices run by separate programs, summed in order by a second launch
+    prefetch: bool = False  # W2A8: each program asks the L2 for its weights before waiting (PDL)
 
     def __post_init__(self):
         if self.kernel not in (GEMV, DOT, ROWS, LANES, MMA):

@@ -69,7 +69,7 @@ import triton.language as tl
 from .numerics import int_matmul
 
 from .common import (check_dtype, check_launchable, check_packed_weight, check_residual, dp4a, dp4a_unsigned,
-                     gdc_prologue, is_interpreted, next_pow2, pdl_options, scale_strides, split_k_chunks,
+                     gdc_prologue, is_interpreted, next_pow2, pdl_options, prefetch_rows_l2, scale_strides, split_k_chunks,
                      split_k_reduce)
 from .packing import BYTES_PER_CHUNK, CHUNK_K, unpack_ternary
 from .tuning import DOT, GEMV, LANES, MMA, ROWS, LinearConfig, default_linear, linear_key, lookup, sm_count
@@ -96,13 +96,17 @@ def _w2a8_gemv_kernel(
     BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,  # rows per program, 128-chunks per K step
     USE_ASM: tl.constexpr,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
+    PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
 ):
-    gdc_prologue(USE_GDC)
     N_CHUNKS: tl.constexpr = (K + 127) // 128  # the last chunk may end in zero-weight padding
     m = tl.program_id(0)  # one activation row per program; rows of one N tile run side by side
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     c_lo = tl.program_id(2) * chunks_per_split
     c_hi = tl.minimum(c_lo + chunks_per_split, N_CHUNKS)
+    if PREFETCH:  # weights are constants: their DRAM traffic may start before the previous kernel ends
+        prefetch_rows_l2(w_ptr.to(tl.pointer_type(tl.uint8)) + rn * (stride_wn * 4) + c_lo * 32, rn < N,
+                         (c_hi - c_lo) * 32, 8, USE_ASM)
+    gdc_prologue(USE_GDC)
     rc = tl.arange(0, CHUNKS)
     rj = tl.arange(0, 8)  # word j of a chunk holds inputs 4j..4j+3 of each 32-wide lane
     mask_n = rn < N
@@ -185,15 +189,19 @@ def _w2a8_rows_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
     USE_ASM: tl.constexpr,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
+    PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
 ):
     """The gemv kernel with BLOCK_M activation rows per program: each weight word is loaded
     and decoded once and multiplies every row (dp4a), instead of once per row."""
-    gdc_prologue(USE_GDC)
     N_CHUNKS: tl.constexpr = (K + 127) // 128
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     c_lo = tl.program_id(2) * chunks_per_split
     c_hi = tl.minimum(c_lo + chunks_per_split, N_CHUNKS)
+    if PREFETCH:
+        prefetch_rows_l2(w_ptr.to(tl.pointer_type(tl.uint8)) + rn * (stride_wn * 4) + c_lo * 32, rn < N,
+                         (c_hi - c_lo) * 32, 8, USE_ASM)
+    gdc_prologue(USE_GDC)
     rc = tl.arange(0, CHUNKS)
     rj = tl.arange(0, 8)
     mask_n = rn < N
@@ -246,14 +254,18 @@ def _w2a8_dot_kernel(
     K: tl.constexpr,
     GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
+    USE_ASM: tl.constexpr = False,  # only the L2 prefetch is inline assembly here
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
+    PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
 ):
-    gdc_prologue(USE_GDC)
     N_CHUNKS: tl.constexpr = (K + 127) // 128
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     c_lo = tl.program_id(2) * chunks_per_split
     c_hi = tl.minimum(c_lo + chunks_per_split, N_CHUNKS)
+    if PREFETCH:
+        prefetch_rows_l2(w_ptr + rn * stride_wn + c_lo * 32, rn < N, (c_hi - c_lo) * 32, 8, USE_ASM)
+    gdc_prologue(USE_GDC)
     rb = tl.arange(0, 32)  # byte j of a chunk holds input 32i + j of lane i
     mask_m = rm < M
     mask_n = rn < N
@@ -304,6 +316,7 @@ def _w2a8_lanes_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
     USE_ASM: tl.constexpr,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
+    PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
 ):
     """dp4a over all BLOCK_M rows of the width with each weight word loaded and decoded once.
 
@@ -327,6 +340,9 @@ def _w2a8_lanes_kernel(
     w_rows = w_ptr + rn[:, None, None] * stride_wn + rj[None, None, :]
     a_rows = a_ptr + rm[:, None, None] * stride_am
 
+    if PREFETCH:
+        prefetch_rows_l2(w_ptr.to(tl.pointer_type(tl.uint8)) + rn * (stride_wn * 4) + c_lo * 32, mask_n,
+                         (c_hi - c_lo) * 32, 8, USE_ASM)
     c = c_lo + rc
     wt = tl.load(w_rows + c[None, :, None] * 8, mask=mask_n[:, None, None] & (c < c_hi)[None, :, None], other=0)
     gdc_prologue(USE_GDC)  # from here on the previous kernel's output (the activations) is visible
@@ -444,6 +460,7 @@ def _w2a8_mma_kernel(
     USE_ASM: tl.constexpr,
     ASUM_BY_DOT: tl.constexpr,  # group scales, or activation rows that are not whole aligned int32 words
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
+    PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
 ):
     """int8 tensor cores over all BLOCK_M (<= 128) rows of the width: each weight tile is
     loaded and decoded once for every row.
@@ -470,6 +487,8 @@ def _w2a8_mma_kernel(
     w_rows = w_ptr + rn[:, None] * stride_wn + rb[None, :]
     a_cols = a_ptr + rm[None, :] * stride_am + rb[:, None]
 
+    if PREFETCH:
+        prefetch_rows_l2(w_ptr + rn * stride_wn + c_lo * 32, rn < N, (c_hi - c_lo) * 32, 8, USE_ASM)
     # (rn * 0 + c): a scalar condition as a row vector, which the interpreter accepts in a mask too
     # the weights are constants: their first chunk is in flight before the wait
     wb = tl.load(w_rows + c_lo * 32, mask=mask_n & (rn * 0 + c_lo < c_hi)[:, None], other=0)
@@ -553,7 +572,8 @@ def w2a8_linear(
              and packed.stride(0) % 4 == 0 and packed.data_ptr() % 4 == 0)
     if config.kernel in WORD_KERNELS and not words:  # the byte-reading kernels take any K
         config = LinearConfig(MMA if config.kernel == LANES else DOT, block_n=64, block_kb=64, num_warps=4,
-                              num_stages=1 if config.kernel == LANES else 3, split_k=config.split_k)
+                              num_stages=1 if config.kernel == LANES else 3, split_k=config.split_k,
+                              prefetch=config.prefetch)
 
     out = torch.empty((m, n), dtype=out_dtype, device=a_int8.device)
     if m == 0 or n == 0:
@@ -587,7 +607,7 @@ def w2a8_linear(
         rows = {"BLOCK_M": max(16, min(next_pow2(m), cap))}  # tl.dot needs 16 rows at least
         grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, rows["BLOCK_M"]), n_split)
     check_launchable(kernel, a_int8, a_scale, packed, w_scale)
-    asm = {} if kernel is _w2a8_dot_kernel else {"USE_ASM": not is_interpreted(kernel)}
+    asm = {"USE_ASM": not is_interpreted(kernel), "PREFETCH": config.prefetch}
     if kernel is _w2a8_mma_kernel:
         asm["ASUM_BY_DOT"] = grouped or not words
     kernel[grid](

@@ -32,8 +32,8 @@ GEMV_MAX_M = 3  # gemv runs one program per row: past a few rows the tuner never
 def configs(grouped: bool, m: int = 1) -> list[LinearConfig]:
     """Both kernels, each without and with split-K (64 bytes = two 128-chunks per step)."""
     dot = [LinearConfig(DOT, 32, 64, num_warps=4, num_stages=2),
-           LinearConfig(DOT, 16, 32, num_warps=4, num_stages=2, split_k=3)]
-    gemv = [LinearConfig(GEMV, 16, 64, num_warps=2), LinearConfig(GEMV, 8, 64, num_warps=2, split_k=2)]
+           LinearConfig(DOT, 16, 32, num_warps=4, num_stages=2, split_k=3, prefetch=True)]
+    gemv = [LinearConfig(GEMV, 16, 64, num_warps=2), LinearConfig(GEMV, 8, 64, num_warps=2, split_k=2, prefetch=True)]
     return gemv + dot if m <= GEMV_MAX_M else dot
 
 
@@ -42,7 +42,7 @@ def w2a8_configs(grouped: bool, m: int = 1) -> list[LinearConfig]:
     the tensor-core kernel (two chunks per step), each without and with split-K."""
     rows = [LinearConfig(ROWS, 8, 64, num_warps=4), LinearConfig(ROWS, 4, 32, num_warps=2, split_k=3)]
     lanes = [LinearConfig(LANES, 8, 64, num_warps=2), LinearConfig(LANES, 4, 32, num_warps=2, split_k=3)]
-    mma = [LinearConfig(MMA, 32, 64, num_warps=4), LinearConfig(MMA, 16, 64, num_warps=4, split_k=2)]
+    mma = [LinearConfig(MMA, 32, 64, num_warps=4), LinearConfig(MMA, 16, 64, num_warps=4, split_k=2, prefetch=True)]
     return configs(grouped, m) + rows + lanes + mma
 
 
