@@ -607,13 +607,15 @@ def w2a8_linear(
         rows = {"BLOCK_M": max(16, min(next_pow2(m), cap))}  # tl.dot needs 16 rows at least
         grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, rows["BLOCK_M"]), n_split)
     check_launchable(kernel, a_int8, a_scale, packed, w_scale)
-    asm = {"USE_ASM": not is_interpreted(kernel), "PREFETCH": config.prefetch}
+    pdl = pdl_options(kernel)
+    # the prefetch overlaps the previous kernel: only worth its instructions under programmatic launch
+    asm = {"USE_ASM": not is_interpreted(kernel), "PREFETCH": config.prefetch and pdl["USE_GDC"]}
     if kernel is _w2a8_mma_kernel:
         asm["ASUM_BY_DOT"] = grouped or not words
     kernel[grid](
         a_in, a_scale, w_in, w_scale, target, res, m, n, per_split,
         a_in.stride(0), w_in.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),
-        **asm, **rows, **common, **pdl_options(kernel),
+        **asm, **rows, **common, **pdl,
     )
     if split:
         split_k_reduce(target, out, a_scale, None if grouped else w_scale, stride_sn, residual)

@@ -313,11 +313,18 @@ def test_untuned_defaults_follow_the_sm_count():
     orin, h200 = (default_linear(27, False, n=2560, k=6912, sms=s, generation="v1") for s in (8, 132))
     assert orin.kernel == h200.kernel == DOT and orin.split_k == 1 < h200.split_k
     assert default_linear(2, False, n=2560, k=2560, generation="v1").kernel == GEMV
+    # v3: gemv (prefetching) at M = 1, the pipelined tensor cores to M = 32 (sliced on an H200
+    # only), dot beyond
+    orin, h200 = (default_linear(1, False, n=2560, k=2560, sms=s, generation="v3") for s in (8, 132))
+    assert orin == h200 and h200.kernel == GEMV and h200.prefetch
+    orin, h200 = (default_linear(9, False, n=2560, k=6912, sms=s, generation="v3") for s in (8, 132))
+    assert orin.kernel == h200.kernel == MMA and h200.num_stages == 3 and orin.split_k == 1 < h200.split_k
+    assert default_linear(40, False, n=2560, k=2560, sms=132, generation="v3").kernel == DOT
     with pytest.raises(ValueError, match="generation"):
-        default_linear(1, False, generation="v3")
+        default_linear(1, False, generation="v9")
 
 
-@pytest.mark.parametrize("generation", ["v1", "v2"])
+@pytest.mark.parametrize("generation", ["v1", "v2", "v3"])
 @pytest.mark.parametrize("m", (1, 2, 9))
 def test_w2a8_defaults_of_both_generations_match_the_twin(generation, m):
     n, k = 72, 640
