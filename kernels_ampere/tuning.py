@@ -155,9 +155,9 @@ MMA_MAX_M = 32  # v3: widths on the pipelined tensor-core kernel; wider ones on 
 # Which W2A8 kernels the untuned default picks (BITMTP_W2A8_KERNELS):
 # "v1" = gemv (M <= 2) / dot; "v2" = lanes / mma without software pipelining;
 # "v3" = what the H200 measured fastest per width (tools/results/kernels.md: single large
-# matrices and the whole 2B stack, same run): gemv at M = 1 with the weights' L2 prefetch
-# before the programmatic-launch wait, ``mma`` pipelined over three stages for
-# M = 2..MMA_MAX_M (2-2.5x ``dot`` on large matrices there), ``dot`` beyond.
+# matrices and the whole 2B stack): gemv at M <= 2 (at M = 1 with the weights' L2 prefetch
+# before the programmatic-launch wait), ``mma`` pipelined over three stages for
+# M = 3..MMA_MAX_M (2-2.5x ``dot`` on large matrices there), ``dot`` beyond.
 W2A8_GENERATIONS = ("v1", "v2", "v3")
 W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v3")
 
@@ -170,11 +170,11 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     an Orin's 8-16 SMs get wide tiles and no split, an H200's 132 get narrow ones and slices.
     ``generation`` ("v1" / "v2" / "v3", W2A8 only): the kernels, default ``W2A8_DEFAULT_GENERATION``.
 
-    How the SM count enters (v3): at M = 1 every program streams 8 weight rows, so a GPU of
-    any size gets ~N/8 programs, hundreds of waves on an Orin and a few on an H200; from
-    M = 2 the tensor-core tiles are 64 rows wide and K is sliced until the tiles cover the
-    SMs about twice (an H200's 132 SMs slice the 2B shapes 2-3 ways, an Orin's 8-16 never),
-    each slice keeping three 2-chunk steps at least for the software pipeline.
+    How the SM count enters (v3): at M <= 2 every program streams 8 weight rows, so a GPU of
+    any size gets ~N/8 programs per row, hundreds of waves on an Orin and a few on an H200;
+    from M = 3 the tensor-core tiles are 64 rows wide and K is sliced until the tiles cover
+    the SMs once (an H200's 132 SMs slice the 2B shapes 1-4 ways, an Orin's 8-16 never),
+    each slice keeping five chunks at least for the three-stage software pipeline.
     """
     chunks = _cdiv(k, 128) if k else 0
     sms = sms or 132
@@ -183,13 +183,14 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
         raise ValueError(f"W2A8 kernel generation must be one of {W2A8_GENERATIONS} (BITMTP_W2A8_KERNELS), "
                          f"got {generation!r}")
     if not weight_only and generation == "v3":
-        if m <= 1:  # a whole row per step; the weights' L2 prefetch runs only under programmatic launch
+        if m <= 2:  # a whole row per step; the weights' L2 prefetch (at M = 1 only: it measured slower
+            # at M = 2, where two programs ask for the same rows) runs only under programmatic launch
             step = min(32, max(8, 1 << (chunks - 1).bit_length())) if chunks else 16
-            return LinearConfig(GEMV, block_n=8, block_kb=32 * step, num_warps=4, prefetch=True)
-        if m <= MMA_MAX_M:
+            return LinearConfig(GEMV, block_n=8, block_kb=32 * step, num_warps=4, prefetch=m == 1)
+        if m <= MMA_MAX_M:  # K slices until the 64-row tiles cover the SMs once, five chunks per slice at least
             split = 1
             if n and chunks:
-                split = max(1, min(_cdiv(2 * sms, _cdiv(n, 64)), chunks // 6, 8))
+                split = max(1, min(_cdiv(sms, _cdiv(n, 64)), chunks // 5, 8))
             return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split)
         generation = "v1"  # dot (M > MMA_MAX_M)
     if not weight_only and generation == "v1":

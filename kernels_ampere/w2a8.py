@@ -68,9 +68,9 @@ import triton.language as tl
 
 from .numerics import int_matmul
 
-from .common import (check_dtype, check_launchable, check_packed_weight, check_residual, dp4a, dp4a_unsigned,
-                     gdc_prologue, is_interpreted, next_pow2, pdl_options, prefetch_rows_l2, scale_strides, split_k_chunks,
-                     split_k_reduce)
+from .common import (apply_carveout, check_dtype, check_launchable, check_packed_weight, check_residual, dp4a,
+                     dp4a_unsigned, gdc_prologue, is_interpreted, next_pow2, pdl_options, prefetch_rows_l2,
+                     scale_strides, split_k_chunks, split_k_reduce)
 from .packing import BYTES_PER_CHUNK, CHUNK_K, unpack_ternary
 from .tuning import DOT, GEMV, LANES, MMA, ROWS, LinearConfig, default_linear, linear_key, lookup, sm_count
 
@@ -612,11 +612,12 @@ def w2a8_linear(
     asm = {"USE_ASM": not is_interpreted(kernel), "PREFETCH": config.prefetch and pdl["USE_GDC"]}
     if kernel is _w2a8_mma_kernel:
         asm["ASUM_BY_DOT"] = grouped or not words
-    kernel[grid](
+    compiled = kernel[grid](
         a_in, a_scale, w_in, w_scale, target, res, m, n, per_split,
         a_in.stride(0), w_in.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),
         **asm, **rows, **common, **pdl,
     )
+    apply_carveout(compiled)
     if split:
         split_k_reduce(target, out, a_scale, None if grouped else w_scale, stride_sn, residual)
     return out

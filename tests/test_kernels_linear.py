@@ -197,11 +197,50 @@ def test_w2a8_real_shapes_exact_on_gpu(n, k, m):
     _, packed = random_weight(n, k, gen)
     a, a_s = random_activations(m, k, gen)
     w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
-    new = [LinearConfig(MMA, 64, 64), LinearConfig(MMA, 32, 128, split_k=2)]
-    for cfg in [None, *([LinearConfig(LANES, 8, 256)] if m <= 4 else []), *new]:
+    new = [LinearConfig(MMA, 64, 64), LinearConfig(MMA, 32, 128, split_k=2),
+           LinearConfig(MMA, 64, 64, num_stages=3, split_k=3), LinearConfig(DOT, 64, 64, num_stages=3, prefetch=True)]
+    defaults = [default_linear(m, False, n=n, k=k, sms=torch.cuda.get_device_properties(0).multi_processor_count,
+                               generation=g) for g in ("v1", "v3")]
+    for cfg in [None, *defaults, *([LinearConfig(LANES, 8, 256, prefetch=True)] if m <= 4 else []), *new]:
         out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
         assert_exact(out, w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32),
                      f"{cfg} N={n} K={k} M={m}")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("m", (1, 2, 27))
+def test_w2a8_fixed_carveout_changes_no_bit(m):
+    """One L1 / shared split for every launch (common.shared_carveout), set and reset: the same bits."""
+    from kernels_ampere.common import shared_carveout
+
+    gen = torch.Generator().manual_seed(77 + m)
+    _, packed = random_weight(2560, 6912, gen)
+    a, a_s = random_activations(m, 6912, gen)
+    w_s = (0.5 + torch.rand(2560, generator=gen)).to(DEVICE)
+    ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32)
+    cfg = default_linear(m, False, n=2560, k=6912, sms=132, generation="v3")
+    try:
+        for percent in (100, 0, None):
+            shared_carveout(percent)
+            for _ in range(2):  # the preference holds from the launch after the one that sets it
+                assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg), ref,
+                             f"carveout {percent}")
+    finally:
+        shared_carveout(None)
+
+
+def test_shared_carveout_switch_checks_its_argument():
+    from kernels_ampere.common import shared_carveout
+
+    before = shared_carveout()
+    try:
+        assert shared_carveout(50) == 50 and shared_carveout() == 50
+        with pytest.raises(ValueError, match="0..100"):
+            shared_carveout(101)
+    finally:
+        shared_carveout(before)
+    assert shared_carveout() == before
 
 
 @pytest.mark.gpu
@@ -313,8 +352,8 @@ def test_untuned_defaults_follow_the_sm_count():
     orin, h200 = (default_linear(27, False, n=2560, k=6912, sms=s, generation="v1") for s in (8, 132))
     assert orin.kernel == h200.kernel == DOT and orin.split_k == 1 < h200.split_k
     assert default_linear(2, False, n=2560, k=2560, generation="v1").kernel == GEMV
-    # v3: gemv (prefetching) at M = 1, the pipelined tensor cores to M = 32 (sliced on an H200
-    # only), dot beyond
+    # v3: gemv (prefetching at M = 1) to M = 2, the pipelined tensor cores to M = 32 (sliced
+    # on an H200 only), dot beyond
     orin, h200 = (default_linear(1, False, n=2560, k=2560, sms=s, generation="v3") for s in (8, 132))
     assert orin == h200 and h200.kernel == GEMV and h200.prefetch
     orin, h200 = (default_linear(9, False, n=2560, k=6912, sms=s, generation="v3") for s in (8, 132))

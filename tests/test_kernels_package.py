@@ -65,7 +65,8 @@ def test_fallbacks_and_candidates_are_valid_configs():
         for grouped in (False, True):
             assert tuning.default_linear(m, grouped, generation="v1").kernel == (GEMV if m <= 2 else DOT)
             v3 = tuning.default_linear(m, grouped, n=2560, k=2560, generation="v3")
-            assert v3.kernel == (GEMV if m == 1 else tuning.MMA if m <= tuning.MMA_MAX_M else DOT)
+            assert v3.kernel == (GEMV if m <= 2 else tuning.MMA if m <= tuning.MMA_MAX_M else DOT)
+            assert v3.prefetch == (m == 1)
             assert tuning.default_linear(m, grouped, weight_only=True).kernel == (GEMV if m == 1 else DOT)
             for n, k in ((2560, 6912), (13824, 2560), (1024, 2048)):
                 cfg = tuning.default_linear(m, grouped, n=n, k=k)

@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kernels_ampere import pack_ternary, tuning  # noqa: E402
+from kernels_ampere.common import shared_carveout  # noqa: E402
 from kernels_ampere.autotune import GraphTimer, precompile  # noqa: E402
 from kernels_ampere.numerics import quantize_activations, quantize_rows_int8  # noqa: E402
 from tools.kernel_probe import best_large, fixed_cost, floor_rows, large_candidates, large_rows  # noqa: E402
@@ -56,9 +57,12 @@ from tools.kernel_stack import (BOARDS, ORIN_LAUNCH_US, STACK_MODELS, STACK_WIDT
                                 scheme_configs, sm_clock_mhz, stack_row, sweep)
 
 # before = the previous release's table; shipped = what a call without a config launches now;
-# +pf = the same launches with the L2 prefetch before the programmatic-launch wait
-STACK_SCHEMES = ("before (tuned table)", "shipped", "shipped+pf", "v1 untuned", "v1 untuned+pf", "v2 untuned",
-                 "v2 untuned+pf")
+# +pf = the same launches with the L2 prefetch before the programmatic-launch wait;
+TABLE_SCHEMES = ("tuned", "before (tuned table)", "v1 untuned", "v1 untuned+pf", "v3 untuned")
+CARVEOUT_PERCENT = 100  # the '+co' schemes: every W2A8 launch prefers the largest shared-memory split
+# +co = the same launches with one fixed L1 / shared-memory split for every W2A8 kernel
+STACK_SCHEMES = ("before (tuned table)", "shipped", "v1 untuned", "v1 untuned+pf", "v2 untuned", "v3 untuned",
+                 "shipped+co")
 LEGACY_TABLE = ROOT / "tools" / "results" / "legacy_tuned_nvidia_h200.json"
 
 WIDTHS = (1, 5, 9, 17)
@@ -329,6 +333,28 @@ def git_commit() -> str:
         return "unknown"
 
 
+def table_entries(st: Stack, m: int, measured: dict, isolated: dict) -> list[dict]:
+    """This GPU's table entries for the stack's shapes at width ``m``: the launches of the
+    scheme whose *whole stack* ran fastest among those a table can hold (the per-shape sweep's
+    picks, the previous table, the untuned defaults). Per-shape winners timed alone can lose
+    in the stack (consecutive launches of different kernels interact), so the stack decides."""
+    options = {sc: v for sc, v in measured.items() if sc in TABLE_SCHEMES}
+    if not options:
+        return []
+    winner = min(options, key=lambda sc: options[sc][0])
+    stack_us, cfgs = options[winner]
+    out = []
+    for name, n, k, g in st.shapes:
+        key = tuning.linear_key(n, k, m, g)
+        us = isolated.get((json.dumps(key, sort_keys=True), json.dumps(asdict(cfgs[name]), sort_keys=True)))
+        out.append({**tuning.record("w2a8_linear", key, cfgs[name], us if us is not None else float("nan")),
+                    "stack_scheme": winner, "stack_us": round(stack_us, 1)})
+        if us is None:
+            out[-1]["us"] = None  # not timed alone
+    log(f"table M={m}: the launches of '{winner}' ({stack_us:.1f} us per stack step)")
+    return out
+
+
 class Run:
     def __init__(self, args):
         self.args = args
@@ -398,28 +424,37 @@ class Run:
             except Exception as e:  # the timing run compiles what is missing itself
                 log(f"precompile failed: {e!r}")
             log(f"{model}: {len(jobs)} launches precompiled in {time.time() - t0:.0f} s")
-            chosen = {}
+            chosen, isolated = {}, {}
             for m in widths:  # width by width: a run cut short keeps every width it finished
                 if a.sweep:
-                    picked, entries, tlog = sweep(st, (m,), self.tune_timer, log)
+                    picked, _, tlog = sweep(st, (m,), self.tune_timer, log)
                     chosen.update(picked)
-                    self.tuned += entries
                     self.tune_log += tlog
+                    isolated.update({(json.dumps(t["key"], sort_keys=True), json.dumps(c["config"], sort_keys=True)):
+                                     c["us"] for t in tlog for c in t["tried"] if "us" in c})
                 st.set_width(m)
+                measured = {}
                 for scheme in schemes:
-                    cfgs = scheme_configs(st, scheme, m, legacy, chosen)
+                    fixed_split = scheme.endswith("+co")  # every W2A8 launch asks for the same L1 / shared split
+                    cfgs = scheme_configs(st, scheme[:-3] if fixed_split else scheme, m, legacy, chosen)
+                    shared_carveout(CARVEOUT_PERCENT if fixed_split else None)
                     try:
                         st.check(cfgs)
                         row = stack_row(st, scheme, m, st.time_us(timer, cfgs), self.meta["copy_gbps"], sms, mhz, cfgs)
                         fc = fixed_cost(row["us"], st.shapes, st.layers, m, best)
                         row["fixed_us_per_linear"] = round(fc, 2) if fc is not None else None
+                        measured[scheme] = (row["us"], cfgs)
                     except Exception as e:
                         row = {"section": "stack", "model": model, "scheme": scheme, "M": m,
                                "error": f"{type(e).__name__}: {e}"[:300]}
+                    finally:
+                        shared_carveout(None)
                     self.stack_rows.append(row)
                     log(f"stack {model:<11} M={m:<3} {scheme:<21} " + (
                         f"{row['us']:9.1f} us {row['packed_gbps']:7.0f} GB/s {row['weights_per_sm_clock']} w/SM-clk"
                         if "us" in row else row["error"]))
+                if a.sweep:
+                    self.tuned += table_entries(st, m, measured, isolated)
                 def rate_of(name, n, k, m):  # the large-shape rate of the same K and width
                     big = best.get((2560 if k <= 4096 else 6912, m))
                     return big["weights_per_sm_clock"] if big else None
@@ -607,10 +642,17 @@ def summarize(rows: list[dict], copy_gbps: float, stack_rows: list[dict] = ()) -
         worst = max(got[m]["us"] / got[1]["us"] for m in got if m <= 80)
         out[f"2b_stack_{tag}_worst_M_over_M1"] = round(worst, 3)
         out[f"target_{tag}_every_M_within_1.5x_of_M1"] = worst <= 1.5
-    # the untuned default (the default generation, no table) against the best tuned launch
+    # the untuned default (the default generation, no table) against the table: per width the
+    # fastest stack of the schemes a table can hold (bench_kernels.table_entries)
     untuned_name = f"{tuning.W2A8_DEFAULT_GENERATION} untuned"
-    tuned = {m: r["us"] for (sc, m), r in stack.items() if sc == ("tuned" if any(
-        sc2 == "tuned" for sc2, _ in stack) else "shipped")}
+    tuned = {}
+    for (sc, m), r in stack.items():
+        if sc in TABLE_SCHEMES and (m not in tuned or r["us"] < tuned[m]):
+            tuned[m] = r["us"]
+    if tuned:
+        out["2b_stack_table_us"] = {m: tuned[m] for m in sorted(tuned)}
+        out["2b_stack_table_worst_M_over_M1"] = round(max(v / tuned[1] for v in tuned.values()), 3) if 1 in tuned \
+            else None
     untuned = {m: r["us"] for (sc, m), r in stack.items() if sc == untuned_name}
     common = sorted(set(tuned) & set(untuned))
     if common:
@@ -618,10 +660,12 @@ def summarize(rows: list[dict], copy_gbps: float, stack_rows: list[dict] = ()) -
         out["2b_untuned_over_tuned_worst"] = round(worst, 3)
         out["target_untuned_within_15pct_of_tuned"] = worst <= 1.15
     before = {m: r["us"] for (sc, m), r in stack.items() if sc == "before (tuned table)"}
-    shipped = {m: r["us"] for (sc, m), r in stack.items() if sc == "shipped"}
-    if before and shipped:
-        out["2b_stack_speedup_shipped_vs_before"] = {m: round(before[m] / shipped[m], 2)
-                                                    for m in sorted(set(before) & set(shipped))}
+    if before and tuned:
+        out["2b_stack_speedup_table_vs_before"] = {m: round(before[m] / tuned[m], 2)
+                                                  for m in sorted(set(before) & set(tuned))}
+    if before and untuned:
+        out["2b_stack_speedup_untuned_vs_before"] = {m: round(before[m] / untuned[m], 2)
+                                                    for m in sorted(set(before) & set(untuned))}
     m1 = [us(n, 1, "w2a8") for n in BITNET_SHAPE_NAMES]
     if all(v is not None for v in m1):
         out["bitnet_w2a8_total_us_M1"] = round(sum(m1), 2)

@@ -27,7 +27,7 @@ import triton.language as tl
 from kernels_ampere import tuning
 from kernels_ampere.autotune import GraphTimer, LinearBench
 from kernels_ampere.common import gdc_prologue, pdl_options, programmatic_launch
-from kernels_ampere.tuning import DOT, GEMV, LANES, MMA, ROWS, LinearConfig
+from kernels_ampere.tuning import DOT, GEMV, LANES, MMA, LinearConfig
 
 LARGE_SHAPES = (("8 x w13 (K 2560)", 8 * 13824, 2560), ("8 x w2 (K 6912)", 8 * 2560, 6912))
 FLOOR_CHAIN = 256  # launches per captured graph
@@ -68,23 +68,17 @@ def floor_rows(timer: GraphTimer, sms: int) -> list[dict]:
 
 
 def large_candidates(m: int) -> list[tuple[str, LinearConfig]]:
-    """(family, config) timed on the large shapes: each family's default tile and a few
-    others, and the default tile with the L2 prefetch before the programmatic-launch wait."""
+    """(family, config) timed on the large shapes: each family's tiles that won somewhere in a
+    wider first sweep (2026-11-30; ``lanes`` and unpipelined ``mma`` lost at every width), and
+    gemv with the L2 prefetch before the programmatic-launch wait."""
     out = []
     if m <= 2:
         out += [("gemv", LinearConfig(GEMV, 8, 1024)), ("gemv", LinearConfig(GEMV, 16, 1024)),
-                ("gemv+pf", LinearConfig(GEMV, 8, 1024, prefetch=True))]
-    if m <= 8:
-        out += [("lanes", LinearConfig(LANES, 8, 256)), ("lanes", LinearConfig(LANES, 16, 256)),
-                ("lanes+pf", LinearConfig(LANES, 16, 256, prefetch=True))]
-    if 3 <= m <= 16:
-        out += [("rows", LinearConfig(ROWS, 8, 256))]
+                ("gemv+pf", LinearConfig(GEMV, 8, 1024, prefetch=True)), ("lanes", LinearConfig(LANES, 16, 256))]
+    if m <= 48:
+        out += [("mma", LinearConfig(MMA, 64, 64, 4, 3)), ("mma", LinearConfig(MMA, 64, 128, 4, 2))]
     if m >= 2:
-        out += [("dot", LinearConfig(DOT, 64, 64, num_stages=3)), ("dot", LinearConfig(DOT, 128, 64, 8, 3)),
-                ("dot+pf", LinearConfig(DOT, 64, 64, 4, 3, prefetch=True))]
-    out += [("mma", LinearConfig(MMA, 64, 64)), ("mma", LinearConfig(MMA, 32, 64)), ("mma", LinearConfig(MMA, 128, 64, 8)),
-            ("mma", LinearConfig(MMA, 64, 64, 4, 3)), ("mma", LinearConfig(MMA, 64, 128, 4, 2)),
-            ("mma+pf", LinearConfig(MMA, 64, 64, prefetch=True))]
+        out += [("dot", LinearConfig(DOT, 64, 64, num_stages=3)), ("dot", LinearConfig(DOT, 128, 64, 8, 3))]
     return out
 
 
