@@ -11,9 +11,12 @@ byte ``32*g + j`` of a row holds, in bits ``2i..2i+1``, the code ``c = W + 1`` o
 decoding is a shift and a mask, nothing more.
 
 Five kernels, picked per (N, K, M) by the tuned table (``tuning.py``) or, without one, by
-``tuning.default_linear`` from the shape and the SM count. Two generations:
+``tuning.default_linear`` from the shape and the SM count. The untuned default ("v3",
+``BITMTP_W2A8_KERNELS``) is what the H200 measured fastest per width on the whole 2B stack
+(tools/results/kernels.md): ``gemv`` at M <= 2 (with the L2 prefetch below at M = 1),
+``mma`` with three software-pipeline stages at M = 3..32, ``dot`` beyond.
 
-v1 (measured on the H200, the untuned default today):
+v1:
 
 * ``gemv`` (M = 1, 2): one activation row per program, a ``[BLOCK_N, CHUNKS, 8]`` tile of
   int32 words per K step. Word ``j`` of chunk ``c`` holds, in lane ``i``, the codes of the
@@ -28,8 +31,7 @@ v1 (measured on the H200, the untuned default today):
   dot's first operand ("swap AB"): N fills the tensor-core M side, the width pads to 16;
   rows beyond 64 take a second tile (the weights decoded again).
 
-v2 (issue 15: fewer integer instructions per weight, every width decoded once; exact
-against the twin under the interpreter, ``BITMTP_W2A8_KERNELS=v2`` makes it the default):
+v2 (issue 15: fewer integer instructions per weight, every width decoded once):
 
 * ``lanes`` (M <= 8): dp4a with each lane *masked in place* (``word & (3 << 2i)·0x01010101``,
   no shift; lane i sums into its own accumulator, divided by ``4^i`` once at the end), all
@@ -46,7 +48,15 @@ against the twin under the interpreter, ``BITMTP_W2A8_KERNELS=v2`` makes it the 
 
 Both v2 kernels load their first weight step *before* waiting for the previous kernel
 (``gdc_prologue``): the weights are constants, so under programmatic dependent launch
-(sm_90+) their DRAM latency overlaps the previous kernel's tail.
+(sm_90+) their DRAM latency overlaps the previous kernel's tail. ``mma`` needs
+``num_stages=3`` (Triton's software pipeline over the chunk loop): unpipelined it waits on
+every chunk's load and ran at a third of the speed on the H200.
+
+``LinearConfig.prefetch`` (every kernel; acted on only under programmatic launch): before the
+wait, each program asks the L2 for its whole weight slice (``common.prefetch_rows_l2``, one
+``prefetch.global.L2`` per 128-byte line, no registers), so all of its DRAM traffic can start
+during the previous kernel. Measured: -5% on the 2B stack at M = 1, slower at M = 2 and on
+large matrices; only the M = 1 default uses it.
 
 K need not be a multiple of 128: packed rows end in zero-weight padding (``packing.py``),
 and every kernel reads the activations beyond K as 0.

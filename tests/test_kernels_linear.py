@@ -40,8 +40,10 @@ def configs(grouped: bool, m: int = 1) -> list[LinearConfig]:
 def w2a8_configs(grouped: bool, m: int = 1) -> list[LinearConfig]:
     """Every W2A8 kernel: the shared two, the multi-row gemv, the masked-lane dp4a kernel and
     the tensor-core kernel (two chunks per step), each without and with split-K."""
-    rows = [LinearConfig(ROWS, 8, 64, num_warps=4), LinearConfig(ROWS, 4, 32, num_warps=2, split_k=3)]
-    lanes = [LinearConfig(LANES, 8, 64, num_warps=2), LinearConfig(LANES, 4, 32, num_warps=2, split_k=3)]
+    # split variants: 16-row tiles (N = 40, 72: a partial last tile) and two-chunk steps over
+    # three slices of a 5-chunk K (the last slice ends mid-step); few programs for the interpreter
+    rows = [LinearConfig(ROWS, 8, 64, num_warps=4), LinearConfig(ROWS, 16, 64, num_warps=2, split_k=3)]
+    lanes = [LinearConfig(LANES, 8, 64, num_warps=2), LinearConfig(LANES, 16, 64, num_warps=2, split_k=3)]
     mma = [LinearConfig(MMA, 32, 64, num_warps=4), LinearConfig(MMA, 16, 64, num_warps=4, split_k=2, prefetch=True)]
     return configs(grouped, m) + rows + lanes + mma
 

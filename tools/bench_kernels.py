@@ -1,4 +1,11 @@
-"""Kernel micro-benchmarks on one GPU (issue 4): W2A8 / W2A16 linears, heads, attention, quant.
+"""Kernel micro-benchmarks on one GPU (issues 4, 15): W2A8 / W2A16 linears, heads, attention, quant.
+
+Sections (``--only``, in this order): ``floor`` (µs per launch of empty kernels and of the
+smallest W2A8 launch, tools/kernel_probe.py), ``large`` (single very large matrices: the
+kernels' sustained weights per SM-clock), ``stack`` (the Orin proxy: a model's whole stack of
+ternary linears per launch scheme and width, tools/kernel_stack.py; with ``--sweep`` the
+table of this GPU gets, per width, the launches of the stack-fastest scheme), then the
+per-kernel sections below. The Orin projection uses the large-matrix rates.
 
 For each layer shape of BitNet-2B and Bonsai-1.7B, the LM head, and widths M in {1, 5, 9, 17}:
 

@@ -11,9 +11,10 @@ reads its weights from DRAM, as a decode step does. Reported per (scheme, M):
 * **weights per SM-clock** = ternary weights / (time · SMs · SM clock): the rate a kernel must
   sustain to be bandwidth-bound on a GPU whose bytes per SM-clock are known (4 weights per
   byte): Orin NX 16GB ≈ 56, AGX Orin 64GB ≈ 39, Orin Nano 8GB ≈ 54, H200 ≈ 74;
-* schemes: ``before`` (the gemv / dot kernels of the previous release with their shipped
-  table or their untuned heuristic), ``untuned`` (the current kernels with the defaults a GPU
-  without a table gets) and ``tuned`` (this GPU's table, or this run's ``--sweep``).
+* schemes (``scheme_configs``): ``before (tuned table)`` (the previous release's table),
+  ``shipped`` (what a call without a config launches now), ``vN untuned`` (generation N's
+  SM-count defaults), ``tuned`` (this run's per-shape ``--sweep`` picks); a ``+pf`` suffix
+  turns on the L2 prefetch, ``+co`` (bench_kernels) one fixed L1/shared split.
 
 Orin projection (``project``): per call ``t = max(bytes / (η · BW), weights / (r · SMs · f)) + o``
 summed over the stack, where BW, SMs and f are the board's, η = 0.8 the share of the DRAM
