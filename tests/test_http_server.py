@@ -18,7 +18,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from bitmtp_edge.app.http_server import ServerConfig, create_app, make_server  # noqa: E402
+from bitmtp_edge.app.http_server import EventPipe, ServerConfig, create_app, make_server  # noqa: E402
 from bitmtp_edge.runtime.engine import Engine  # noqa: E402
 from tests.helpers import artifact_tensors, manifest_for, random_model, reference_backend  # noqa: E402
 
@@ -146,6 +146,91 @@ def test_streaming_equals_non_streaming(live, sampling):
     assert last.choices[0].finish_reason == whole.choices[0].finish_reason
     assert last.usage.completion_tokens == whole.usage.completion_tokens
     assert all(c.usage is None for c in chunks[:-1])
+
+
+class _CountingLoop:
+    """An event loop's stand-in for EventPipe that counts the worker's wake-ups."""
+
+    def __init__(self, loop):
+        self.loop, self.wakeups = loop, 0
+
+    def call_soon_threadsafe(self, *a):
+        self.wakeups += 1
+        return self.loop.call_soon_threadsafe(*a)
+
+    def __getattr__(self, name):
+        return getattr(self.loop, name)
+
+
+def test_event_pipe_wakes_the_loop_only_for_a_waiting_reader():
+    import asyncio
+
+    async def scenario():
+        loop = _CountingLoop(asyncio.get_running_loop())
+        pipe = EventPipe(loop)
+        # Nobody waits: 100 posts from the worker thread pile up without one wake-up.
+        worker = threading.Thread(target=lambda: [pipe.post("delta", f"p{i} ") for i in range(100)])
+        worker.start()
+        worker.join()
+        assert loop.wakeups == 0
+        assert await pipe.take() == [("delta", f"p{i} ") for i in range(100)]
+        # A JSON reader waits for the end only: 50 deltas and the end wake it once.
+        waiting = asyncio.ensure_future(pipe.take(final_only=True))
+        await asyncio.sleep(0.01)
+        worker = threading.Thread(target=lambda: [pipe.post("delta", "x") for _ in range(50)] + [pipe.post("done", 7)])
+        worker.start()
+        batch = await asyncio.wait_for(waiting, 10)
+        worker.join()
+        assert loop.wakeups == 1 and len(batch) == 51 and batch[-1] == ("done", 7)
+        # A rate-limited stream reader: its timeout hands over what piled up, end or not.
+        pipe = EventPipe(loop)
+        pipe.post("delta", "a")
+        pipe.post("delta", "b")
+        t0 = time.perf_counter()
+        assert await pipe.take(final_only=True, timeout=0.05) == [("delta", "a"), ("delta", "b")]
+        assert time.perf_counter() - t0 >= 0.04
+        assert await pipe.take(final_only=True, timeout=0.01) == []  # nothing came
+        later = asyncio.ensure_future(pipe.take())
+        await asyncio.sleep(0.01)
+        pipe.post("delta", "c")  # the reader waits for anything now: woken at once
+        assert await asyncio.wait_for(later, 10) == [("delta", "c")]
+
+    asyncio.run(scenario())
+
+
+@pytest.fixture(scope="module", params=[0.0, 30.0], ids=["interval0", "interval30s"])
+def interval_server(request, artifact):
+    engine = Engine.load(artifact, backend="reference", device="cpu")
+    server = LiveServer(engine, ServerConfig(model_name=MODEL, max_tokens=16, max_tokens_limit=512,
+                                             stream_interval_s=request.param))
+    yield server, request.param
+    server.stop()
+
+
+def test_coalesced_chunks_concatenate_to_the_same_text(interval_server, oracle):
+    live, interval = interval_server
+    client = live.client()
+    kw = dict(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stop=["t40"],
+              extra_body={"policy": "speculative"})
+    whole = client.completions.create(**kw)
+    assert whole.choices[0].text == oracle.generate(PROMPT, max_new_tokens=24, policy="ar", stop=["t40"]).text
+    t0 = time.perf_counter()
+    chunks = list(client.completions.create(stream=True, **kw))
+    elapsed = time.perf_counter() - t0
+    texts = [c.choices[0].text for c in chunks if c.choices[0].text]
+    assert "".join(texts) == whole.choices[0].text
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    if interval:
+        # The first piece goes out at once, everything after it shares one chunk, and the
+        # request's end does not wait for the interval.
+        assert len(texts) <= 2 and elapsed < interval / 2
+    chat = dict(model=MODEL, messages=[{"role": "user", "content": "t30 t31 t32"}], max_tokens=12, temperature=0,
+                extra_body={"policy": "hybrid", "tau": 0.2, "min_prefix": 2})
+    whole = client.chat.completions.create(**chat).choices[0].message.content
+    chunks = list(client.chat.completions.create(stream=True, **chat))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole and whole
 
 
 def test_chat_applies_the_template(live, oracle):

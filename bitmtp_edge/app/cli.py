@@ -456,11 +456,14 @@ def doctor(artifact, as_json):
               help="HTTP: requests that may wait behind the running one; more get 503.")
 @click.option("--monitor", type=click.Choice(["none", *MONITOR_CHOICES]), default="none", show_default=True,
               help="HTTP: a power source for /metrics (watts, joules per token).")
+@click.option("--stream-interval-ms", type=click.FloatRange(min=0, max=1000), default=5.0, show_default=True,
+              help="HTTP streaming: at most one SSE chunk per this many ms; tokens decoded faster share a chunk "
+                   "(0: a chunk per wake-up of the server's event loop).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True, help="One log line per request at info.")
 @click.option("--no-warmup", is_flag=True, help="Skip the warm-up generations at start.")
 def serve(artifact, backend, device, runtime, host, port, socket_path, policy, max_new_tokens, model_name, max_queue,
-          monitor, log_level, no_warmup):
+          monitor, stream_interval_ms, log_level, no_warmup):
     """Keep one model loaded (graphs captured, kernels warm) and answer requests: with
     --port, the OpenAI HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics); else JSON lines {"prompt": ..., "max_new_tokens": 64} on a
@@ -483,7 +486,7 @@ def serve(artifact, backend, device, runtime, host, port, socket_path, policy, m
     default_policy = policy_for(eng, policy)
     if port is not None:
         _serve_http(eng, host or "127.0.0.1", port, default_policy, max_new_tokens, model_name, max_queue, monitor,
-                    log_level, artifact is None, t0)
+                    log_level, artifact is None, t0, stream_interval_ms / 1e3)
         return
     defaults = ServeDefaults(policy=default_policy, max_new_tokens=max_new_tokens)
     where = socket_path or "stdin"
@@ -512,7 +515,8 @@ def serve(artifact, backend, device, runtime, host, port, socket_path, policy, m
         server.server_close()
 
 
-def _serve_http(eng, host, port, policy, max_new_tokens, model_name, max_queue, monitor, log_level, embedded, t0):
+def _serve_http(eng, host, port, policy, max_new_tokens, model_name, max_queue, monitor, log_level, embedded, t0,
+                stream_interval_s):
     from .http_server import ServerConfig, create_app, generation_defaults, make_server
 
     handler = logging.StreamHandler()
@@ -530,7 +534,7 @@ def _serve_http(eng, host, port, policy, max_new_tokens, model_name, max_queue, 
             raise click.ClickException(f"--monitor {monitor}: {e}; choose another source or --monitor none") from None
     name = model_name or ("bitmtp-embedded" if embedded else eng.path.name)
     config = ServerConfig(model_name=name, policy=policy, max_tokens=max_new_tokens, max_queue=max_queue,
-                          sampling_defaults=generation_defaults(eng))
+                          stream_interval_s=stream_interval_s, sampling_defaults=generation_defaults(eng))
     server = make_server(create_app(eng, config, sampler), host, port, log_level)
     click.echo(f"bitmtp serve: model {name!r} ({eng.backend.name}/{eng.device}) ready in "
                f"{time.perf_counter() - t0:.1f} s on http://{host}:{port}/v1", err=True)

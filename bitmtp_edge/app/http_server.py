@@ -12,9 +12,17 @@ before queueing and answered 400 with what to change. A client that disconnects 
 job's cancel flag; the decode loop reads it before every iteration, so the engine is free
 again one iteration later (or the job is dropped from the queue unrun).
 
-The event loop never touches the engine: the worker posts each generation's text pieces
-into the request's asyncio queue (``call_soon_threadsafe``), and the request handler turns
-them into one JSON body or SSE chunks.
+The event loop never touches the engine: the worker appends each generation's text pieces
+to the request's ``EventPipe`` and the request handler turns them into one JSON body or SSE
+chunks. **Per token the worker only appends under a lock**: waking the event loop costs a
+self-pipe write plus the loop's Python work, which competes with the decode loop for the
+GIL right when it launches the next step (on the H200, a chunk per token slowed the 250 µs
+AR step by ~17 µs; one chunk per 5 ms by ~7 µs: tools/results/serve.md). So the loop is
+woken only when the reader waits for it; a streaming reader takes whatever piled up at
+most once per ``stream_interval_s`` (tokens decoded faster than that share one SSE chunk,
+as OpenAI's protocol allows: a chunk's text may hold several tokens), and a JSON reader
+only at the end. A slow decoder (a token per interval or slower) still streams token by
+token, and the request's end wakes the reader at once.
 """
 
 from __future__ import annotations
@@ -46,6 +54,9 @@ class ServerConfig:
     max_tokens: int = 128  # when a request gives none
     max_tokens_limit: int = 4096
     max_queue: int = 16  # requests waiting behind the running one
+    # Streaming: at most one SSE chunk per this many seconds (0: one per wake-up, each
+    # carrying whatever the worker posted meanwhile); see EventPipe.
+    stream_interval_s: float = 0.005
     sampling_defaults: dict = field(default_factory=lambda: {"temperature": 1.0})
 
 
@@ -79,6 +90,70 @@ class BadRequest(Exception):
 
 # --- the worker ---------------------------------------------------------------------------------
 
+FINAL_EVENTS = frozenset({"done", "error", "cancelled"})  # a job's last event is one of these
+
+
+class EventPipe:
+    """One job's events, from the worker thread to the event loop, in batches.
+
+    ``post`` (worker thread) appends under a lock and wakes the loop only when a reader is
+    waiting for that kind of event; ``take`` (event loop) returns everything that piled up,
+    waiting first if nothing has. Events: ("delta", text), ("done", stats),
+    ("error", status, message), ("cancelled",)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple] = []
+        self._ended = False  # a final event is among the items
+        self._waiter: asyncio.Future | None = None
+        self._final_only = False  # the waiter wants only the job's end
+
+    def post(self, *event) -> None:
+        final = event[0] in FINAL_EVENTS
+        with self._lock:
+            self._items.append(event)
+            self._ended = self._ended or final
+            waiter = self._waiter
+            if waiter is None or (self._final_only and not final):
+                return  # the reader will look when it comes back
+            self._waiter = None
+        try:
+            self._loop.call_soon_threadsafe(_resolve, waiter)
+        except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
+            pass
+
+    async def take(self, final_only: bool = False, timeout: float | None = None) -> list[tuple]:
+        """Every event posted since the last take. Waits while there is none (``final_only``:
+        until the job's end) or until ``timeout`` seconds; may then return [] or a batch
+        without the end."""
+        with self._lock:
+            if self._items and (self._ended or not final_only):
+                return self._take()
+            waiter = self._waiter = self._loop.create_future()
+            self._final_only = final_only
+        timer = self._loop.call_later(timeout, _resolve, waiter) if timeout is not None else None
+        try:
+            await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            with self._lock:
+                if self._waiter is waiter:
+                    self._waiter = None
+        with self._lock:
+            return self._take()
+
+    def _take(self) -> list[tuple]:
+        items, self._items = self._items, []
+        return items
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 @dataclass
 class Job:
     rid: str
@@ -87,15 +162,26 @@ class Job:
     decode_kw: dict  # max_new_tokens, policy, tau, min_prefix, sampling
     stop: list[str]
     loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    events: EventPipe = field(init=False)
     cancel: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
+    started: float | None = None  # the worker took it
+    finished: float | None = None  # the worker posted its end
+
+    def __post_init__(self):
+        self.events = EventPipe(self.loop)
 
     def post(self, *event) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
-            pass
+        self.events.post(*event)
+
+    def report(self, stats) -> dict:
+        """The response's ``bitmtp`` field: the decoding stats plus the server's own times
+        from admission (request checked and tokenised): waiting in the queue, and until the
+        end was handed to the response."""
+        out = stats.to_dict()
+        if self.started is not None and self.finished is not None:
+            out["queue_s"], out["server_s"] = self.started - self.submitted, self.finished - self.submitted
+        return out
 
 
 class Worker:
@@ -154,6 +240,7 @@ class Worker:
         from ..runtime.decoding import DecodeStats, DecodingError
         from ..runtime.detokenize import TextStream
 
+        job.started = time.perf_counter()
         stats = DecodeStats()
         text = TextStream(self.engine.tokenizer, job.stop)
         started = time.monotonic()
@@ -189,6 +276,7 @@ class Worker:
                  job.rid, job.endpoint, job.decode_kw["policy"], stats.prompt_tokens, stats.new_tokens,
                  stats.decode_tokens_per_s, stats.tokens_per_iteration, _per_pass(stats), stats.finish_reason,
                  1e3 * (time.perf_counter() - job.submitted))
+        job.finished = time.perf_counter()
         job.post("done", stats)
 
 
@@ -383,7 +471,7 @@ def create_app(engine: Engine, config: ServerConfig, sampler: Sampler | None = N
             return StreamingResponse(_stream_completion(job, config, body), media_type="text/event-stream")
         return await _collect(job, request, lambda text, stats: oa.completion(
             job.rid, config.model_name, text, oa.finish_reason(stats.finish_reason),
-            oa.usage(stats.prompt_tokens, stats.new_tokens), stats.to_dict()))
+            oa.usage(stats.prompt_tokens, stats.new_tokens), job.report(stats)))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: oa.ChatCompletionRequest, request: Request):
@@ -401,7 +489,7 @@ def create_app(engine: Engine, config: ServerConfig, sampler: Sampler | None = N
             return StreamingResponse(_stream_chat(job, config, body), media_type="text/event-stream")
         return await _collect(job, request, lambda text, stats: oa.chat_completion(
             job.rid, config.model_name, text, oa.finish_reason(stats.finish_reason),
-            oa.usage(stats.prompt_tokens, stats.new_tokens), stats.to_dict()))
+            oa.usage(stats.prompt_tokens, stats.new_tokens), job.report(stats)))
 
     return app
 
@@ -454,7 +542,8 @@ def _job(engine: Engine, config: ServerConfig, body: oa._Body, max_tokens: int |
 
 
 async def _collect(job: Job, request, respond):
-    """Wait for the job's end (cancelling it if the client goes away); one JSON body."""
+    """Wait for the job's end (cancelling it if the client goes away); one JSON body. The
+    worker never wakes this handler before the end."""
     from fastapi.responses import JSONResponse, Response
 
     async def watch_disconnect():
@@ -467,16 +556,16 @@ async def _collect(job: Job, request, respond):
     pieces: list[str] = []
     try:
         while True:
-            event = await job.events.get()
-            if event[0] == "delta":
-                pieces.append(event[1])
-            elif event[0] == "done":
-                return JSONResponse(respond("".join(pieces), event[1]))
-            elif event[0] == "error":
-                return JSONResponse(oa.error(event[2], kind="invalid_request_error" if event[1] == 400
-                                             else "server_error"), status_code=event[1])
-            else:  # cancelled (the client left while queued or running)
-                return Response(status_code=499)
+            for event in await job.events.take(final_only=True):
+                if event[0] == "delta":
+                    pieces.append(event[1])
+                elif event[0] == "done":
+                    return JSONResponse(respond("".join(pieces), event[1]))
+                elif event[0] == "error":
+                    return JSONResponse(oa.error(event[2], kind="invalid_request_error" if event[1] == 400
+                                                 else "server_error"), status_code=event[1])
+                else:  # cancelled (the client left while queued or running)
+                    return Response(status_code=499)
     finally:
         watcher.cancel()
         job.cancel.set()  # a no-op once done; stops the generation when the handler is torn down
@@ -486,13 +575,22 @@ def _sse(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-async def _events(job: Job):
-    """The job's events until its end; leaving early (client gone) cancels the generation."""
+async def _batches(job: Job, interval_s: float):
+    """(text, end) per wake-up: the text posted since the last one, joined, and the job's
+    final event once it came (else None). At most one per ``interval_s`` seconds, except
+    that the end comes at once. Leaving early (the client went away) cancels the job."""
+    loop = asyncio.get_running_loop()
+    next_at = 0.0
     try:
         while True:
-            event = await job.events.get()
-            yield event
-            if event[0] in ("done", "error", "cancelled"):
+            wait = next_at - loop.time()
+            events = await job.events.take(final_only=True, timeout=wait) if wait > 0 else []
+            if not events:
+                events = await job.events.take()
+            next_at = loop.time() + interval_s
+            end = next((e for e in events if e[0] in FINAL_EVENTS), None)
+            yield "".join(e[1] for e in events if e[0] == "delta"), end
+            if end is not None:
                 return
     finally:
         job.cancel.set()
@@ -500,39 +598,39 @@ async def _events(job: Job):
 
 async def _stream_completion(job: Job, config: ServerConfig, body: oa.CompletionRequest):
     created = int(time.time())
-    async for event in _events(job):
-        if event[0] == "delta":
-            yield _sse(oa.completion_chunk(job.rid, config.model_name, created, event[1]))
-        elif event[0] == "done":
-            stats = event[1]
+    async for text, end in _batches(job, config.stream_interval_s):
+        out = _sse(oa.completion_chunk(job.rid, config.model_name, created, text)) if text else ""
+        if end is not None and end[0] == "done":
+            stats = end[1]
             use = oa.usage(stats.prompt_tokens, stats.new_tokens)
-            yield _sse(oa.completion_chunk(job.rid, config.model_name, created, "",
-                                           oa.finish_reason(stats.finish_reason), use, stats.to_dict()))
-            yield "data: [DONE]\n\n"
-        elif event[0] == "error":
-            yield _sse(oa.error(event[2], kind="server_error"))
-            yield "data: [DONE]\n\n"
+            out += _sse(oa.completion_chunk(job.rid, config.model_name, created, "",
+                                            oa.finish_reason(stats.finish_reason), use, job.report(stats)))
+            out += "data: [DONE]\n\n"
+        elif end is not None and end[0] == "error":
+            out += _sse(oa.error(end[2], kind="server_error")) + "data: [DONE]\n\n"
+        if out:  # one write per wake-up
+            yield out
 
 
 async def _stream_chat(job: Job, config: ServerConfig, body: oa.ChatCompletionRequest):
     created = int(time.time())
     include_usage = bool((body.stream_options or {}).get("include_usage"))
     yield _sse(oa.chat_chunk(job.rid, config.model_name, created, {"role": "assistant", "content": ""}))
-    async for event in _events(job):
-        if event[0] == "delta":
-            yield _sse(oa.chat_chunk(job.rid, config.model_name, created, {"content": event[1]}))
-        elif event[0] == "done":
-            stats = event[1]
+    async for text, end in _batches(job, config.stream_interval_s):
+        out = _sse(oa.chat_chunk(job.rid, config.model_name, created, {"content": text})) if text else ""
+        if end is not None and end[0] == "done":
+            stats = end[1]
             use = oa.usage(stats.prompt_tokens, stats.new_tokens)
             reason = oa.finish_reason(stats.finish_reason)
-            yield _sse(oa.chat_chunk(job.rid, config.model_name, created, {}, reason, use, stats.to_dict()))
+            out += _sse(oa.chat_chunk(job.rid, config.model_name, created, {}, reason, use, job.report(stats)))
             if include_usage:  # OpenAI's own form: a last chunk with no choices
-                yield _sse(oa.chat_chunk(job.rid, config.model_name, created, {}, None, use, stats.to_dict(),
-                                         choices=False))
-            yield "data: [DONE]\n\n"
-        elif event[0] == "error":
-            yield _sse(oa.error(event[2], kind="server_error"))
-            yield "data: [DONE]\n\n"
+                out += _sse(oa.chat_chunk(job.rid, config.model_name, created, {}, None, use, job.report(stats),
+                                          choices=False))
+            out += "data: [DONE]\n\n"
+        elif end is not None and end[0] == "error":
+            out += _sse(oa.error(end[2], kind="server_error")) + "data: [DONE]\n\n"
+        if out:
+            yield out
 
 
 # --- running it -----------------------------------------------------------------------------------

@@ -1,0 +1,77 @@
+"""tools/bench_serve.py's summaries: synthetic requests with known costs come out as those costs."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from tools.bench_serve import markdown, paired, resummarize, summarize
+
+
+def _row(rng, tokens, requested, prefill, decode_per_token, outside, chunks=None, first=None):
+    decode = tokens * decode_per_token
+    row = {"wall_s": prefill + decode + outside, "tokens": tokens, "requested": requested, "prefill_s": prefill,
+           "decode_s": decode, "text": "same"}
+    if chunks is not None:
+        row.update(chunks=chunks, first_s=first, server_s=prefill + decode + 0.0007)
+    return row
+
+
+def synthetic_runs(seed=0, long=256, short=16):
+    """Engine.generate: 250 µs/token, 0.6 ms outside; the server: 2.5 ms more outside, its
+    JSON decode 5 µs/token slower than this process's engine, SSE 3 µs/token slower again.
+    The eager prefill jitters by milliseconds in every path alike."""
+    rng = random.Random(seed)
+    runs = []
+    for _ in range(30):
+        for n in (short, long):
+            jitter = lambda: rng.uniform(0.011, 0.018)  # noqa: E731
+            runs.append({
+                "direct": _row(rng, n, n, jitter(), 250e-6, 0.0006),
+                "stream@s": _row(rng, n, n, jitter(), 258e-6, 0.0031, chunks=n // 16, first=0.02),
+                "json@s": _row(rng, n, n, jitter(), 255e-6, 0.0031, chunks=None),
+            })
+            runs[-1]["json@s"]["server_s"] = runs[-1]["json@s"]["wall_s"] - 0.0024
+    return runs
+
+
+def test_paired_recovers_known_costs():
+    summary = summarize(synthetic_runs(), ["s"], 256)
+    v = summary["servers"]["s"]
+    assert abs(v["stream_vs_direct"]["fixed_ms_per_request"] - 2.5) < 1e-6
+    assert abs(v["stream_vs_direct_fixed_ms_short"] - 2.5) < 1e-6
+    assert abs(v["stream_vs_json"]["fixed_ms_per_request"]) < 1e-6
+    assert abs(v["stream_vs_json"]["decode_us_per_token"] - 3.0) < 1e-6
+    assert abs(v["json_vs_direct"]["decode_us_per_token"] - 5.0) < 1e-6
+    # Prefill left out: decode difference plus the fixed cost spread over 256 tokens.
+    assert abs(v["stream_vs_direct"]["no_prefill_us_per_token"] - (8.0 + 2500 / 256)) < 1e-6
+    assert abs(summary["direct_decode_us_per_token"] - 250.0) < 1e-6
+    assert v["identical"] is True
+    assert abs(v["chunks_per_token"] - 1 / 16) < 1e-9
+
+
+def test_paired_takes_medians_of_differences():
+    a = [{"wall_s": w, "prefill_s": 0.0, "decode_s": d, "tokens": 10} for w, d in [(1.0, 0.5), (2.0, 0.5), (9.0, 8.5)]]
+    b = [{"wall_s": 0.5, "prefill_s": 0.0, "decode_s": 0.4, "tokens": 10}] * 3
+    out = paired(list(zip(a, b)))
+    assert abs(out["fixed_ms_per_request"] - 1e3 * 0.4) < 1e-9  # outside: 0.5, 1.5, 0.5 vs 0.1
+    assert abs(out["decode_us_per_token"] - 1e6 * 0.01) < 1e-6  # 0.1, 0.1, 8.1 s over 10 tokens
+
+
+def test_resummarize_reproduces_the_saved_summaries(tmp_path):
+    runs = synthetic_runs(seed=3)
+    summary = summarize(runs, ["s"], 256)
+    rows = [{k: {f: x for f, x in row[k].items() if f != "text"} for k in row} for row in runs]
+    report = {"device": "cpu", "date": "d", "commit": "c", "command": "x", "tokens": 256, "short_tokens": 16,
+              "repeats": 1, "policies": {"ar": summary}, "rows": {"ar": rows}}
+    path = tmp_path / "serve.json"
+    path.write_text(json.dumps(report))
+    again = resummarize(path)
+    recomputed, saved = again["policies"]["ar"]["servers"]["s"], summary["servers"]["s"]
+    for kind in ("stream_vs_json", "stream_vs_direct", "json_vs_direct"):
+        assert {k: recomputed[kind][k] for k in saved[kind]} == saved[kind]
+    assert abs(recomputed["stream_vs_json"]["decode_pct_of_ar_step"] - 100 * 3 / 250) < 1e-6
+    assert again["policies"]["ar"]["servers"]["s"]["identical"] is True
+    assert again["ar_step_us"] == summary["direct_decode_us_per_token"]
+    text = markdown(again)
+    assert "SSE − JSON, same server" in text and "| ar | s |" in text
