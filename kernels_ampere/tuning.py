@@ -2,8 +2,9 @@
 
 Launchers only *read* this table (a dictionary lookup, no timing, no compilation of
 alternatives), so they are safe to call while a CUDA graph is being captured.
-``tools/bench_kernels.py --tune`` times the small candidate lists below on the device and
-writes ``kernels_ampere/tuned/<gpu>.json``, where ``<gpu>`` is the CUDA device name
+``bitmtp tune`` (``python -m kernels_ampere.autotune``; ``tools/bench_kernels.py --sweep``
+on the H200) times the small candidate lists below on the device, chooses a model's
+projections as a layer, and writes ``kernels_ampere/tuned/<gpu>.json``, where ``<gpu>`` is the CUDA device name
 lower-cased with every non-alphanumeric run replaced by ``_`` ("NVIDIA H200" ->
 ``nvidia_h200.json``, a Jetson "Orin" -> ``orin.json``).
 
