@@ -5,7 +5,10 @@
     python -m kernels_ampere.autotune --shapes 2048x2048g --op w2a16_linear   # g: group-128 scales
 
 For every (N, K, width M) it times the candidates of ``tuning.linear_candidates`` and keeps
-the fastest one that matches its pure-PyTorch twin. A minute or two per model on an Orin:
+the fastest one that matches its pure-PyTorch twin; a model's projections are then chosen
+as a layer (``tune_layer``: the per-shape picks against the untuned defaults, back to back as
+a decode step runs them, the faster sequence wins). ``bitmtp tune`` runs this with the
+shipped models' shapes. A minute or two per model on an Orin:
 
 * candidates compile in parallel worker processes first (``--jobs``), which fill Triton's
   on-disk cache with exactly the kernels the timing run then loads (the same shapes, so the
@@ -52,7 +55,7 @@ MODEL_SHAPES = {
                   ("w2 (down)", 3200, 8640, False)),
 }
 MODEL_LAYERS = {"bitnet-2b": 30, "bonsai-1.7b": 28, "bitmtp-27m": 8, "bitnet-3b": 26}
-DEFAULT_WIDTHS = (1, 2, 9, 16, 27, 40, 80)
+DEFAULT_WIDTHS = (1, 2, 5, 9, 16, 27, 40, 80)
 DEVICE = "cuda"  # where the benchmark tensors live (tests run the logic on the CPU interpreter)
 
 
@@ -120,14 +123,20 @@ class LinearBench:
         self._ref = None  # the twin's output at this width, computed once
 
     def call(self, i: int, config=None):
+        """A no-argument launch on weight copy ``i``; ``.config`` and ``.shape`` say what it launches."""
         from .w2a8 import w2a8_linear
         from .w2a16 import w2a16_linear
 
         packed, w_scale = self.packed[i], self.w_scale[i]
         if self.op == "w2a8_linear":
-            return lambda: w2a8_linear(self.a_int8, self.a_scale, packed, w_scale, out_dtype=self.out_dtype,
-                                       residual=self.res, config=config)
-        return lambda: w2a16_linear(self.x16, packed, w_scale, out_dtype=self.out_dtype, config=config)
+            def launch():
+                return w2a8_linear(self.a_int8, self.a_scale, packed, w_scale, out_dtype=self.out_dtype,
+                                   residual=self.res, config=config)
+        else:
+            def launch():
+                return w2a16_linear(self.x16, packed, w_scale, out_dtype=self.out_dtype, config=config)
+        launch.config, launch.shape = config, (self.n, self.k)
+        return launch
 
     def check(self, config=None) -> None:
         """Raise unless the kernel matches its twin: exactly for W2A8 with per-row scales."""
@@ -212,6 +221,59 @@ def tune_shape(case: LinearBench, m: int, timer: GraphTimer, candidates=None, lo
     return best, best_us, tried
 
 
+def untuned(case: LinearBench, m: int):
+    """The launch a GPU without a table gets for ``case`` at width ``m``."""
+    device = torch.device(DEVICE)
+    return tuning.default_linear(m, case.grouped, weight_only=case.op == "w2a16_linear", n=case.n, k=case.k,
+                                 sms=tuning.sm_count(device))
+
+
+def layer_us(cases: dict, configs: dict, timer: GraphTimer) -> float:
+    """µs of one layer: every projection once, back to back in model order, as a decode step
+    runs them, rotating over the weight copies (cold L2)."""
+    copies = max(len(c.packed) for c in cases.values())
+    calls = [case.call(i % len(case.packed), configs[name]) for i in range(copies) for name, case in cases.items()]
+    return timer(calls, reps=max(timer.reps, len(calls))) * len(cases)
+
+
+def tune_layer(cases: dict, m: int, timer: GraphTimer, log=print) -> tuple[list[dict], list[dict]]:
+    """One model layer's projections (``cases``: name -> LinearBench) at width ``m`` ->
+    (table entries, tune log).
+
+    Each projection's candidates are timed alone first; then the whole layer runs with those
+    picks and with the untuned defaults, and the faster *layer* is kept: on an H200 per-shape
+    winners of different kernels in a row measured up to 1.4x slower than either kernel alone
+    (tools/results/kernels.md), so a table is only as good as the sequence it produces."""
+    picks, alone, tune_log = {}, {}, []
+    for name, case in cases.items():
+        best, us, tried = tune_shape(case, m, timer)
+        tune_log.append({"op": case.op, "key": tuning.linear_key(case.n, case.k, m, case.grouped), "tried": tried})
+        if best is not None:
+            picks[name], alone[name] = best, us
+    options = {"untuned": {name: untuned(case, m) for name, case in cases.items()}}
+    if len(picks) == len(cases):
+        options["tuned"] = picks
+    timed = {}
+    for label, configs in options.items():
+        try:
+            for name, case in cases.items():
+                case.check(configs[name])
+            timed[label] = layer_us(cases, configs, timer)
+        except Exception as e:  # an untuned default that fails is a finding; the picks still count
+            log(f"  layer M={m} with the {label} launches failed: {type(e).__name__}: {e}")
+    if not timed:
+        return [], tune_log
+    winner = min(timed, key=timed.get)
+    entries = []
+    for name, case in cases.items():
+        cfg = options[winner][name]
+        entries.append({"op": case.op, "key": tuning.linear_key(case.n, case.k, m, case.grouped), "config": asdict(cfg),
+                        "us": round(alone[name], 3) if winner == "tuned" else None,
+                        "layer": winner, "layer_us": round(timed[winner], 3)})
+    log(f"  layer M={m}: {', '.join(f'{k} {v:.2f} us' for k, v in timed.items())} -> {winner}")
+    return entries, tune_log
+
+
 def merge_entries(old: list[dict], new: list[dict]) -> list[dict]:
     """This run's winners replace entries of the same op and key."""
     fresh = {(e["op"], json.dumps(e["key"], sort_keys=True)) for e in new}
@@ -242,6 +304,16 @@ def parse_shapes(text: str) -> list[tuple[str, int, int, bool]]:
     return out
 
 
+def parse_widths(text: str) -> list[int]:
+    try:
+        widths = [int(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        raise SystemExit(f"autotune: --widths {text!r} is not a comma list of integers (e.g. 1,2,9,16)") from None
+    if not widths or min(widths) < 1:
+        raise SystemExit(f"autotune: --widths {text!r}: give one width M >= 1 at least")
+    return widths
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=None, help=f"comma list of {sorted(MODEL_SHAPES)} (default: bitnet-2b)")
@@ -256,25 +328,36 @@ def main(argv=None) -> int:
         print("autotune: needs a CUDA device", file=sys.stderr)
         return 2
     shapes = parse_shapes(args.shapes) if args.shapes else []
-    for model in (args.models.split(",") if args.models else ([] if shapes else ["bitnet-2b"])):
+    models = args.models.split(",") if args.models else ([] if shapes else ["bitnet-2b"])
+    for model in models:
         if model not in MODEL_SHAPES:
             raise SystemExit(f"autotune: unknown model {model!r}; known: {sorted(MODEL_SHAPES)} (or use --shapes)")
-        shapes += [(f"{model} {name}", n, k, g) for name, n, k, g in MODEL_SHAPES[model]]
-    widths = [int(w) for w in args.widths.split(",")]
+    widths = parse_widths(args.widths)
+    every = shapes + [(f"{model} {name}", n, k, g) for model in models for name, n, k, g in MODEL_SHAPES[model]]
     import triton
 
     device_name = torch.cuda.get_device_name()
     out = args.out or tuning.TUNED_DIR / f"{tuning.gpu_table_name(device_name)}.json"
     t0 = time.time()
-    jobs = [(args.op, n, k, g, m, False, cfg) for _, n, k, g in shapes for m in widths
+    jobs = [(args.op, n, k, g, m, False, cfg) for _, n, k, g in every for m in widths
             for cfg in tuning.linear_candidates(m, n, k, g, weight_only=args.op == "w2a16_linear")]
-    print(f"autotune: {device_name}, {len(shapes)} shapes x {len(widths)} widths, {len(jobs)} candidates; "
+    print(f"autotune: {device_name}, {len(every)} shapes x {len(widths)} widths, {len(jobs)} candidates; "
           f"compiling in {args.jobs} processes", flush=True)
     precompile(jobs, args.jobs)
     print(f"autotune: compiled in {time.time() - t0:.0f} s; timing", flush=True)
     timer = GraphTimer(reps=32, replays=3)
     entries = []
-    for label, n, k, g in shapes:
+    for model in models:  # a model's projections are chosen as a layer (tune_layer)
+        cases = {name: LinearBench(args.op, n, k, g, args.rotate_mb, seed=i)
+                 for i, (name, n, k, g) in enumerate(MODEL_SHAPES[model])}
+        for m in widths:
+            got, _ = tune_layer(cases, m, timer)
+            entries += got
+            for e in got:
+                print(f"  {model} {e['key']['N']}x{e['key']['K']:<6} M={m:<3} {e['layer']:<8} {e['config']}", flush=True)
+        del cases
+        torch.cuda.empty_cache()
+    for label, n, k, g in shapes:  # single shapes: their fastest candidate alone
         case = LinearBench(args.op, n, k, g, args.rotate_mb)
         for m in widths:
             best, us, tried = tune_shape(case, m, timer)

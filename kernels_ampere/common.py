@@ -100,6 +100,81 @@ def gdc_prologue(USE_GDC: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
+@triton.jit
+def prefetch_l2(ptrs, mask, USE_ASM: tl.constexpr):
+    """Ask the L2 for the 128-byte line of every address in ``ptrs`` where ``mask``: no
+    register is written and nothing waits, so a kernel can start all of its weights' DRAM
+    traffic at once. A no-op under the interpreter (no inline assembly there): the hint
+    never changes a result."""
+    if USE_ASM:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
+            "=r,l,r",
+            [ptrs, mask.to(tl.int32)],
+            dtype=tl.int32,
+            is_pure=False,  # no result is used: an impure statement is kept
+            pack=1,
+        )
+
+
+@triton.jit
+def prefetch_rows_l2(row_ptrs, mask_rows, nbytes, LINES: tl.constexpr, USE_ASM: tl.constexpr):
+    """Prefetch into L2 the ``nbytes`` bytes that start at each of ``row_ptrs`` ([R] uint8
+    pointers, one program's slice of R weight rows), LINES 128-byte lines per row and step.
+    The last line of a row is asked for too when the slice does not start on a line."""
+    rl = tl.arange(0, LINES) * 128
+    for off in range(0, nbytes + 127, LINES * 128):
+        o = off + rl
+        prefetch_l2(row_ptrs[:, None] + tl.minimum(o, nbytes - 1)[None, :],
+                    mask_rows[:, None] & ((o < nbytes + 127) & (nbytes > 0))[None, :], USE_ASM)
+
+
+# --- the L1 / shared-memory split ------------------------------------------------------------
+# An SM changes its L1 / shared-memory split ("carveout") only when idle: a chain of kernels
+# that want different splits (a gemv with no shared memory, then a pipelined tensor-core
+# kernel) drains the SM between them, which also defeats programmatic launch. A fixed split
+# for every W2A8 launch (``shared_carveout(percent)``, or ``BITMTP_SMEM_CARVEOUT``) removes
+# the switches; None leaves the choice to the driver.
+_CARVEOUT = [int(os.environ["BITMTP_SMEM_CARVEOUT"]) if os.environ.get("BITMTP_SMEM_CARVEOUT") else None]
+_CARVEOUT_SET: dict[int, int] = {}  # CUfunction handle -> the preference it was given
+_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9  # CUfunction_attribute (cuda.h)
+
+
+def shared_carveout(percent: int | None | str = "get") -> int | None:
+    """Process-wide shared-memory carveout (percent of the unified L1) the W2A8 launches ask
+    for; None: the driver's choice. Called without an argument: the setting."""
+    if percent != "get":
+        if percent is not None and not 0 <= int(percent) <= 100:
+            raise ValueError(f"shared_carveout: percent must be 0..100 or None, got {percent!r}")
+        _CARVEOUT[0] = None if percent is None else int(percent)
+    return _CARVEOUT[0]
+
+
+@functools.lru_cache(maxsize=1)
+def _libcuda():
+    import ctypes
+
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def apply_carveout(compiled) -> None:
+    """Give the launched kernel (Triton's CompiledKernel) the process-wide carveout preference;
+    it holds from the next launch on (a CUDA graph's warm-up launch sets it before capture)."""
+    function = getattr(compiled, "function", None)
+    if function is None:  # the interpreter
+        return
+    want = -1 if _CARVEOUT[0] is None else _CARVEOUT[0]  # -1: CU_SHAREDMEM_CARVEOUT_DEFAULT
+    if _CARVEOUT_SET.get(function, -1) == want:
+        return
+    import ctypes
+
+    err = _libcuda().cuFuncSetAttribute(ctypes.c_void_p(function), _FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                                        ctypes.c_int(want))
+    if err:
+        raise RuntimeError(f"cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT={want}) failed with CUresult {err}")
+    _CARVEOUT_SET[function] = want
+
+
 _PDL_ENABLED = [os.environ.get("BITMTP_PDL", "1") != "0"]
 
 
@@ -261,13 +336,14 @@ def split_k_reduce(part: torch.Tensor, out: torch.Tensor, a_scale: torch.Tensor 
     s, m, n = part.shape
     block_n = min(1024, next_pow2(n))
     res = residual if residual is not None else out
-    _split_k_reduce_kernel[(m, triton.cdiv(n, block_n))](
+    compiled = _split_k_reduce_kernel[(m, triton.cdiv(n, block_n))](
         part, part if a_scale is None else a_scale, part if w_scale is None else w_scale, res, out,
         m, n, stride_sn, res.stride(0), out.stride(0),
         S=s, HAS_A_SCALE=a_scale is not None, HAS_W_SCALE=w_scale is not None, RESIDUAL=residual is not None,
         BLOCK_N=block_n, num_warps=4, enable_fp_fusion=False,  # round the scaled sum before the residual add
         **pdl_options(_split_k_reduce_kernel),
     )
+    apply_carveout(compiled)
 
 
 def split_k_chunks(n_chunks: int, split_k: int, chunks_per_step: int) -> tuple[int, int]:

@@ -2,8 +2,9 @@
 
 Launchers only *read* this table (a dictionary lookup, no timing, no compilation of
 alternatives), so they are safe to call while a CUDA graph is being captured.
-``tools/bench_kernels.py --tune`` times the small candidate lists below on the device and
-writes ``kernels_ampere/tuned/<gpu>.json``, where ``<gpu>`` is the CUDA device name
+``bitmtp tune`` (``python -m kernels_ampere.autotune``; ``tools/bench_kernels.py --sweep``
+on the H200) times the small candidate lists below on the device, chooses a model's
+projections as a layer, and writes ``kernels_ampere/tuned/<gpu>.json``, where ``<gpu>`` is the CUDA device name
 lower-cased with every non-alphanumeric run replaced by ``_`` ("NVIDIA H200" ->
 ``nvidia_h200.json``, a Jetson "Orin" -> ``orin.json``).
 
@@ -50,6 +51,7 @@ class LinearConfig:
     num_warps: int = 4
     num_stages: int = 1
     split_k: int = 1  # K slices run by separate programs, summed in order by a second launch
+    prefetch: bool = False  # W2A8: each program asks the L2 for its weights before waiting (PDL)
 
     def __post_init__(self):
         if self.kernel not in (GEMV, DOT, ROWS, LANES, MMA):
@@ -150,10 +152,15 @@ def _cdiv(a: int, b: int) -> int:
 
 
 LANES_MAX_M = 2  # widths the untuned default runs on ``lanes`` (dp4a); wider ones go to ``mma``
-# Which W2A8 kernels the untuned default picks: "v1" = gemv (M <= 2) / dot, measured on the
-# H200; "v2" = lanes / mma, exact against the twins under the interpreter, to become the
-# default once a GPU run (tools/h200_kernels.sh) has compiled and measured them.
-W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v1")
+MMA_MAX_M = 32  # v3: widths on the pipelined tensor-core kernel; wider ones on ``dot``
+# Which W2A8 kernels the untuned default picks (BITMTP_W2A8_KERNELS):
+# "v1" = gemv (M <= 2) / dot; "v2" = lanes / mma without software pipelining;
+# "v3" = what the H200 measured fastest per width (tools/results/kernels.md: single large
+# matrices and the whole 2B stack): gemv at M <= 2 (at M = 1 with the weights' L2 prefetch
+# before the programmatic-launch wait), ``mma`` pipelined over three stages for
+# M = 3..MMA_MAX_M (2-2.5x ``dot`` on large matrices there), ``dot`` beyond.
+W2A8_GENERATIONS = ("v1", "v2", "v3")
+W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v3")
 
 
 def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int | None = None,
@@ -162,13 +169,31 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     device's SM count (``sms``; None: sized as for a large GPU). ``n`` and ``k`` (when
     known) size the tiles and the split-K so that the programs cover every SM a few times:
     an Orin's 8-16 SMs get wide tiles and no split, an H200's 132 get narrow ones and slices.
-    ``generation`` ("v1" / "v2", W2A8 only): the kernels, default ``W2A8_DEFAULT_GENERATION``.
+    ``generation`` ("v1" / "v2" / "v3", W2A8 only): the kernels, default ``W2A8_DEFAULT_GENERATION``.
+
+    How the SM count enters (v3): at M <= 2 every program streams 8 weight rows, so a GPU of
+    any size gets ~N/8 programs per row, hundreds of waves on an Orin and a few on an H200;
+    from M = 3 the tensor-core tiles are 64 rows wide and K is sliced until the tiles cover
+    the SMs once (an H200's 132 SMs slice the 2B shapes 1-4 ways, an Orin's 8-16 never),
+    each slice keeping five chunks at least for the three-stage software pipeline.
     """
     chunks = _cdiv(k, 128) if k else 0
     sms = sms or 132
     generation = generation or W2A8_DEFAULT_GENERATION
-    if generation not in ("v1", "v2"):
-        raise ValueError(f"W2A8 kernel generation must be 'v1' or 'v2' (BITMTP_W2A8_KERNELS), got {generation!r}")
+    if generation not in W2A8_GENERATIONS:
+        raise ValueError(f"W2A8 kernel generation must be one of {W2A8_GENERATIONS} (BITMTP_W2A8_KERNELS), "
+                         f"got {generation!r}")
+    if not weight_only and generation == "v3":
+        if m <= 2:  # a whole row per step; the weights' L2 prefetch (at M = 1 only: it measured slower
+            # at M = 2, where two programs ask for the same rows) runs only under programmatic launch
+            step = min(32, max(8, 1 << (chunks - 1).bit_length())) if chunks else 16
+            return LinearConfig(GEMV, block_n=8, block_kb=32 * step, num_warps=4, prefetch=m == 1)
+        if m <= MMA_MAX_M:  # K slices until the 64-row tiles cover the SMs once, five chunks per slice at least
+            split = 1
+            if n and chunks:
+                split = max(1, min(_cdiv(sms, _cdiv(n, 64)), chunks // 5, 8))
+            return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split)
+        generation = "v1"  # dot (M > MMA_MAX_M)
     if not weight_only and generation == "v1":
         # gemv with dp4a at M <= 2 (a whole row per step), the int8 dot otherwise; K slices
         # until the N tiles cover the SMs (the previous H200 rule used 128 for every GPU)
@@ -207,8 +232,9 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
 
 
 def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool = False) -> list[LinearConfig]:
-    """What the tuner times for one (N, K, M). W2A8: ``lanes`` (dp4a) up to M = 8 and ``mma``
-    (tensor cores) at every width; W2A16: gemv at M <= 2, the 16-bit dot always."""
+    """What the tuner times for one (N, K, M). W2A8: gemv (with and without the L2
+    prefetch) and ``lanes`` up to M = 2, the pipelined ``mma`` up to M = 48, ``dot`` from
+    M = 2; W2A16: gemv at M <= 2, the 16-bit dot always."""
     chunks = _cdiv(k, 128)
     out = []
     if weight_only:
@@ -229,17 +255,22 @@ def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool =
                         continue
                     out.append(LinearConfig(DOT, bn, kb, num_warps=4, num_stages=3, split_k=sk))
         return out
-    if m <= 4:  # dp4a work grows with M: past a few rows the tensor cores win everywhere
-        out += [LinearConfig(LANES, bn, 256, num_warps=4, num_stages=1) for bn in (4, 8, 16)]
-        if chunks >= 8:
-            out.append(LinearConfig(LANES, 8, 128, num_warps=4, num_stages=1, split_k=2))
-    for bn, kb, sk, warps, stages in ((32, 64, 1, 4, 1), (32, 64, 4, 4, 1), (64, 64, 1, 4, 1), (64, 64, 2, 4, 1),
-                                      (64, 64, 4, 4, 1), (64, 64, 1, 8, 1), (128, 64, 1, 8, 1)):
-        if grouped:
+    step = min(32, max(8, 1 << (chunks - 1).bit_length()))
+    if m <= 2:  # dp4a; past two rows the tensor cores win on every shape measured (kernels.md)
+        out += [LinearConfig(GEMV, 8, 32 * step), LinearConfig(GEMV, 16, 32 * step),
+                LinearConfig(GEMV, 8, 32 * step, prefetch=True), LinearConfig(LANES, 16, 256)]
+    tiles = []
+    if m <= 48:  # the pipelined tensor-core kernel (three stages), each weight tile decoded once for the width
+        tiles += [(MMA, 64, 64, 4, 3, sk) for sk in (1, 2, 3, 4)] + [(MMA, 32, 64, 4, 3, 1), (MMA, 32, 64, 4, 3, 2),
+                                                                      (MMA, 64, 128, 4, 2, 1)]
+    if m >= 2:
+        tiles += [(DOT, 64, 64, 4, 3, sk) for sk in (1, 2, 4)] + [(DOT, 128, 64, 8, 3, 1)]
+    for kind, bn, kb, warps, stages, sk in tiles:
+        if grouped and kind == MMA:
             kb = 32  # one chunk per step: its group scale applies to that chunk's exact sum
         if sk > 1 and chunks / sk < 2 * kb // 32:  # slices of at least two steps
             continue
-        cfg = LinearConfig(MMA, bn, kb, num_warps=warps, num_stages=stages, split_k=sk)
+        cfg = LinearConfig(kind, bn, kb, num_warps=warps, num_stages=stages, split_k=sk)
         if cfg not in out:
             out.append(cfg)
     return out

@@ -11,9 +11,12 @@ byte ``32*g + j`` of a row holds, in bits ``2i..2i+1``, the code ``c = W + 1`` o
 decoding is a shift and a mask, nothing more.
 
 Five kernels, picked per (N, K, M) by the tuned table (``tuning.py``) or, without one, by
-``tuning.default_linear`` from the shape and the SM count. Two generations:
+``tuning.default_linear`` from the shape and the SM count. The untuned default ("v3",
+``BITMTP_W2A8_KERNELS``) is what the H200 measured fastest per width on the whole 2B stack
+(tools/results/kernels.md): ``gemv`` at M <= 2 (with the L2 prefetch below at M = 1),
+``mma`` with three software-pipeline stages at M = 3..32, ``dot`` beyond.
 
-v1 (measured on the H200, the untuned default today):
+v1:
 
 * ``gemv`` (M = 1, 2): one activation row per program, a ``[BLOCK_N, CHUNKS, 8]`` tile of
   int32 words per K step. Word ``j`` of chunk ``c`` holds, in lane ``i``, the codes of the
@@ -28,8 +31,7 @@ v1 (measured on the H200, the untuned default today):
   dot's first operand ("swap AB"): N fills the tensor-core M side, the width pads to 16;
   rows beyond 64 take a second tile (the weights decoded again).
 
-v2 (issue 15: fewer integer instructions per weight, every width decoded once; exact
-against the twin under the interpreter, ``BITMTP_W2A8_KERNELS=v2`` makes it the default):
+v2 (issue 15: fewer integer instructions per weight, every width decoded once):
 
 * ``lanes`` (M <= 8): dp4a with each lane *masked in place* (``word & (3 << 2i)·0x01010101``,
   no shift; lane i sums into its own accumulator, divided by ``4^i`` once at the end), all
@@ -46,7 +48,15 @@ against the twin under the interpreter, ``BITMTP_W2A8_KERNELS=v2`` makes it the 
 
 Both v2 kernels load their first weight step *before* waiting for the previous kernel
 (``gdc_prologue``): the weights are constants, so under programmatic dependent launch
-(sm_90+) their DRAM latency overlaps the previous kernel's tail.
+(sm_90+) their DRAM latency overlaps the previous kernel's tail. ``mma`` needs
+``num_stages=3`` (Triton's software pipeline over the chunk loop): unpipelined it waits on
+every chunk's load and ran at a third of the speed on the H200.
+
+``LinearConfig.prefetch`` (every kernel; acted on only under programmatic launch): before the
+wait, each program asks the L2 for its whole weight slice (``common.prefetch_rows_l2``, one
+``prefetch.global.L2`` per 128-byte line, no registers), so all of its DRAM traffic can start
+during the previous kernel. Measured: -5% on the 2B stack at M = 1, slower at M = 2 and on
+large matrices; only the M = 1 default uses it.
 
 K need not be a multiple of 128: packed rows end in zero-weight padding (``packing.py``),
 and every kernel reads the activations beyond K as 0.
@@ -68,9 +78,9 @@ import triton.language as tl
 
 from .numerics import int_matmul
 
-from .common import (check_dtype, check_launchable, check_packed_weight, check_residual, dp4a, dp4a_unsigned,
-                     gdc_prologue, is_interpreted, next_pow2, pdl_options, scale_strides, split_k_chunks,
-                     split_k_reduce)
+from .common import (apply_carveout, check_dtype, check_launchable, check_packed_weight, check_residual, dp4a,
+                     dp4a_unsigned, gdc_prologue, is_interpreted, next_pow2, pdl_options, prefetch_rows_l2,
+                     scale_strides, split_k_chunks, split_k_reduce)
 from .packing import BYTES_PER_CHUNK, CHUNK_K, unpack_ternary
 from .tuning import DOT, GEMV, LANES, MMA, ROWS, LinearConfig, default_linear, linear_key, lookup, sm_count
 
@@ -96,13 +106,17 @@ def _w2a8_gemv_kernel(
     BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,  # rows per program, 128-chunks per K step
     USE_ASM: tl.constexpr,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
+    PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
 ):
-    gdc_prologue(USE_GDC)
     N_CHUNKS: tl.constexpr = (K + 127) // 128  # the last chunk may end in zero-weight padding
     m = tl.program_id(0)  # one activation row per program; rows of one N tile run side by side
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     c_lo = tl.program_id(2) * chunks_per_split
     c_hi = tl.minimum(c_lo + chunks_per_split, N_CHUNKS)
+    if PREFETCH:  # weights are constants: their DRAM traffic may start before the previous kernel ends
+        prefetch_rows_l2(w_ptr.to(tl.pointer_type(tl.uint8)) + rn * (stride_wn * 4) + c_lo * 32, rn < N,
+                         (c_hi - c_lo) * 32, 8, USE_ASM)
+    gdc_prologue(USE_GDC)
     rc = tl.arange(0, CHUNKS)
     rj = tl.arange(0, 8)  # word j of a chunk holds inputs 4j..4j+3 of each 32-wide lane
     mask_n = rn < N
@@ -185,15 +199,19 @@ def _w2a8_rows_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
     USE_ASM: tl.constexpr,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
+    PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
 ):
     """The gemv kernel with BLOCK_M activation rows per program: each weight word is loaded
     and decoded once and multiplies every row (dp4a), instead of once per row."""
-    gdc_prologue(USE_GDC)
     N_CHUNKS: tl.constexpr = (K + 127) // 128
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     c_lo = tl.program_id(2) * chunks_per_split
     c_hi = tl.minimum(c_lo + chunks_per_split, N_CHUNKS)
+    if PREFETCH:
+        prefetch_rows_l2(w_ptr.to(tl.pointer_type(tl.uint8)) + rn * (stride_wn * 4) + c_lo * 32, rn < N,
+                         (c_hi - c_lo) * 32, 8, USE_ASM)
+    gdc_prologue(USE_GDC)
     rc = tl.arange(0, CHUNKS)
     rj = tl.arange(0, 8)
     mask_n = rn < N
@@ -246,14 +264,18 @@ def _w2a8_dot_kernel(
     K: tl.constexpr,
     GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
+    USE_ASM: tl.constexpr = False,  # only the L2 prefetch is inline assembly here
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
+    PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
 ):
-    gdc_prologue(USE_GDC)
     N_CHUNKS: tl.constexpr = (K + 127) // 128
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     c_lo = tl.program_id(2) * chunks_per_split
     c_hi = tl.minimum(c_lo + chunks_per_split, N_CHUNKS)
+    if PREFETCH:
+        prefetch_rows_l2(w_ptr + rn * stride_wn + c_lo * 32, rn < N, (c_hi - c_lo) * 32, 8, USE_ASM)
+    gdc_prologue(USE_GDC)
     rb = tl.arange(0, 32)  # byte j of a chunk holds input 32i + j of lane i
     mask_m = rm < M
     mask_n = rn < N
@@ -304,6 +326,7 @@ def _w2a8_lanes_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
     USE_ASM: tl.constexpr,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
+    PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
 ):
     """dp4a over all BLOCK_M rows of the width with each weight word loaded and decoded once.
 
@@ -327,6 +350,9 @@ def _w2a8_lanes_kernel(
     w_rows = w_ptr + rn[:, None, None] * stride_wn + rj[None, None, :]
     a_rows = a_ptr + rm[:, None, None] * stride_am
 
+    if PREFETCH:
+        prefetch_rows_l2(w_ptr.to(tl.pointer_type(tl.uint8)) + rn * (stride_wn * 4) + c_lo * 32, mask_n,
+                         (c_hi - c_lo) * 32, 8, USE_ASM)
     c = c_lo + rc
     wt = tl.load(w_rows + c[None, :, None] * 8, mask=mask_n[:, None, None] & (c < c_hi)[None, :, None], other=0)
     gdc_prologue(USE_GDC)  # from here on the previous kernel's output (the activations) is visible
@@ -444,6 +470,7 @@ def _w2a8_mma_kernel(
     USE_ASM: tl.constexpr,
     ASUM_BY_DOT: tl.constexpr,  # group scales, or activation rows that are not whole aligned int32 words
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
+    PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
 ):
     """int8 tensor cores over all BLOCK_M (<= 128) rows of the width: each weight tile is
     loaded and decoded once for every row.
@@ -470,6 +497,8 @@ def _w2a8_mma_kernel(
     w_rows = w_ptr + rn[:, None] * stride_wn + rb[None, :]
     a_cols = a_ptr + rm[None, :] * stride_am + rb[:, None]
 
+    if PREFETCH:
+        prefetch_rows_l2(w_ptr + rn * stride_wn + c_lo * 32, rn < N, (c_hi - c_lo) * 32, 8, USE_ASM)
     # (rn * 0 + c): a scalar condition as a row vector, which the interpreter accepts in a mask too
     # the weights are constants: their first chunk is in flight before the wait
     wb = tl.load(w_rows + c_lo * 32, mask=mask_n & (rn * 0 + c_lo < c_hi)[:, None], other=0)
@@ -553,7 +582,8 @@ def w2a8_linear(
              and packed.stride(0) % 4 == 0 and packed.data_ptr() % 4 == 0)
     if config.kernel in WORD_KERNELS and not words:  # the byte-reading kernels take any K
         config = LinearConfig(MMA if config.kernel == LANES else DOT, block_n=64, block_kb=64, num_warps=4,
-                              num_stages=1 if config.kernel == LANES else 3, split_k=config.split_k)
+                              num_stages=1 if config.kernel == LANES else 3, split_k=config.split_k,
+                              prefetch=config.prefetch)
 
     out = torch.empty((m, n), dtype=out_dtype, device=a_int8.device)
     if m == 0 or n == 0:
@@ -587,14 +617,17 @@ def w2a8_linear(
         rows = {"BLOCK_M": max(16, min(next_pow2(m), cap))}  # tl.dot needs 16 rows at least
         grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, rows["BLOCK_M"]), n_split)
     check_launchable(kernel, a_int8, a_scale, packed, w_scale)
-    asm = {} if kernel is _w2a8_dot_kernel else {"USE_ASM": not is_interpreted(kernel)}
+    pdl = pdl_options(kernel)
+    # the prefetch overlaps the previous kernel: only worth its instructions under programmatic launch
+    asm = {"USE_ASM": not is_interpreted(kernel), "PREFETCH": config.prefetch and pdl["USE_GDC"]}
     if kernel is _w2a8_mma_kernel:
         asm["ASUM_BY_DOT"] = grouped or not words
-    kernel[grid](
+    compiled = kernel[grid](
         a_in, a_scale, w_in, w_scale, target, res, m, n, per_split,
         a_in.stride(0), w_in.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),
-        **asm, **rows, **common, **pdl_options(kernel),
+        **asm, **rows, **common, **pdl,
     )
+    apply_carveout(compiled)
     if split:
         split_k_reduce(target, out, a_scale, None if grouped else w_scale, stride_sn, residual)
     return out

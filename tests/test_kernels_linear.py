@@ -32,17 +32,19 @@ GEMV_MAX_M = 3  # gemv runs one program per row: past a few rows the tuner never
 def configs(grouped: bool, m: int = 1) -> list[LinearConfig]:
     """Both kernels, each without and with split-K (64 bytes = two 128-chunks per step)."""
     dot = [LinearConfig(DOT, 32, 64, num_warps=4, num_stages=2),
-           LinearConfig(DOT, 16, 32, num_warps=4, num_stages=2, split_k=3)]
-    gemv = [LinearConfig(GEMV, 16, 64, num_warps=2), LinearConfig(GEMV, 8, 64, num_warps=2, split_k=2)]
+           LinearConfig(DOT, 16, 32, num_warps=4, num_stages=2, split_k=3, prefetch=True)]
+    gemv = [LinearConfig(GEMV, 16, 64, num_warps=2), LinearConfig(GEMV, 8, 64, num_warps=2, split_k=2, prefetch=True)]
     return gemv + dot if m <= GEMV_MAX_M else dot
 
 
 def w2a8_configs(grouped: bool, m: int = 1) -> list[LinearConfig]:
     """Every W2A8 kernel: the shared two, the multi-row gemv, the masked-lane dp4a kernel and
     the tensor-core kernel (two chunks per step), each without and with split-K."""
-    rows = [LinearConfig(ROWS, 8, 64, num_warps=4), LinearConfig(ROWS, 4, 32, num_warps=2, split_k=3)]
-    lanes = [LinearConfig(LANES, 8, 64, num_warps=2), LinearConfig(LANES, 4, 32, num_warps=2, split_k=3)]
-    mma = [LinearConfig(MMA, 32, 64, num_warps=4), LinearConfig(MMA, 16, 64, num_warps=4, split_k=2)]
+    # split variants: 16-row tiles (N = 40, 72: a partial last tile) and two-chunk steps over
+    # three slices of a 5-chunk K (the last slice ends mid-step); few programs for the interpreter
+    rows = [LinearConfig(ROWS, 8, 64, num_warps=4), LinearConfig(ROWS, 16, 64, num_warps=2, split_k=3)]
+    lanes = [LinearConfig(LANES, 8, 64, num_warps=2), LinearConfig(LANES, 16, 64, num_warps=2, split_k=3)]
+    mma = [LinearConfig(MMA, 32, 64, num_warps=4), LinearConfig(MMA, 16, 64, num_warps=4, split_k=2, prefetch=True)]
     return configs(grouped, m) + rows + lanes + mma
 
 
@@ -172,13 +174,16 @@ def test_w2a8_fused_residual_equals_the_unfused_sum(m, n, k, grouped):
     w_s = (0.5 + torch.rand((n, k // 128) if grouped else (n,), generator=gen)).to(DEVICE)
     residual = (torch.randn(m, n, generator=gen) * 3).to(DEVICE)
     ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32, residual=residual)
-    for cfg in w2a8_configs(grouped, m):
-        unfused = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
-        fused = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg, residual=residual)
-        assert_exact(fused, residual + unfused, f"{cfg}")
-        torch.testing.assert_close(fused, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
-    if not grouped:
+    if not grouped:  # per-row scales: the twin is bit-exact, so the fused launch must equal it exactly
         assert_exact(ref, residual + w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32), "twin")
+    for cfg in w2a8_configs(grouped, m):
+        fused = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg, residual=residual)
+        if grouped:  # group sums in float32 in the kernel's order: compare with the kernel's own unfused output
+            unfused = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
+            assert_exact(fused, residual + unfused, f"{cfg}")
+            torch.testing.assert_close(fused, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+        else:
+            assert_exact(fused, ref, f"{cfg}")
     with pytest.raises(TypeError, match="float32"):
         w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float16, residual=residual)
     with pytest.raises(ValueError, match="residual must be"):
@@ -197,11 +202,50 @@ def test_w2a8_real_shapes_exact_on_gpu(n, k, m):
     _, packed = random_weight(n, k, gen)
     a, a_s = random_activations(m, k, gen)
     w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
-    new = [LinearConfig(MMA, 64, 64), LinearConfig(MMA, 32, 128, split_k=2)]
-    for cfg in [None, *([LinearConfig(LANES, 8, 256)] if m <= 4 else []), *new]:
+    new = [LinearConfig(MMA, 64, 64), LinearConfig(MMA, 32, 128, split_k=2),
+           LinearConfig(MMA, 64, 64, num_stages=3, split_k=3), LinearConfig(DOT, 64, 64, num_stages=3, prefetch=True)]
+    defaults = [default_linear(m, False, n=n, k=k, sms=torch.cuda.get_device_properties(0).multi_processor_count,
+                               generation=g) for g in ("v1", "v3")]
+    for cfg in [None, *defaults, *([LinearConfig(LANES, 8, 256, prefetch=True)] if m <= 4 else []), *new]:
         out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
         assert_exact(out, w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32),
                      f"{cfg} N={n} K={k} M={m}")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("m", (1, 2, 27))
+def test_w2a8_fixed_carveout_changes_no_bit(m):
+    """One L1 / shared split for every launch (common.shared_carveout), set and reset: the same bits."""
+    from kernels_ampere.common import shared_carveout
+
+    gen = torch.Generator().manual_seed(77 + m)
+    _, packed = random_weight(2560, 6912, gen)
+    a, a_s = random_activations(m, 6912, gen)
+    w_s = (0.5 + torch.rand(2560, generator=gen)).to(DEVICE)
+    ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32)
+    cfg = default_linear(m, False, n=2560, k=6912, sms=132, generation="v3")
+    try:
+        for percent in (100, 0, None):
+            shared_carveout(percent)
+            for _ in range(2):  # the preference holds from the launch after the one that sets it
+                assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg), ref,
+                             f"carveout {percent}")
+    finally:
+        shared_carveout(None)
+
+
+def test_shared_carveout_switch_checks_its_argument():
+    from kernels_ampere.common import shared_carveout
+
+    before = shared_carveout()
+    try:
+        assert shared_carveout(50) == 50 and shared_carveout() == 50
+        with pytest.raises(ValueError, match="0..100"):
+            shared_carveout(101)
+    finally:
+        shared_carveout(before)
+    assert shared_carveout() == before
 
 
 @pytest.mark.gpu
@@ -313,11 +357,18 @@ def test_untuned_defaults_follow_the_sm_count():
     orin, h200 = (default_linear(27, False, n=2560, k=6912, sms=s, generation="v1") for s in (8, 132))
     assert orin.kernel == h200.kernel == DOT and orin.split_k == 1 < h200.split_k
     assert default_linear(2, False, n=2560, k=2560, generation="v1").kernel == GEMV
+    # v3: gemv (prefetching at M = 1) to M = 2, the pipelined tensor cores to M = 32 (sliced
+    # on an H200 only), dot beyond
+    orin, h200 = (default_linear(1, False, n=2560, k=2560, sms=s, generation="v3") for s in (8, 132))
+    assert orin == h200 and h200.kernel == GEMV and h200.prefetch
+    orin, h200 = (default_linear(9, False, n=2560, k=6912, sms=s, generation="v3") for s in (8, 132))
+    assert orin.kernel == h200.kernel == MMA and h200.num_stages == 3 and orin.split_k == 1 < h200.split_k
+    assert default_linear(40, False, n=2560, k=2560, sms=132, generation="v3").kernel == DOT
     with pytest.raises(ValueError, match="generation"):
-        default_linear(1, False, generation="v3")
+        default_linear(1, False, generation="v9")
 
 
-@pytest.mark.parametrize("generation", ["v1", "v2"])
+@pytest.mark.parametrize("generation", ["v1", "v2", "v3"])
 @pytest.mark.parametrize("m", (1, 2, 9))
 def test_w2a8_defaults_of_both_generations_match_the_twin(generation, m):
     n, k = 72, 640

@@ -63,7 +63,10 @@ def test_lookup_misses_other_shapes_ops_and_scale_kinds():
 def test_fallbacks_and_candidates_are_valid_configs():
     for m in range(1, 18):
         for grouped in (False, True):
-            assert tuning.default_linear(m, grouped).kernel == (GEMV if m <= 2 else DOT)
+            assert tuning.default_linear(m, grouped, generation="v1").kernel == (GEMV if m <= 2 else DOT)
+            v3 = tuning.default_linear(m, grouped, n=2560, k=2560, generation="v3")
+            assert v3.kernel == (GEMV if m <= 2 else tuning.MMA if m <= tuning.MMA_MAX_M else DOT)
+            assert v3.prefetch == (m == 1)
             assert tuning.default_linear(m, grouped, weight_only=True).kernel == (GEMV if m == 1 else DOT)
             for n, k in ((2560, 6912), (13824, 2560), (1024, 2048)):
                 cfg = tuning.default_linear(m, grouped, n=n, k=k)
@@ -74,7 +77,8 @@ def test_fallbacks_and_candidates_are_valid_configs():
                 cands = tuning.linear_candidates(m, n, k, grouped)
                 assert cands and len(set(cands)) == len(cands)
                 kinds = {c.kernel for c in cands}
-                assert kinds == ({tuning.LANES, tuning.MMA} if m <= 4 else {tuning.MMA})
+                assert kinds == ({GEMV, tuning.LANES, tuning.MMA} | ({DOT} if m == 2 else set()) if m <= 2
+                                 else {tuning.MMA, DOT})
                 # the weight-only linear has none of the W2A8-only kernels: never offered to it
                 wo = {c.kernel for c in tuning.linear_candidates(m, n, k, grouped, weight_only=True)}
                 assert wo == ({GEMV, DOT} if m <= 2 else {DOT})

@@ -1,4 +1,11 @@
-"""Kernel micro-benchmarks on one GPU (issue 4): W2A8 / W2A16 linears, heads, attention, quant.
+"""Kernel micro-benchmarks on one GPU (issues 4, 15): W2A8 / W2A16 linears, heads, attention, quant.
+
+Sections (``--only``, in this order): ``floor`` (µs per launch of empty kernels and of the
+smallest W2A8 launch, tools/kernel_probe.py), ``large`` (single very large matrices: the
+kernels' sustained weights per SM-clock), ``stack`` (the Orin proxy: a model's whole stack of
+ternary linears per launch scheme and width, tools/kernel_stack.py; with ``--sweep`` the
+table of this GPU gets, per width, the launches of the stack-fastest scheme), then the
+per-kernel sections below. The Orin projection uses the large-matrix rates.
 
 For each layer shape of BitNet-2B and Bonsai-1.7B, the LM head, and widths M in {1, 5, 9, 17}:
 
@@ -48,12 +55,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kernels_ampere import pack_ternary, tuning  # noqa: E402
+from kernels_ampere.common import shared_carveout  # noqa: E402
 from kernels_ampere.autotune import GraphTimer, precompile  # noqa: E402
 from kernels_ampere.numerics import quantize_activations, quantize_rows_int8  # noqa: E402
-from tools.kernel_stack import (BOARDS, STACK_MODELS, STACK_WIDTHS, Stack, project, scheme_configs,  # noqa: E402
-                                sm_clock_mhz, stack_row, sweep)
+from tools.kernel_probe import best_large, fixed_cost, floor_rows, large_candidates, large_rows  # noqa: E402
+from tools.kernel_probe import LARGE_SHAPES  # noqa: E402
+from tools.kernel_stack import (BOARDS, ORIN_LAUNCH_US, STACK_MODELS, STACK_WIDTHS, Stack, project,  # noqa: E402
+                                scheme_configs, sm_clock_mhz, stack_row, sweep)
 
-STACK_SCHEMES = ("before (tuned table)", "before (untuned)", "untuned", "tuned")
+# before = the previous release's table; shipped = what a call without a config launches now;
+# +pf = the same launches with the L2 prefetch before the programmatic-launch wait;
+TABLE_SCHEMES = ("tuned", "before (tuned table)", "v1 untuned", "v1 untuned+pf", "v3 untuned")
+CARVEOUT_PERCENT = 100  # the '+co' schemes: every W2A8 launch prefers the largest shared-memory split
+# +co = the same launches with one fixed L1 / shared-memory split for every W2A8 kernel
+STACK_SCHEMES = ("before (tuned table)", "shipped", "v1 untuned", "v1 untuned+pf", "v2 untuned", "v3 untuned",
+                 "shipped+co")
 LEGACY_TABLE = ROOT / "tools" / "results" / "legacy_tuned_nvidia_h200.json"
 
 WIDTHS = (1, 5, 9, 17)
@@ -324,6 +340,28 @@ def git_commit() -> str:
         return "unknown"
 
 
+def table_entries(st: Stack, m: int, measured: dict, isolated: dict) -> list[dict]:
+    """This GPU's table entries for the stack's shapes at width ``m``: the launches of the
+    scheme whose *whole stack* ran fastest among those a table can hold (the per-shape sweep's
+    picks, the previous table, the untuned defaults). Per-shape winners timed alone can lose
+    in the stack (consecutive launches of different kernels interact), so the stack decides."""
+    options = {sc: v for sc, v in measured.items() if sc in TABLE_SCHEMES}
+    if not options:
+        return []
+    winner = min(options, key=lambda sc: options[sc][0])
+    stack_us, cfgs = options[winner]
+    out = []
+    for name, n, k, g in st.shapes:
+        key = tuning.linear_key(n, k, m, g)
+        us = isolated.get((json.dumps(key, sort_keys=True), json.dumps(asdict(cfgs[name]), sort_keys=True)))
+        out.append({**tuning.record("w2a8_linear", key, cfgs[name], us if us is not None else float("nan")),
+                    "stack_scheme": winner, "stack_us": round(stack_us, 1)})
+        if us is None:
+            out[-1]["us"] = None  # not timed alone
+    log(f"table M={m}: the launches of '{winner}' ({stack_us:.1f} us per stack step)")
+    return out
+
+
 class Run:
     def __init__(self, args):
         self.args = args
@@ -338,6 +376,32 @@ class Run:
         self.save = lambda: None  # main() points it at the writer of kernels.json / .md
         self.gen = torch.Generator(device="cuda").manual_seed(args.seed)
 
+    def floor(self):
+        """µs per launch that no kernel body avoids (tools/kernel_probe.py)."""
+        sms = tuning.sm_count(torch.device("cuda"))
+        try:
+            rows = floor_rows(GraphTimer(replays=self.args.replays), sms)
+        except Exception as e:
+            rows = [{"section": "floor", "what": "setup", "error": f"{type(e).__name__}: {e}"[:300]}]
+        for r in rows:
+            log(f"floor {r['what']:<34} pdl={r.get('pdl')}: " + (f"{r['us']:.3f} us" if "us" in r else r["error"]))
+        self.stack_rows += rows
+
+    def large(self, widths):
+        """Single very large matrices: the kernels' sustained weights per SM-clock (tools/kernel_probe.py)."""
+        a = self.args
+        sms, mhz = tuning.sm_count(torch.device("cuda")), self.meta["sm_clock_mhz"]
+        jobs = [("w2a8_linear", n, k, False, m, False, cfg) for _, n, k in LARGE_SHAPES for m in widths
+                for _, cfg in large_candidates(m)]
+        t0 = time.time()
+        try:
+            precompile(jobs, a.jobs)
+        except Exception as e:  # the timing run compiles what is missing itself
+            log(f"precompile failed: {e!r}")
+        log(f"large shapes: {len(jobs)} launches precompiled in {time.time() - t0:.0f} s")
+        self.stack_rows += large_rows(widths, GraphTimer(reps=32, replays=3), sms, mhz, log)
+        self.save()
+
     def stack(self, models, widths):
         """The Orin proxy: whole stacks of ternary linears per scheme and width (tools/kernel_stack.py)."""
         a = self.args
@@ -345,6 +409,8 @@ class Run:
         sms, mhz = tuning.sm_count(dev), self.meta["sm_clock_mhz"]
         legacy = tuple(json.loads(a.legacy_table.read_text())["entries"]) if a.legacy_table.is_file() else ()
         timer = GraphTimer(replays=a.replays)
+        schemes = tuple(a.stack_schemes.split(",")) + (("tuned",) if a.sweep else ())
+        best = best_large(self.stack_rows)
         for model in models:
             try:
                 st = Stack(model, a.rotate_mb, seed=a.seed)
@@ -355,7 +421,7 @@ class Run:
             for m in widths:
                 for name, n, k, g in st.shapes:
                     res = st.cases[name].residual
-                    cfgs = {scheme_configs(st, sc, m, legacy, {})[name] for sc in STACK_SCHEMES}
+                    cfgs = {scheme_configs(st, sc, m, legacy, {})[name] for sc in schemes if sc != "tuned"}
                     if a.sweep:
                         cfgs |= set(tuning.linear_candidates(m, n, k, g))
                     jobs += [("w2a8_linear", n, k, g, m, res, c) for c in cfgs]
@@ -365,37 +431,45 @@ class Run:
             except Exception as e:  # the timing run compiles what is missing itself
                 log(f"precompile failed: {e!r}")
             log(f"{model}: {len(jobs)} launches precompiled in {time.time() - t0:.0f} s")
-            chosen = {}
+            chosen, isolated = {}, {}
             for m in widths:  # width by width: a run cut short keeps every width it finished
                 if a.sweep:
-                    picked, entries, tlog = sweep(st, (m,), self.tune_timer, log)
+                    picked, _, tlog = sweep(st, (m,), self.tune_timer, log)
                     chosen.update(picked)
-                    self.tuned += entries
                     self.tune_log += tlog
+                    isolated.update({(json.dumps(t["key"], sort_keys=True), json.dumps(c["config"], sort_keys=True)):
+                                     c["us"] for t in tlog for c in t["tried"] if "us" in c})
                 st.set_width(m)
-                for scheme in STACK_SCHEMES:
-                    cfgs = scheme_configs(st, scheme, m, legacy, chosen)
+                measured = {}
+                for scheme in schemes:
+                    fixed_split = scheme.endswith("+co")  # every W2A8 launch asks for the same L1 / shared split
+                    cfgs = scheme_configs(st, scheme[:-3] if fixed_split else scheme, m, legacy, chosen)
+                    shared_carveout(CARVEOUT_PERCENT if fixed_split else None)
                     try:
                         st.check(cfgs)
                         row = stack_row(st, scheme, m, st.time_us(timer, cfgs), self.meta["copy_gbps"], sms, mhz, cfgs)
+                        fc = fixed_cost(row["us"], st.shapes, st.layers, m, best)
+                        row["fixed_us_per_linear"] = round(fc, 2) if fc is not None else None
+                        measured[scheme] = (row["us"], cfgs)
                     except Exception as e:
                         row = {"section": "stack", "model": model, "scheme": scheme, "M": m,
                                "error": f"{type(e).__name__}: {e}"[:300]}
+                    finally:
+                        shared_carveout(None)
                     self.stack_rows.append(row)
                     log(f"stack {model:<11} M={m:<3} {scheme:<21} " + (
                         f"{row['us']:9.1f} us {row['packed_gbps']:7.0f} GB/s {row['weights_per_sm_clock']} w/SM-clk"
                         if "us" in row else row["error"]))
-                hot = {}
-                cfgs = scheme_configs(st, "tuned", m, legacy, chosen)
-                for name, n, k, g in st.shapes:
-                    try:
-                        us = st.time_hot_us(timer, name, cfgs[name])
-                        hot[(name, m)] = n * k / (us * 1e-6 * sms * mhz * 1e6) if mhz else None
-                    except Exception as e:
-                        log(f"hot timing {model} {name} M={m} failed: {e!r}")
-                self.stack_rows.append({"section": "projection", "model": model, "M": m,
-                                        "hot_weights_per_sm_clock": {n: round(r, 1) for (n, _), r in hot.items() if r},
-                                        "boards": project(st, m, hot)})
+                if a.sweep:
+                    self.tuned += table_entries(st, m, measured, isolated)
+                def rate_of(name, n, k, m):  # the large-shape rate of the same K and width
+                    big = best.get((2560 if k <= 4096 else 6912, m))
+                    return big["weights_per_sm_clock"] if big else None
+                if best:
+                    self.stack_rows.append({"section": "projection", "model": model, "M": m,
+                                            "large_weights_per_sm_clock": {
+                                                name: rate_of(name, n, k, m) for name, n, k, _ in st.shapes},
+                                            "boards": project(st, m, rate_of)})
                 self.save()
             st = None
             torch.cuda.empty_cache()
@@ -561,11 +635,11 @@ def summarize(rows: list[dict], copy_gbps: float, stack_rows: list[dict] = ()) -
     out = {}
     stack = {(r["scheme"], r["M"]): r for r in stack_rows
              if r.get("section") == "stack" and r.get("model") == "bitnet-2b" and r.get("us")}
-    for scheme in ("tuned", "untuned"):
+    for scheme in dict.fromkeys(sc for sc, _ in stack):
         got = {m: r for (sc, m), r in stack.items() if sc == scheme}
-        if not got or 1 not in got:
+        if 1 not in got:
             continue
-        tag = scheme.replace(" ", "_")
+        tag = scheme.replace(" ", "_").replace("(", "").replace(")", "")
         out[f"2b_stack_{tag}_us"] = {m: got[m]["us"] for m in sorted(got)}
         rate = {m: got[m]["weights_per_sm_clock"] for m in sorted(got)}
         out[f"2b_stack_{tag}_weights_per_sm_clock"] = rate
@@ -575,8 +649,18 @@ def summarize(rows: list[dict], copy_gbps: float, stack_rows: list[dict] = ()) -
         worst = max(got[m]["us"] / got[1]["us"] for m in got if m <= 80)
         out[f"2b_stack_{tag}_worst_M_over_M1"] = round(worst, 3)
         out[f"target_{tag}_every_M_within_1.5x_of_M1"] = worst <= 1.5
-    tuned = {m: r["us"] for (sc, m), r in stack.items() if sc == "tuned"}
-    untuned = {m: r["us"] for (sc, m), r in stack.items() if sc == "untuned"}
+    # the untuned default (the default generation, no table) against the table: per width the
+    # fastest stack of the schemes a table can hold (bench_kernels.table_entries)
+    untuned_name = f"{tuning.W2A8_DEFAULT_GENERATION} untuned"
+    tuned = {}
+    for (sc, m), r in stack.items():
+        if sc in TABLE_SCHEMES and (m not in tuned or r["us"] < tuned[m]):
+            tuned[m] = r["us"]
+    if tuned:
+        out["2b_stack_table_us"] = {m: tuned[m] for m in sorted(tuned)}
+        out["2b_stack_table_worst_M_over_M1"] = round(max(v / tuned[1] for v in tuned.values()), 3) if 1 in tuned \
+            else None
+    untuned = {m: r["us"] for (sc, m), r in stack.items() if sc == untuned_name}
     common = sorted(set(tuned) & set(untuned))
     if common:
         worst = max(untuned[m] / tuned[m] for m in common)
@@ -584,8 +668,11 @@ def summarize(rows: list[dict], copy_gbps: float, stack_rows: list[dict] = ()) -
         out["target_untuned_within_15pct_of_tuned"] = worst <= 1.15
     before = {m: r["us"] for (sc, m), r in stack.items() if sc == "before (tuned table)"}
     if before and tuned:
-        out["2b_stack_speedup_tuned_vs_before"] = {m: round(before[m] / tuned[m], 2)
+        out["2b_stack_speedup_table_vs_before"] = {m: round(before[m] / tuned[m], 2)
                                                   for m in sorted(set(before) & set(tuned))}
+    if before and untuned:
+        out["2b_stack_speedup_untuned_vs_before"] = {m: round(before[m] / untuned[m], 2)
+                                                    for m in sorted(set(before) & set(untuned))}
     m1 = [us(n, 1, "w2a8") for n in BITNET_SHAPE_NAMES]
     if all(v is not None for v in m1):
         out["bitnet_w2a8_total_us_M1"] = round(sum(m1), 2)
@@ -597,16 +684,50 @@ def summarize(rows: list[dict], copy_gbps: float, stack_rows: list[dict] = ()) -
     return out
 
 
+def probe_markdown(meta: dict, stack_rows: list[dict]) -> list[str]:
+    """The per-launch floor and the large-shape throughput (tools/kernel_probe.py)."""
+    lines = []
+    floor = [r for r in stack_rows if r.get("section") == "floor"]
+    if floor:
+        lines += ["", "## Per-launch floor", "",
+                  "µs per launch, a chain of 256 launches replayed from one CUDA graph.", "",
+                  "| launch | programmatic launch | µs |", "|---|---|---|"]
+        lines += [f"| {r['what']} | {r.get('pdl')} | {r.get('us', r.get('error', ''))} |" for r in floor]
+    large = [r for r in stack_rows if r.get("section") == "large"]
+    if large:
+        best = best_large(large)
+        fams = list(dict.fromkeys(r["family"] for r in large))
+        lines += ["", "## Large matrices: sustained throughput", "",
+                  "One matrix of hundreds of waves per call, rotating over copies (weights from DRAM); each "
+                  "family's fastest candidate of `kernel_probe.large_candidates`, weights per SM-clock "
+                  f"(packed GB/s of {meta['copy_gbps']:.0f} copy); `+pf` = L2 prefetch before the wait.", "",
+                  "| shape | M | " + " | ".join(fams) + " | best |", "|---|---|" + "---|" * (len(fams) + 1)]
+        for label, n, k in LARGE_SHAPES:
+            for m in sorted({r["M"] for r in large if r["K"] == k}):
+                cells = []
+                for f in fams:
+                    r = best.get((k, m, f))
+                    cells.append(f"{r['weights_per_sm_clock']} ({r['packed_gbps']:.0f})" if r else "")
+                b = best.get((k, m))
+                top = (f"{b['family']} {b['config']['block_n']}x{b['config']['block_kb']} w{b['config']['num_warps']}"
+                       f" s{b['config']['num_stages']}: {b['us']} µs" if b else "")
+                lines.append(f"| {label} | {m} | " + " | ".join(cells) + f" | {top} |")
+    return lines
+
+
 def stack_markdown(meta: dict, stack_rows: list[dict]) -> list[str]:
-    if not stack_rows:
+    if not any(r.get("section") == "stack" for r in stack_rows):
         return []
     lines = ["", "## Whole stacks of ternary linears (the Orin proxy)", "",
              f"One CUDA graph per (model, scheme, M): every layer's QKV, O, gate+up and down projections "
              f"(distinct weights, float32 out, residual fused into O and down), weights cold in L2. "
              f"Weights per SM-clock = ternary weights / (µs · {meta['sms']} SMs · {meta['sm_clock_mhz']:.0f} MHz). "
              "Bandwidth-bound needs: Orin NX 16GB ≈ 56, AGX Orin 64GB ≈ 39, Orin Nano 8GB ≈ 54, H200 ≈ 74.", "",
-             "| model | scheme | M | µs / step | packed GB/s | % copy BW | weights / SM-clock | vs M = 1 |",
-             "|---|---|---|---|---|---|---|---|"]
+             "Fixed µs / linear = (µs / step − the stack's bytes at the large-matrix rate of the same K and M) "
+             "/ linears: what each launch costs beyond streaming its weights.", "",
+             "| model | scheme | M | µs / step | packed GB/s | % copy BW | weights / SM-clock | vs M = 1 | "
+             "fixed µs / linear |",
+             "|---|---|---|---|---|---|---|---|---|"]
     base = {(r["model"], r["scheme"]): r["us"] for r in stack_rows if r.get("section") == "stack" and r.get("M") == 1
             and r.get("us")}
     for r in stack_rows:
@@ -618,14 +739,18 @@ def stack_markdown(meta: dict, stack_rows: list[dict]) -> list[str]:
             continue
         b = base.get((r["model"], r["scheme"]))
         lines.append(f"| {r['model']} | {r['scheme']} | {r['M']} | {r['us']:.1f} | {r['packed_gbps']:.0f} | "
-                     f"{r['pct_copy_bw']}% | {r['weights_per_sm_clock']} | {r['us'] / b:.2f}x |" if b else "")
+                     f"{r['pct_copy_bw']}% | {r['weights_per_sm_clock']} | {r['us'] / b:.2f}x | "
+                     f"{r.get('fixed_us_per_linear', '')} |" if b else "")
     proj = [r for r in stack_rows if r.get("section") == "projection"]
     if proj:
         boards = list(BOARDS)
-        lines += ["", "### Projected ternary-linear step on Jetson boards (tuned kernels)", "",
-                  "Per call `t = max(bytes / (0.8 · BW), weights / (r · SMs · f)) + 3 µs`, summed over the stack; "
-                  "r = the weights per SM-clock this GPU sustained on that shape and width with its weights in L2 "
-                  "(launch included: a lower bound); boards: " + "; ".join(
+        lines += ["", "### Projected ternary-linear step on Jetson boards", "",
+                  f"Per call `t = max(bytes / (0.8 · BW), weights / (r · SMs · f)) + {ORIN_LAUNCH_US:g} µs`, summed "
+                  "over the stack; r = the weights per SM-clock the fastest kernel sustained on this GPU on a large "
+                  "matrix of the same K and width (above: fixed cost amortised; a lower bound on the SM's rate where "
+                  f"this GPU's DRAM was the limit); {ORIN_LAUNCH_US:g} µs = the assumed cost of one launch in a "
+                  "replayed graph on an Orin (no programmatic launch on sm_87; not measured here); "
+                  "0.8 = the share of DRAM bandwidth a streaming kernel reaches; boards: " + "; ".join(
                       f"{b} {sm} SMs {mhz} MHz {bw} GB/s" for b, (sm, mhz, bw) in BOARDS.items())
                   + ". Steps/s at M = 1 is the AR tok/s ceiling the ternary linears allow.", "",
                   "| model | M | " + " | ".join(f"{b} ms (steps/s; BW bound)" for b in boards) + " |",
@@ -647,6 +772,7 @@ def write_markdown(path: Path, meta: dict, rows: list[dict], summary: dict, stac
              f"{meta['sm_clock_mhz']:.0f} MHz (max SM clock): "
              f"{meta['copy_gbps'] * 1e3 / (meta['sms'] * meta['sm_clock_mhz']) if meta['sm_clock_mhz'] else 0:.1f} "
              "copied bytes per SM-clock", ""]
+    lines += probe_markdown(meta, stack_rows)
     lines += stack_markdown(meta, stack_rows)
     if rows:
         lines += ["", "## Per-kernel rows", "",
@@ -688,9 +814,12 @@ def main(argv=None) -> int:
     ap.add_argument("--tune", action="store_true", help="time candidate configs first and save the winners")
     ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results", help="folder for kernels.json/.md")
     ap.add_argument("--tuned-dir", type=Path, default=tuning.TUNED_DIR, help="where --tune writes <gpu>.json")
-    ap.add_argument("--only", default="stack,quant,attention,heads,linear", help="comma list of sections to run")
+    ap.add_argument("--only", default="floor,large,stack,quant,attention,heads,linear",
+                    help="comma list of sections to run")
     ap.add_argument("--stack-models", default=",".join(STACK_MODELS), help="models whose whole stack replays")
     ap.add_argument("--stack-widths", default=",".join(map(str, STACK_WIDTHS)), help="widths of the stack replays")
+    ap.add_argument("--stack-schemes", default=",".join(STACK_SCHEMES),
+                    help="comma list of launch schemes the stacks replay (tools/kernel_stack.scheme_configs)")
     ap.add_argument("--sweep", action="store_true",
                     help="tune the stacks' projections in this run (the 'tuned' scheme) and save the table")
     ap.add_argument("--legacy-table", type=Path, default=LEGACY_TABLE,
@@ -749,6 +878,10 @@ def main(argv=None) -> int:
     try:
         if args.tune:  # tune and benchmark shape by shape; the table is written once at the end
             log("tuning: every benchmarked (op, shape, M) times its candidate list first")
+        if "floor" in sections:
+            run.floor()
+        if "large" in sections:
+            run.large(tuple(int(w) for w in args.stack_widths.split(",")))
         if "stack" in sections:  # the headline first
             run.stack(args.stack_models.split(","), tuple(int(w) for w in args.stack_widths.split(",")))
             save()

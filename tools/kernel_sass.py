@@ -82,12 +82,11 @@ def compile_config(cfg: LinearConfig, m: int, k: int, arch: int, grouped: bool =
            "chunks_per_split": "i32", "stride_am": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_sg": "i32",
            "stride_om": "i32", "stride_rm": "i32"}
     chunks = 1 if (grouped and cfg.kernel == MMA) else cfg.block_kb // 32
+    # no programmatic launch (an Orin has none), so no L2 prefetch either: w2a8_linear gates it on the launch
     const = dict(K=k, GROUPED=grouped, SPLIT=cfg.split_k > 1, RESIDUAL=False, BLOCK_N=cfg.block_n, CHUNKS=chunks,
-                 USE_GDC=False)
+                 USE_GDC=False, PREFETCH=False, USE_ASM=True)
     if cfg.kernel != GEMV:
         const["BLOCK_M"] = block_m(cfg, m)
-    if cfg.kernel != DOT:
-        const["USE_ASM"] = True
     if cfg.kernel == MMA:
         const["ASUM_BY_DOT"] = grouped or k % 4 != 0
     chunks_total = -(-k // 128)
@@ -146,6 +145,7 @@ def profile(cfg: LinearConfig, m: int, k: int, arch: int, tmp: Path) -> dict:
     per_warp = weights / cfg.num_warps / programs_per_tile
     b, limiter = bound(counts, per_warp)
     return {"kernel": cfg.kernel, "M": m, "BLOCK_N": cfg.block_n, "CHUNKS": chunks, "warps": cfg.num_warps,
+            "stages": cfg.num_stages,
             "rows_per_program": rows_per_program, "loop_instructions": sum(counts.values()),
             "weights_per_warp_instruction": round(per_warp / max(sum(counts.values()), 1), 2),
             "bound_weights_per_sm_clock": round(b, 1), "limiter": limiter, "regs": res.get("reg"),
@@ -192,14 +192,16 @@ def main(argv=None) -> int:
     ap.add_argument("--sms", type=int, default=8, help="SM count the defaults are sized for (8: Orin NX / Nano)")
     ap.add_argument("--widths", default="1,2,9,16,27,40,80")
     ap.add_argument("--shape", default="2560x6912", help="NxK of the projection (the defaults depend on it)")
-    ap.add_argument("--extra", default="", help="more configs: kernel:block_n:block_kb:warps[:split], comma list")
+    ap.add_argument("--extra", default="",
+                    help="more configs: kernel:block_n:block_kb:warps[:split[:stages]], comma list")
     ap.add_argument("--out", type=Path, default=None, help="write a Markdown table here")
     args = ap.parse_args(argv)
     n, k = (int(v) for v in args.shape.split("x"))
     extra = []
     for item in filter(None, args.extra.split(",")):
-        kind, bn, kb, warps, *sk = item.split(":")
-        extra.append(LinearConfig(kind, int(bn), int(kb), num_warps=int(warps), split_k=int(sk[0]) if sk else 1))
+        kind, bn, kb, warps, *rest = item.split(":")
+        extra.append(LinearConfig(kind, int(bn), int(kb), num_warps=int(warps), split_k=int(rest[0]) if rest else 1,
+                                  num_stages=int(rest[1]) if len(rest) > 1 else 1))
     tmp = Path(f"/tmp/kernel_sass_{os.getpid()}.cubin")
     rows = []
     for m in (int(w) for w in args.widths.split(",")):
@@ -214,7 +216,7 @@ def main(argv=None) -> int:
                 rows.append({"kernel": cfg.kernel, "M": m, "error": f"{type(e).__name__}: {e}"[:200]})
             r = rows[-1]
             print(f"sm_{args.arch} M={m:<3} {cfg.kernel:<5} bn={cfg.block_n:<3} kb={cfg.block_kb:<4} "
-                  f"w={cfg.num_warps}: " + (f"{r['loop_instructions']:5} instr/iter, "
+                  f"w={cfg.num_warps} s={cfg.num_stages}: " + (f"{r['loop_instructions']:5} instr/iter, "
                                             f"{r['weights_per_warp_instruction']:6} w/warp-instr, bound "
                                             f"{r['bound_weights_per_sm_clock']:6} w/SM-clk ({r['limiter']}), "
                                             f"{r['regs']} regs, spill {r['spill_bytes']}  {r['top']}"
@@ -225,13 +227,14 @@ def main(argv=None) -> int:
                  f"Triton {triton.__version__}; projection {n}x{k}; defaults sized for {args.sms} SMs. "
                  "Bound = weights per SM-clock the loop's instruction mix allows (tools/kernel_sass.py), with "
                  "Ampere's per-SM pipe rates (sm_80 / sm_86 / sm_87; a Hopper SM runs IMMA faster).", "",
-                 "| M | kernel | BLOCK_N | CHUNKS | warps | rows/program | instr / iteration | weights / warp-instr "
-                 "| bound w / SM-clk | limiter | regs | spill B |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                 "| M | kernel | BLOCK_N | CHUNKS | warps | stages | rows/program | instr / iteration | "
+                 "weights / warp-instr | bound w / SM-clk | limiter | regs | spill B |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             if "error" in r:
-                lines.append(f"| {r['M']} | {r['kernel']} | FAILED: {r['error']} |||||||||")
+                lines.append(f"| {r['M']} | {r['kernel']} | FAILED: {r['error']} ||||||||||")
                 continue
-            lines.append(f"| {r['M']} | {r['kernel']} | {r['BLOCK_N']} | {r['CHUNKS']} | {r['warps']} | "
+            lines.append(f"| {r['M']} | {r['kernel']} | {r['BLOCK_N']} | {r['CHUNKS']} | {r['warps']} | {r['stages']} | "
                          f"{r['rows_per_program']} | {r['loop_instructions']} | {r['weights_per_warp_instruction']} | "
                          f"{r['bound_weights_per_sm_clock']} | {r['limiter']} | {r['regs']} | {r['spill_bytes']} |")
         lines += project(rows)

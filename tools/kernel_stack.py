@@ -11,17 +11,19 @@ reads its weights from DRAM, as a decode step does. Reported per (scheme, M):
 * **weights per SM-clock** = ternary weights / (time · SMs · SM clock): the rate a kernel must
   sustain to be bandwidth-bound on a GPU whose bytes per SM-clock are known (4 weights per
   byte): Orin NX 16GB ≈ 56, AGX Orin 64GB ≈ 39, Orin Nano 8GB ≈ 54, H200 ≈ 74;
-* schemes: ``before`` (the gemv / dot kernels of the previous release with their shipped
-  table or their untuned heuristic), ``untuned`` (the current kernels with the defaults a GPU
-  without a table gets) and ``tuned`` (this GPU's table, or this run's ``--sweep``).
+* schemes (``scheme_configs``): ``before (tuned table)`` (the previous release's table),
+  ``shipped`` (what a call without a config launches now), ``vN untuned`` (generation N's
+  SM-count defaults), ``tuned`` (this run's per-shape ``--sweep`` picks); a ``+pf`` suffix
+  turns on the L2 prefetch, ``+co`` (bench_kernels) one fixed L1/shared split.
 
 Orin projection (``project``): per call ``t = max(bytes / (η · BW), weights / (r · SMs · f)) + o``
 summed over the stack, where BW, SMs and f are the board's, η = 0.8 the share of the DRAM
 bandwidth a streaming kernel reaches (Orin copy kernels measure ~80% of the spec), r the
-weights per SM-clock the kernel sustained on this GPU with the same shape and width *with its
-weights in L2* (an instruction-throughput figure: launch overhead included, so a lower bound
-on what an SM can do; Ampere and Hopper SMs issue the same integer and int8 MMA
-instructions at about the same per-clock rate per SM sub-partition), and o = 3 µs the cost
+weights per SM-clock the fastest kernel sustained on this GPU on a *large* matrix of the same
+K at the same width (``kernel_probe``: hundreds of waves, weights from DRAM, so the per-launch
+cost is amortised; where this GPU's DRAM is the limit, r is a lower bound on what an SM can
+do; Ampere and Hopper SMs issue the same integer and int8 MMA instructions at about the same
+per-clock rate per SM sub-partition), and o = 3 µs the cost
 of one kernel in a replayed CUDA graph on an Orin (graph node + launch, no programmatic
 launch on sm_87). tok/s of the ternary linears = 1 / (step time) at M = 1; at M > 1 the
 projection is the step time a draft / verify step of that width pays.
@@ -29,6 +31,7 @@ projection is the step time a draft / verify step of that width pays.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 
@@ -107,12 +110,24 @@ class Stack:
 
 
 def scheme_configs(stack: Stack, scheme: str, m: int, legacy_table: tuple, chosen: dict) -> dict:
-    """The launch configuration of every projection of ``stack`` at width ``m`` under ``scheme``."""
+    """The launch configuration of every projection of ``stack`` at width ``m`` under ``scheme``.
+
+    ``shipped``: what ``w2a8_linear`` launches with no config (this GPU's table, else the
+    default generation's defaults); ``v1 untuned`` / ``v2 untuned``: one generation's
+    SM-count defaults; a ``+pf`` suffix turns on the L2 prefetch before the wait."""
     dev = torch.device("cuda")
+    if scheme.endswith("+pf"):
+        return {name: dataclasses.replace(cfg, prefetch=True)
+                for name, cfg in scheme_configs(stack, scheme[:-3], m, legacy_table, chosen).items()}
     out = {}
     for name, n, k, g in stack.shapes:
         key = tuning.linear_key(n, k, m, g)
-        if scheme == "before (tuned table)":
+        if scheme == "shipped":
+            out[name] = tuning.lookup("w2a8_linear", key, dev) or tuning.default_linear(
+                m, g, n=n, k=k, sms=tuning.sm_count(dev))
+        elif scheme in tuple(f"{g} untuned" for g in tuning.W2A8_GENERATIONS):
+            out[name] = tuning.default_linear(m, g, n=n, k=k, sms=tuning.sm_count(dev), generation=scheme[:2])
+        elif scheme == "before (tuned table)":
             out[name] = tuning.find_config(legacy_table, "w2a8_linear", key) or legacy_default(m, n, k)
         elif scheme == "before (untuned)":
             out[name] = legacy_default(m, n, k)
@@ -149,8 +164,11 @@ def stack_row(stack: Stack, scheme: str, m: int, us: float, copy_gbps: float, sm
             "configs": {k: v.__dict__ for k, v in configs.items()}}
 
 
-def project(stack: Stack, m: int, hot_rate: dict) -> dict:
-    """Projected step time (ms) and steps/s of the stack's ternary linears on each board."""
+def project(stack: Stack, m: int, rate_of) -> dict:
+    """Projected step time (ms) and steps/s of the stack's ternary linears on each board.
+
+    ``rate_of(name, n, k, m)``: the weights per SM-clock the kernels sustain on that shape
+    and width (the large-shape rate of the same K: ``kernel_probe``), or None (bytes only)."""
     out = {}
     for board, (sms, mhz, bw) in BOARDS.items():
         total = 0.0
@@ -158,7 +176,7 @@ def project(stack: Stack, m: int, hot_rate: dict) -> dict:
         for name, n, k, _ in stack.shapes:
             nbytes = n * (-(-k // 128) * 32)
             mem = nbytes / (DRAM_EFFICIENCY * bw * 1e9)
-            rate = hot_rate.get((name, m))
+            rate = rate_of(name, n, k, m)
             compute = n * k / (rate * sms * mhz * 1e6) if rate else 0.0
             total += stack.layers * (max(mem, compute) + ORIN_LAUNCH_US * 1e-6)
             bound += stack.layers * mem

@@ -1,6 +1,6 @@
 """``bitmtp``: the command line, a thin shell over the Python API (``bitmtp_edge.Engine``).
 
-Commands: ``generate``, ``demo``, ``chat``, ``bench``, ``doctor`` and ``serve``; exporting is
+Commands: ``generate``, ``demo``, ``chat``, ``bench``, ``tune``, ``doctor`` and ``serve``; exporting is
 ``bitmtp-export`` (the ``export`` package sits above the runtime). Nothing heavy is imported when this module loads: ``--help``
 is instant and ``doctor`` can report a broken torch install instead of dying on it.
 Errors a user can cause become ``click.ClickException`` naming the file or option and
@@ -356,6 +356,56 @@ def bench(ctx, artifact, backend, device, runtime, prompts_file, num_prompts, po
         click.echo(f"interrupted: wrote the {len(report.runs)} of {report.planned_runs} runs measured "
                    "(marked partial)", err=True)
         sys.exit(130)  # the shell's code for Ctrl-C
+
+
+# ----------------------------------------------------------------------------- tune
+
+TUNE_MODELS = ("bitnet-2b", "bonsai-1.7b", "bitmtp-27m", "bitnet-3b")  # kernels_ampere.autotune.MODEL_SHAPES
+TUNE_WIDTHS = "1,2,5,9,16,27,40,80"  # AR, drafts and verify blocks up to the widest tree
+
+
+@main.command()
+@click.option("--models", default="bitnet-2b,bitmtp-27m", show_default=True, metavar="LIST",
+              help=f"Comma list of models whose layer shapes are tuned: {', '.join(TUNE_MODELS)}.")
+@click.option("--shapes", default=None, metavar="LIST",
+              help="Extra single shapes NxK (append g for group-128 scales), e.g. 3840x2560,2048x2048g.")
+@click.option("--widths", default=TUNE_WIDTHS, show_default=True, metavar="LIST", help="Comma list of widths M.")
+@click.option("--weight-only", is_flag=True, help="Tune the W2A16 linear (bf16 activations) instead of W2A8.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Table to write [default: kernels_ampere/tuned/<gpu>.json, which the runtime and bench read].")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Compile processes [default: min(8, CPUs)].")
+def tune(models, shapes, widths, weight_only, out, jobs):
+    """Tune the packed-linear kernels for this GPU and write its table, which the runtime and
+    `bitmtp bench` then use (a GPU without one gets defaults sized from its SM count).
+
+    Every candidate is checked against its pure-PyTorch twin before it is timed; a model's
+    projections are chosen as a layer. A few minutes per model on an Orin. Needs CUDA.
+    """
+    for name in filter(None, models.split(",")):
+        if name not in TUNE_MODELS:
+            raise click.BadParameter(f"unknown model {name!r}; known: {', '.join(TUNE_MODELS)} (or use --shapes)",
+                                     param_hint="--models")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise click.ClickException("tune needs a CUDA GPU (none is visible to torch); tables are per GPU model")
+    from kernels_ampere.autotune import main as autotune_main
+
+    argv = ["--widths", widths, "--op", "w2a16_linear" if weight_only else "w2a8_linear"]
+    if models:
+        argv += ["--models", models]
+    if shapes:
+        argv += ["--shapes", shapes]
+    if out:
+        argv += ["--out", out]
+    if jobs:
+        argv += ["--jobs", str(jobs)]
+    try:
+        rc = autotune_main(argv)
+    except SystemExit as e:  # autotune's argument errors name the option
+        raise click.ClickException(str(e)) from None
+    if rc:
+        raise click.ClickException(f"tune failed (autotune exit status {rc})")
 
 
 # ----------------------------------------------------------------------------- doctor
