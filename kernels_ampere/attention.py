@@ -20,7 +20,9 @@ step grows with M x S. Both forms give the same visible set, but they compile to
 kernels, and on an H200 (hd 64, 256-512 history slots) some rows came out different in
 the last bits: a runtime whose steps must agree row for row uses one form for all of them
 (the graph backend: spans). Slots a row cannot see cost no bits: a wider workspace, or a
-longer history loop, leaves a row's result unchanged.
+longer history loop, leaves a row's result unchanged (a key tile no row sees adds exactly
+zero: alpha = 1, p = 0). So with spans a tile stops its workspace loop at its rows' largest
+``workspace_end``: an AR step or a verify reads no workspace slot, whatever the view's width.
 
 GQA: the ``G = Hq / Hkv`` query heads of one KV head, times the M rows, form the query rows
 of that KV head, cut into tiles of 16 (the same tile at every width, so a row computes the
@@ -149,8 +151,11 @@ def _attention_split_kernel(
                                   hist_end, ws_begin, ws_end, capacity,
                                   BLOCK_S, BLOCK_D, PRECISION, UPCAST, SPANS)
     if split == n_splits - 1:  # the workspace rides with the last split
+        ws_hi = S
+        if SPANS:  # only as far as the tile's rows look: an AR tile reads no workspace at all
+            ws_hi = tl.minimum(capacity + tl.max(tl.where(row_ok, ws_end, 0), axis=0), S)
         acc, m_i, l_i = _attend_range(acc, m_i, l_i, q, k_head, v_head, mask_ptr, row_m, row_ok,
-                                      capacity, S, stride_ks, stride_vs, stride_mm, qk_scale, HD,
+                                      capacity, ws_hi, stride_ks, stride_vs, stride_mm, qk_scale, HD,
                                       hist_end, ws_begin, ws_end, capacity,
                                       BLOCK_S, BLOCK_D, PRECISION, UPCAST, SPANS)
 
