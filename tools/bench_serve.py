@@ -36,6 +36,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -57,7 +58,9 @@ def free_port() -> int:
 
 
 class Server:
-    """``bitmtp serve --port`` in its own process."""
+    """``bitmtp serve --port`` in its own process: how users run it."""
+
+    mode = "separate"
 
     def __init__(self, args, interval_ms: float):
         self.interval_ms, self.port = interval_ms, free_port()
@@ -72,18 +75,22 @@ class Server:
         log("server: " + " ".join(cmd[1:]))
         self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
 
-    def wait_ready(self, client, timeout_s: float) -> None:
+    def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server (stream interval {self.interval_ms:g} ms) exited with "
-                                   f"{self.proc.returncode} while starting")
-            try:
-                if client.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except Exception:  # noqa: BLE001 - not listening yet
-                pass
-            time.sleep(0.5)
+        client = RawClient(self.url)
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"the server (stream interval {self.interval_ms:g} ms) exited with "
+                                       f"{self.proc.returncode} while starting")
+                try:
+                    if client.get("/health")[0] == 200:
+                        return
+                except OSError:  # not listening yet
+                    client.close()
+                time.sleep(0.5)
+        finally:
+            client.close()
         raise RuntimeError(f"the server was not ready within {timeout_s:.0f} s")
 
     def stop(self) -> None:
@@ -92,6 +99,89 @@ class Server:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+class InProcessServer:
+    """The same app over the benchmark's own Engine: uvicorn in a thread of this process.
+    ``Engine.generate`` and the server then run the same engine object, interleaved per
+    request, so server minus direct is the HTTP cost alone (two processes each decode at
+    their own few-% different pace)."""
+
+    mode = "in-process"
+
+    def __init__(self, engine, args, interval_ms: float):
+        from bitmtp_edge.app.http_server import ServerConfig, create_app, generation_defaults, make_server
+
+        self.interval_ms = interval_ms
+        config = ServerConfig(model_name=MODEL, max_tokens=args.tokens, stream_interval_s=interval_ms / 1e3,
+                              sampling_defaults=generation_defaults(engine))
+        self.server = make_server(create_app(engine, config), log_level="warning")
+        # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets that name it (with
+        # proto 0 every keep-alive reply waits ~40 ms for the client's delayed ACK).
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
+                                       name=f"uvicorn-{interval_ms:g}ms")
+        self.thread.start()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("the in-process uvicorn server died while starting")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the in-process server was not ready within {timeout_s:.0f} s")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        self.sock.close()
+
+
+def pace_engine(engine, step_us: float, prefill_us: float = 1000.0) -> None:
+    """A stand-in decode for measuring the host-side HTTP costs where no GPU is: every
+    request still goes through ``Engine.stream_ids``'s own checks, then a generator spins
+    (holding the GIL, like a host-bound decode loop launching kernels) ``prefill_us`` and
+    ``step_us`` per token, committing one token per step from a fixed run of real ids.
+    ``Engine.generate`` and the server both call ``stream_ids``, so both get it."""
+    from bitmtp_edge.runtime.decoding import DecodeStats
+
+    real = engine.stream_ids
+    vocab = [t for t in engine.encode("def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + "
+                                      "fibonacci(n - 2)\n") if t not in engine.eos_token_ids]
+
+    def spin(seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    def paced(prompt_len, max_new_tokens, stats, should_stop):
+        stats.prompt_tokens = prompt_len
+        t0 = time.perf_counter()
+        spin(prefill_us * 1e-6)
+        stats.prefill_s = time.perf_counter() - t0
+        t_start = time.perf_counter()
+        try:
+            for i in range(max_new_tokens):
+                if should_stop is not None and should_stop():
+                    stats.finish_reason = "cancelled"
+                    return
+                spin(step_us * 1e-6)
+                stats.iterations += 1
+                stats.new_tokens = i + 1
+                yield [vocab[i % len(vocab)]]
+            stats.finish_reason = "length"
+        finally:
+            stats.decode_s = time.perf_counter() - t_start
+
+    def stream_ids(prompt, *, max_new_tokens=128, stats=None, should_stop=None, **kw):
+        real(prompt, max_new_tokens=max_new_tokens, stats=stats, should_stop=should_stop, **kw).close()
+        return paced(len(prompt) if not isinstance(prompt, str) else 0, max_new_tokens,
+                     stats if stats is not None else DecodeStats(), should_stop)
+
+    engine.stream_ids = stream_ids
 
 
 def prompts(engine, n: int) -> list[str]:
@@ -110,40 +200,120 @@ def timed_direct(engine, prompt: str, policy: str, tokens: int) -> dict:
             "prefill_s": res.stats.prefill_s, "decode_s": res.stats.decode_s}
 
 
-def timed_stream(client, url: str, prompt: str, policy: str, tokens: int) -> dict:
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "stream": True,
-            "policy": policy}
-    pieces, first, last, chunks = [], None, None, 0
+class RawClient:
+    """A lean HTTP/1.1 client for the timed requests (``http.client``, one kept-alive
+    connection per server): the request bytes are built before the clock starts, the
+    streamed body is read in whole socket reads with a timestamp each and parsed only after
+    the last byte, so the client adds as little as possible to what is measured and holds
+    the GIL (in-process mode) only between reads. The tests drive the server with the
+    official ``openai`` client; this one measures."""
+
+    IDLE_S = 2.0  # reconnect (untimed) after this long idle: uvicorn closes idle connections after 5 s
+
+    def __init__(self, url: str):
+        import http.client
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        self._connect = lambda: http.client.HTTPConnection(parts.hostname, parts.port, timeout=600)
+        self.conn, self.last_used = None, 0.0
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        status, _, body, _ = self.request("GET", path, None)
+        return status, body
+
+    def request(self, method: str, path: str, body: bytes | None) -> tuple[int, list, bytes, float]:
+        """(status, [(seconds since the start, bytes so far) per read], body, seconds until the
+        request was written)."""
+        if self.conn is None or time.monotonic() - self.last_used > self.IDLE_S:
+            self.close()
+            self.conn = self._connect()
+            self.conn.connect()
+            # As httpx does: a request written in two segments must not wait for a delayed ACK.
+            self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        t0 = time.perf_counter()
+        try:
+            self.conn.request(method, path, body=body, headers=headers)
+            sent = time.perf_counter() - t0
+            resp = self.conn.getresponse()
+            reads, parts, size = [], [], 0
+            while True:
+                part = resp.read1(1 << 16)
+                if not part:
+                    break
+                size += len(part)
+                parts.append(part)
+                reads.append((time.perf_counter() - t0, size))
+            resp.read()  # marks the response done: the connection takes the next request
+            resp.close()
+        except Exception:
+            self.close()
+            raise
+        self.last_used = time.monotonic()
+        if resp.will_close:
+            self.close()
+        return resp.status, reads, b"".join(parts), sent
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+def request_body(prompt: str, policy: str, tokens: int, stream: bool) -> bytes:
+    return json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
+                       "stream": stream, "policy": policy}).encode()
+
+
+def parse_sse(body: bytes, reads: list) -> dict:
+    """A completions SSE body -> text, chunk count, the last chunk (usage, bitmtp) and when
+    the first text arrived (the read that completed its event)."""
+    pieces, chunks, last, first, offset = [], 0, None, None, 0
+    for event in body.split(b"\n\n"):
+        offset += len(event) + 2
+        if not event.startswith(b"data: ") or event == b"data: [DONE]":
+            continue
+        chunk = json.loads(event[6:])
+        if "error" in chunk:
+            raise RuntimeError(f"the server streamed an error: {chunk['error']}")
+        chunks += 1
+        text = chunk["choices"][0]["text"]
+        if text and first is None:
+            first = next((t for t, size in reads if size >= offset - 2), None)
+        pieces.append(text)
+        if chunk.get("usage"):
+            last = chunk
+    if last is None:
+        raise RuntimeError(f"the stream ended without a usage chunk: {body[-300:]!r}")
+    return {"text": "".join(pieces), "chunks": chunks, "first_s": first, "last": last}
+
+
+def timed_stream(client: RawClient, body: bytes) -> dict:
+    status, reads, raw, sent = client.request("POST", "/v1/completions", body)
+    wall = reads[-1][0] if reads else 0.0
     t0 = time.perf_counter()
-    with client.stream("POST", url + "/v1/completions", json=body, timeout=600) as resp:
-        resp.raise_for_status()
-        for line in resp.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            chunks += 1
-            text = chunk["choices"][0]["text"]
-            if text and first is None:
-                first = time.perf_counter() - t0
-            pieces.append(text)
-            last = chunk if chunk.get("usage") else last
-    wall = time.perf_counter() - t0
-    return {"wall_s": wall, "tokens": last["usage"]["completion_tokens"], "text": "".join(pieces),
-            "first_s": first, "chunks": chunks, **_server_times(last["bitmtp"])}
+    if status != 200:
+        raise RuntimeError(f"POST /v1/completions (stream): HTTP {status}: {raw[:300]!r}")
+    sse = parse_sse(raw, reads)
+    return {"wall_s": wall, "tokens": sse["last"]["usage"]["completion_tokens"], "text": sse["text"],
+            "first_s": sse["first_s"], "chunks": sse["chunks"], "client_send_s": sent,
+            "client_parse_s": time.perf_counter() - t0, **_server_times(sse["last"]["bitmtp"])}
 
 
 def _server_times(stats: dict) -> dict:
     return {key: stats[key] for key in ("prefill_s", "decode_s", "server_s")}
 
 
-def timed_json(client, url: str, prompt: str, policy: str, tokens: int) -> dict:
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "policy": policy}
+def timed_json(client: RawClient, body: bytes) -> dict:
+    status, reads, raw, sent = client.request("POST", "/v1/completions", body)
+    wall = reads[-1][0] if reads else 0.0
     t0 = time.perf_counter()
-    resp = client.post(url + "/v1/completions", json=body, timeout=600)
-    resp.raise_for_status()
-    data = resp.json()
-    return {"wall_s": time.perf_counter() - t0, "tokens": data["usage"]["completion_tokens"],
-            "text": data["choices"][0]["text"], **_server_times(data["bitmtp"])}
+    if status != 200:
+        raise RuntimeError(f"POST /v1/completions: HTTP {status}: {raw[:300]!r}")
+    data = json.loads(raw)
+    return {"wall_s": wall, "tokens": data["usage"]["completion_tokens"], "text": data["choices"][0]["text"],
+            "client_send_s": sent, "client_parse_s": time.perf_counter() - t0, **_server_times(data["bitmtp"])}
 
 
 def _median_ms(seconds: list[float]) -> float | None:
@@ -211,6 +381,9 @@ def summarize(runs: list[dict], servers: list[str], long: int, identical: dict |
             # decode (queue hand-off, set-up).
             "stream_outside_server_ms": _median_ms([s["wall_s"] - s["server_s"] for s in stream]),
             "stream_worker_rest_ms": _median_ms([s["server_s"] - s["prefill_s"] - s["decode_s"] for s in stream]),
+            # The client's own work, outside the wall: writing the request, parsing the reply.
+            "client_send_us": 1e6 * _med(s.get("client_send_s", 0.0) for s in stream),
+            "client_parse_us": 1e6 * _med(s.get("client_parse_s", 0.0) for s in stream),
             "stream_vs_direct": paired([(r[f"stream@{name}"], r["direct"]) for r in long_runs]),
             "json_vs_direct": paired([(r[f"json@{name}"], r["direct"]) for r in long_runs]),
             "stream_vs_json": paired([(r[f"stream@{name}"], r[f"json@{name}"]) for r in long_runs]),
@@ -338,9 +511,16 @@ def main() -> None:
     ap.add_argument("--short-tokens", type=int, default=16, help="the short requests' max_tokens")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--stream-intervals", default="5,20,0",
-                    help="comma-separated --stream-interval-ms values, one server each")
+                    help="comma-separated --stream-interval-ms values, one server each (per mode)")
+    ap.add_argument("--modes", default="in-process,separate",
+                    help="in-process: uvicorn in a thread of this process over its own Engine (the HTTP cost "
+                         "alone); separate: `bitmtp serve --port` in its own process (as users run it)")
+    ap.add_argument("--fake-step-us", type=float, default=None,
+                    help="no model decode: a GIL-holding spin of this many µs per token (host-side costs on a "
+                         "machine without the GPU; in-process mode only)")
     ap.add_argument("--start-timeout", type=float, default=600)
     ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results")
+    ap.add_argument("--name", default="serve", help="output file stem [default: serve]")
     ap.add_argument("--resummarize", type=Path, default=None, metavar="SERVE_JSON",
                     help="only recompute the summaries and Markdown of a saved serve.json from its raw rows")
     args = ap.parse_args()
@@ -348,92 +528,118 @@ def main() -> None:
         report = resummarize(args.resummarize)
         report["note"] = (f"summaries recomputed from this run's raw rows by `bench_serve.py --resummarize` at "
                           f"{_commit()}")
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "serve.json").write_text(json.dumps(report, indent=1))
-        (args.out / "serve.md").write_text(markdown(report))
+        write_report(report, args.out, args.name)
         print(markdown(report))
         return
     if not 0 < args.short_tokens < args.tokens:
         ap.error(f"--short-tokens {args.short_tokens} must be in 1..--tokens-1 ({args.tokens - 1})")
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or set(modes) - {"in-process", "separate"}:
+        ap.error(f"--modes {args.modes!r}: give in-process, separate or both (comma-separated)")
+    if args.fake_step_us is not None and "separate" in modes:
+        ap.error("--fake-step-us paces this process's engine only; use --modes in-process")
     intervals = [float(x) for x in args.stream_intervals.split(",")]
     # On a CPU the processes share cores: OpenMP threads spinning after the other
     # process's last op would be charged to whichever path runs next.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-    import httpx
     import torch
 
     from bitmtp_edge.app.serve import warm_up
     from bitmtp_edge.runtime.engine import Engine
 
-    args.out.mkdir(parents=True, exist_ok=True)
     report = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": _commit(),
               "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "tokens": args.tokens,
               "short_tokens": args.short_tokens, "repeats": args.repeats, "runtime": args.runtime,
-              "http_stack": http_stack(), "policies": {}}
-
-    def save():
-        tmp_json, tmp_md = args.out / ".serve.json.tmp", args.out / ".serve.md.tmp"
-        tmp_json.write_text(json.dumps(report, indent=1))
-        tmp_md.write_text(markdown(report))
-        tmp_json.replace(args.out / "serve.json")
-        tmp_md.replace(args.out / "serve.md")
+              "modes": modes, "fake_step_us": args.fake_step_us, "http_stack": http_stack(), "policies": {}}
+    if args.fake_step_us is not None:
+        report["note"] = (f"fake decode: a {args.fake_step_us:g} µs GIL-holding spin per token, no model "
+                          "(host-side HTTP costs only)")
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))  # `timeout`: keep what was measured
-    servers = {f"interval {ms:g} ms": Server(args, ms) for ms in intervals}
+    servers: dict[str, object] = {}
+    clients: dict[str, RawClient] = {}
     try:
-        with httpx.Client() as client:
-            t0 = time.perf_counter()
-            engine = Engine.load(args.artifact, backend=args.backend, device=args.device, runtime=args.runtime)
-            report["backend"] = engine.backend.name
-            warm_up(engine)
-            for server in servers.values():
-                server.wait_ready(client, args.start_timeout)
-            log(f"engine and {len(servers)} server(s) ready in {time.perf_counter() - t0:.1f} s")
-            texts = prompts(engine, args.prompts)
-            report["prompts"] = len(texts)
-            lengths = (args.short_tokens, args.tokens)
-            for policy in args.policies.split(","):
-                if policy != "ar" and engine.manifest.mtp is None:
-                    continue
-                paths = {"direct": lambda text, n: timed_direct(engine, text, policy, n)}
-                for name, server in servers.items():
-                    paths[f"stream@{name}"] = lambda text, n, url=server.url: timed_stream(client, url, text, policy, n)
-                    paths[f"json@{name}"] = lambda text, n, url=server.url: timed_json(client, url, text, policy, n)
-                order = list(paths)
-                for text in texts:  # untimed: each prompt length's first prefill compiles kernels
-                    for n in lengths:
-                        for run in paths.values():
-                            run(text, n)
-                runs = []
-                for rep in range(args.repeats):
-                    for i, text in enumerate(texts):
-                        for n in lengths:
-                            k = (rep + i) % len(order)  # rotate which path goes first
-                            row = {}
-                            for key in order[k:] + order[:k]:
-                                row[key] = {**paths[key](text, n), "requested": n}
-                            runs.append(row)
-                report["policies"][policy] = summarize(runs, list(servers), args.tokens)
-                report.setdefault("rows", {})[policy] = [
-                    {k: {f: v for f, v in row[k].items() if f != "text"} for k in row} for row in runs]
-                add_shares(report)
-                s = report["policies"][policy]
-                log(f"{policy}: direct {s['direct_decode_tok_s']:.0f} tok/s decode, {s['direct_wall_tok_s']:.0f} wall; "
-                    + "; ".join(f"{name}: SSE {v['stream_wall_tok_s']:.0f} wall, SSE − JSON "
-                                f"{v['stream_vs_json']['decode_us_per_token']:.1f} µs/token, fixed vs direct "
-                                f"{v['stream_vs_direct']['fixed_ms_per_request']:.2f} ms"
-                                for name, v in s["servers"].items()))
-                save()
-    except Exception as e:  # noqa: BLE001 - keep what was measured
+        t0 = time.perf_counter()
+        if "separate" in modes:  # their engines load while this one does
+            servers.update({f"separate {ms:g} ms": Server(args, ms) for ms in intervals})
+        engine = Engine.load(args.artifact, backend=args.backend, device=args.device, runtime=args.runtime)
+        report["backend"] = engine.backend.name
+        if args.fake_step_us is not None:
+            pace_engine(engine, args.fake_step_us)
+        warm_up(engine)
+        if "in-process" in modes:
+            servers.update({f"in-process {ms:g} ms": InProcessServer(engine, args, ms) for ms in intervals})
+        for server in servers.values():
+            server.wait_ready(args.start_timeout)
+        clients = {name: RawClient(server.url) for name, server in servers.items()}
+        log(f"engine and {len(servers)} server(s) ready in {time.perf_counter() - t0:.1f} s")
+        texts = prompts(engine, args.prompts)
+        report["prompts"] = len(texts)
+        lengths = (args.short_tokens, args.tokens)
+        for policy in args.policies.split(","):
+            if policy != "ar" and engine.manifest.mtp is None:
+                continue
+            t_policy = time.perf_counter()
+            runs = measure_policy(engine, clients, texts, policy, lengths, args.repeats)
+            report["policies"][policy] = summarize(runs, list(servers), args.tokens)
+            report.setdefault("rows", {})[policy] = [
+                {k: {f: v for f, v in row[k].items() if f != "text"} for k in row} for row in runs]
+            add_shares(report)
+            s = report["policies"][policy]
+            log(f"{policy} ({time.perf_counter() - t_policy:.1f} s): direct {s['direct_decode_tok_s']:.0f} tok/s "
+                f"decode, {s['direct_wall_tok_s']:.0f} wall; "
+                + "; ".join(f"{name}: SSE − direct decode {v['stream_vs_direct']['decode_us_per_token']:.1f} "
+                            f"µs/token, all-in {v['stream_vs_direct']['no_prefill_us_per_token']:.1f}, fixed "
+                            f"{v['stream_vs_direct']['fixed_ms_per_request']:.2f} ms"
+                            for name, v in s["servers"].items()))
+            write_report(report, args.out, args.name)
+    except BaseException as e:  # noqa: BLE001 - keep what was measured (SIGTERM from `timeout` too)
         report["error"] = f"{type(e).__name__}: {e}"[:2000]
         raise
     finally:
+        for client in clients.values():
+            client.close()
         for server in servers.values():
             server.stop()
-        save()
+        write_report(report, args.out, args.name)
         print(markdown(report))
+
+
+def measure_policy(engine, clients: dict, texts: list[str], policy: str, lengths: tuple, repeats: int) -> list:
+    """Every path once untimed (each prompt length's first prefill compiles kernels), then
+    ``repeats`` rounds; within a row the paths run back to back in an order that rotates."""
+    paths = {"direct": lambda text, n: timed_direct(engine, text, policy, n)}
+    bodies = {(text, n, stream): request_body(text, policy, n, stream)
+              for text in texts for n in lengths for stream in (True, False)}
+    for name, client in clients.items():
+        paths[f"stream@{name}"] = lambda text, n, c=client: timed_stream(c, bodies[text, n, True])
+        paths[f"json@{name}"] = lambda text, n, c=client: timed_json(c, bodies[text, n, False])
+    order = list(paths)
+    for text in texts:
+        for n in lengths:
+            for run in paths.values():
+                run(text, n)
+    runs = []
+    for rep in range(repeats):
+        for i, text in enumerate(texts):
+            for n in lengths:
+                k = (rep + i + (n == lengths[1])) % len(order)  # rotate which path goes first
+                row = {}
+                for key in order[k:] + order[:k]:
+                    row[key] = {**paths[key](text, n), "requested": n}
+                runs.append(row)
+    return runs
+
+
+def write_report(report: dict, out: Path, name: str) -> None:
+    """``NAME.json`` and ``NAME.md`` under ``out``, each replaced whole."""
+    out.mkdir(parents=True, exist_ok=True)
+    for suffix, text in ((".json", json.dumps(report, indent=1)), (".md", markdown(report))):
+        tmp = out / f".{name}{suffix}.tmp"
+        tmp.write_text(text)
+        tmp.replace(out / f"{name}{suffix}")
 
 
 def _commit() -> str:
