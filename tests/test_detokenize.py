@@ -20,10 +20,27 @@ def tokenizer():
     return Tokenizer.from_file(str(embedded_artifact_path() / "tokenizer.json"))
 
 
-@pytest.fixture(params=["DecodeStream", "window"])
+class _OneIdDecodeStream:
+    """A DecodeStream as older tokenizers releases have it: one id per step, lists refused."""
+
+    def __init__(self, skip_special_tokens: bool):
+        from tokenizers.decoders import DecodeStream
+
+        self.inner, self.calls = DecodeStream(skip_special_tokens=skip_special_tokens), 0
+
+    def step(self, tokenizer, token_id):
+        if not isinstance(token_id, int):
+            raise TypeError("argument 'id': 'list' object cannot be interpreted as an integer")
+        self.calls += 1
+        return self.inner.step(tokenizer, token_id)
+
+
+@pytest.fixture(params=["DecodeStream", "window", "one-id"])
 def decoder_kind(request, monkeypatch):
     if request.param == "window":  # the fallback for tokenizers without DecodeStream
         monkeypatch.setattr(detokenize, "_decoder", _WindowDecoder)
+    if request.param == "one-id":  # a DecodeStream without list steps: one call per id
+        monkeypatch.setattr(detokenize, "_decoder", _OneIdDecodeStream)
     return request.param
 
 
@@ -35,6 +52,27 @@ def test_multibyte_text_streams_whole_characters_one_token_at_a_time(tokenizer, 
     pieces = [stream.push([t]) for t in ids] + [stream.finish()]
     assert "".join(pieces) == tokenizer.decode(ids) == TEXT
     assert not any("\ufffd" in p for p in pieces)
+
+
+def test_a_push_of_many_ids_is_one_decoder_call_and_the_same_text(tokenizer, decoder_kind):
+    ids = tokenizer.encode(TEXT, add_special_tokens=False).ids
+    calls = []
+    stream = TextStream(tokenizer)
+    inner = stream._decoder
+
+    class Counting:  # counts the decoder calls
+        def step(self, tok, x):
+            calls.append(x)
+            return inner.step(tok, x)
+
+    stream._decoder = Counting()
+    pieces = [stream.push(ids[i:i + 7]) for i in range(0, len(ids), 7)] + [stream.finish()]
+    assert "".join(pieces) == TEXT
+    batches = -(-len(ids) // 7)
+    if decoder_kind == "one-id":  # the list was refused once, then one call per id
+        assert len(calls) == len(ids) + 1 and not stream._batched
+    else:
+        assert len(calls) == batches
 
 
 @settings(max_examples=40, deadline=None)

@@ -12,9 +12,12 @@ before queueing and answered 400 with what to change. A client that disconnects 
 job's cancel flag; the decode loop reads it before every iteration, so the engine is free
 again one iteration later (or the job is dropped from the queue unrun).
 
-The event loop never touches the engine: the worker appends each generation's text pieces
-to the request's ``EventPipe`` and the request handler turns them into one JSON body or SSE
-chunks. **Per token the worker only appends under a lock**: waking the event loop costs a
+The event loop never touches the engine: the worker appends each iteration's token ids
+(or, when the request has stop strings to watch for, its decoded text) to the request's
+``EventPipe`` and the request handler turns them into one JSON body or SSE chunks. **Per
+token the decode loop does what ``Engine.generate`` does** (collect ids; detokenise only
+for stop strings) **plus an append under a lock**; the reader decodes each batch of ids in
+one tokenizer call when it wakes. Waking the event loop costs a
 self-pipe write plus the loop's Python work, which competes with the decode loop for the
 GIL right when it launches the next step (on the H200, a chunk per token slowed the 250 µs
 AR step by ~17 µs; one chunk per 5 ms by ~7 µs: tools/results/serve.md). So the loop is
@@ -38,6 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import Request  # at module level: FastAPI resolves the handlers' annotations here
 
+from ..runtime.decoding import DecodeStats, DecodingError
+from ..runtime.detokenize import TextStream
 from . import openai_schema as oa
 
 if TYPE_CHECKING:
@@ -98,7 +103,8 @@ class EventPipe:
 
     ``post`` (worker thread) appends under a lock and wakes the loop only when a reader is
     waiting for that kind of event; ``take`` (event loop) returns everything that piled up,
-    waiting first if nothing has. Events: ("delta", text), ("done", stats),
+    waiting first if nothing has. Events: ("ids", token ids) or ("delta", text) (the
+    worker decodes the text itself only when stop strings need watching), ("done", stats),
     ("error", status, message), ("cancelled",)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
@@ -162,6 +168,7 @@ class Job:
     decode_kw: dict  # max_new_tokens, policy, tau, min_prefix, sampling
     stop: list[str]
     loop: asyncio.AbstractEventLoop
+    tokenizer: Any  # the reader decodes ("ids", ...) events with it
     events: EventPipe = field(init=False)
     cancel: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
@@ -237,27 +244,31 @@ class Worker:
                 self.running = None
 
     def _generate(self, job: Job) -> None:
-        from ..runtime.decoding import DecodeStats, DecodingError
-        from ..runtime.detokenize import TextStream
-
         job.started = time.perf_counter()
         stats = DecodeStats()
-        text = TextStream(self.engine.tokenizer, job.stop)
         started = time.monotonic()
         try:
             chunks = self.engine.stream_ids(job.prompt_ids, stats=stats, should_stop=job.cancel.is_set, **job.decode_kw)
-            for chunk in chunks:
-                piece = text.push(chunk)
-                if piece:
-                    job.post("delta", piece)
-                if text.stopped:
-                    chunks.close()  # decode() records its timings on close
-                    stats.finish_reason = "stop"
-                    break
-            else:
-                tail = text.finish()
-                if tail:
-                    job.post("delta", tail)
+            if not job.stop:
+                # Nothing to watch for: the decode loop only hands the ids over (an append
+                # under a lock, as Engine.generate collects them); the reader decodes the text.
+                post = job.events.post
+                for chunk in chunks:
+                    post("ids", chunk)
+            else:  # a stop string ends the generation where it shows: decode here, per iteration
+                text = TextStream(self.engine.tokenizer, job.stop)
+                for chunk in chunks:
+                    piece = text.push(chunk)
+                    if piece:
+                        job.post("delta", piece)
+                    if text.stopped:
+                        chunks.close()  # decode() records its timings on close
+                        stats.finish_reason = "stop"
+                        break
+                else:
+                    tail = text.finish()
+                    if tail:
+                        job.post("delta", tail)
         except DecodingError as e:  # checked before queueing; kept as a safety net
             job.post("error", 400, str(e))
             return
@@ -538,7 +549,8 @@ def _job(engine: Engine, config: ServerConfig, body: oa._Body, max_tokens: int |
         raise BadRequest(str(e)) from None
     kw = {"max_new_tokens": n, "policy": policy, "tau": body.tau, "min_prefix": body.min_prefix,
           "sampling": sampling}
-    return Job(oa.new_id(prefix), endpoint, prompt_ids, kw, body.stop_list, asyncio.get_running_loop())
+    return Job(oa.new_id(prefix), endpoint, prompt_ids, kw, body.stop_list, asyncio.get_running_loop(),
+               engine.tokenizer)
 
 
 async def _collect(job: Job, request, respond):
@@ -554,13 +566,19 @@ async def _collect(job: Job, request, respond):
 
     watcher = asyncio.create_task(watch_disconnect())
     pieces: list[str] = []
+    ids: list[int] = []
     try:
         while True:
             for event in await job.events.take(final_only=True):
-                if event[0] == "delta":
+                if event[0] == "ids":
+                    ids.extend(event[1])
+                elif event[0] == "delta":
                     pieces.append(event[1])
                 elif event[0] == "done":
-                    return JSONResponse(respond("".join(pieces), event[1]))
+                    # The ids decoded at once, as Engine.generate does (the worker posts either
+                    # ids or text pieces, never both).
+                    text = job.tokenizer.decode(ids, skip_special_tokens=False) if ids else "".join(pieces)
+                    return JSONResponse(respond(text, event[1]))
                 elif event[0] == "error":
                     return JSONResponse(oa.error(event[2], kind="invalid_request_error" if event[1] == 400
                                                  else "server_error"), status_code=event[1])
@@ -578,8 +596,10 @@ def _sse(obj) -> str:
 async def _batches(job: Job, interval_s: float):
     """(text, end) per wake-up: the text posted since the last one, joined, and the job's
     final event once it came (else None). At most one per ``interval_s`` seconds, except
-    that the end comes at once. Leaving early (the client went away) cancels the job."""
+    that the end comes at once. Token ids are decoded here, once per wake-up (one decoder
+    call for the whole batch). Leaving early (the client went away) cancels the job."""
     loop = asyncio.get_running_loop()
+    text = TextStream(job.tokenizer)  # for ("ids", ...) events; no stop strings there
     next_at = 0.0
     try:
         while True:
@@ -589,7 +609,11 @@ async def _batches(job: Job, interval_s: float):
                 events = await job.events.take()
             next_at = loop.time() + interval_s
             end = next((e for e in events if e[0] in FINAL_EVENTS), None)
-            yield "".join(e[1] for e in events if e[0] == "delta"), end
+            ids = [t for e in events if e[0] == "ids" for t in e[1]]
+            piece = text.push(ids) if ids else "".join(e[1] for e in events if e[0] == "delta")
+            if end is not None and end[0] == "done":
+                piece += text.finish()
+            yield piece, end
             if end is not None:
                 return
     finally:

@@ -1,7 +1,7 @@
 """Incremental detokenisation with stop strings: O(1) work per token.
 
 Re-decoding every generated id at every step costs O(n²) over a reply. ``TextStream``
-feeds ids one at a time through ``tokenizers``' ``DecodeStream`` (it keeps a small window
+feeds ids through ``tokenizers``' ``DecodeStream``, each push's ids in one call (it keeps a small window
 of ids and emits text only once it is whole, so a multi-byte character split over several
 byte-level tokens never shows up as U+FFFD), searches stop strings only in the newly
 decoded tail, and holds back a tail that could still grow into a stop string, so what a
@@ -21,8 +21,11 @@ class _WindowDecoder:
     def __init__(self, skip_special_tokens: bool):
         self.skip, self.ids, self.prefix, self.read = skip_special_tokens, [], 0, 0
 
-    def step(self, tokenizer, token_id: int) -> str | None:
-        self.ids.append(token_id)
+    def step(self, tokenizer, token_ids: int | list[int]) -> str | None:
+        if isinstance(token_ids, list):
+            self.ids.extend(token_ids)
+        else:
+            self.ids.append(token_ids)
         before = tokenizer.decode(self.ids[self.prefix:self.read], skip_special_tokens=self.skip)
         now = tokenizer.decode(self.ids[self.prefix:], skip_special_tokens=self.skip)
         if len(now) > len(before) and not now.endswith("\ufffd"):
@@ -48,6 +51,7 @@ class TextStream:
     def __init__(self, tokenizer, stop: Sequence[str] | None = None, skip_special_tokens: bool = False):
         self.tokenizer = tokenizer
         self._decoder = _decoder(skip_special_tokens)
+        self._batched = True  # one decoder step per push (a list of ids), until a decoder refuses lists
         self.stop = [s for s in (stop or ()) if s]
         self._longest = max((len(s) for s in self.stop), default=0)
         self._emitted: list[str] = []  # a list: += on a str attribute would copy it each time
@@ -63,10 +67,9 @@ class TextStream:
         """Decode ``ids``; return the newly final text ("" when it is all held back)."""
         if self.stopped:
             return ""
-        for token_id in ids:
-            piece = self._decoder.step(self.tokenizer, int(token_id))
-            if piece:
-                self._pending += piece
+        ids = [int(t) for t in ids]
+        if ids:
+            self._pending += self._step(ids)
         if not self.stop:
             return self._emit(len(self._pending))
         # Only the held-back tail (shorter than the longest stop) plus new text can hold a stop.
@@ -75,6 +78,17 @@ class TextStream:
             self.stopped = True
             return self._emit(min(hits), drop_rest=True)
         return self._emit(len(self._pending) - self._partial_stop_suffix())
+
+    def _step(self, ids: list[int]) -> str:
+        """The text ``ids`` complete: one decoder call for the whole list where the decoder
+        takes lists (tokenizers >= 0.22), else one per id."""
+        if self._batched and len(ids) > 1:
+            try:
+                return self._decoder.step(self.tokenizer, ids) or ""
+            except TypeError:  # a DecodeStream that takes one id per step
+                self._batched = False
+        pieces = (self._decoder.step(self.tokenizer, t) for t in ids)
+        return "".join(p for p in pieces if p)
 
     def finish(self) -> str:
         """The held-back tail once no more ids come (it cannot become a stop string now)."""
