@@ -1,8 +1,12 @@
 """What the HTTP server costs: server tok/s vs ``Engine.generate`` on the same GPU, in one run.
 
-The server runs as users run it (``bitmtp serve --port``, its own process; one per
-``--stream-intervals`` value, all up at once); this process holds a second Engine on the
-same artifact, device, backend and runtime preset and is the HTTP client. Both sides are
+Two modes (``--modes``, both by default). ``in-process``: the app served by uvicorn in a
+thread of this process over this process's own Engine, the one ``Engine.generate`` runs,
+so server minus direct is the HTTP cost alone. ``separate``: ``bitmtp serve --port`` in its
+own process, as users run it, with a second Engine (two processes' host-bound decode loops
+run a few % apart, so single comparisons across processes are unreliable at that level).
+One server per ``--stream-intervals`` value and mode, all up at once; this process is the
+HTTP client (a lean ``http.client`` one, see ``RawClient``). Both sides are
 warm before anything is timed: each engine ran ``serve.warm_up`` and then every timed
 (prompt, length, policy) once untimed, because the eager prefill compiles kernels for each
 new prompt length on first use (seconds, once per process). Then, interleaved in rotating
@@ -455,12 +459,13 @@ def markdown(report: dict) -> str:
                              f"{o['wall_us_per_token']:.1f} ({_f(o['wall_pct_of_ar_step'])} %) |")
     lines += ["", "## The fixed cost per request (medians, ms)", "",
               "| policy | server | Engine.generate outside prefill+decode | SSE: outside the server's admission-to-end "
-              "| SSE: server set-up + hand-off |",
-              "|---|---|---|---|---|"]
+              "| SSE: server set-up + hand-off | client µs: write request / parse reply |",
+              "|---|---|---|---|---|---|"]
     for policy, s in policies.items():
         for name, v in s["servers"].items():
             lines.append(f"| {policy} | {name} | {s['direct_outside_ms']:.2f} | {_f(v['stream_outside_server_ms'], '.2f')} "
-                         f"| {_f(v['stream_worker_rest_ms'], '.2f')} |")
+                         f"| {_f(v['stream_worker_rest_ms'], '.2f')} | {_f(v.get('client_send_us'), '.0f')} / "
+                         f"{_f(v.get('client_parse_us'), '.0f')} |")
     lines += ["", "Percentages are of one AR decode step. Fixed: time outside prefill and decode (A) minus "
               "the same for B. Decode loop: the decode time per token of A minus B's, the HTTP work beside "
               "the decode thread included; across processes it also holds the two engines' own "
@@ -470,9 +475,13 @@ def markdown(report: dict) -> str:
               "Prefill left out: ((A wall − A prefill) − (B wall − B prefill)) / tokens; the eager prefill "
               "varies by milliseconds between calls in every path alike. Wall: (A wall − B wall) / tokens. "
               "Outside the server's admission-to-end: HTTP exchange, parsing, validation, tokenising, the "
-              "client's own work. Server `interval N ms`: `--stream-interval-ms N`, at most one SSE chunk "
-              "per N ms. Client and servers are separate processes on one host, each with its own engine "
-              "on the GPU; only one decodes at a time."]
+              "client's own work (the client's own CPU work outside the wall: the client columns). Server "
+              "`interval N ms`: `--stream-interval-ms N`, at most one SSE chunk per N ms. `in-process`: "
+              "uvicorn in a thread of the benchmark process over the same Engine object that "
+              "Engine.generate runs, so A − B is the HTTP cost alone; `separate`: `bitmtp serve --port` "
+              "in its own process with its own engine (as users run it; A − B also holds the two engines' "
+              "few-% difference in pace). Only one path decodes at a time; the client is a lean "
+              "http.client one."]
     if report.get("error"):
         lines += ["", f"error: {report['error']}"]
     return "\n".join(lines) + "\n"
