@@ -208,9 +208,10 @@ class RawClient:
     """A lean HTTP/1.1 client for the timed requests (``http.client``, one kept-alive
     connection per server): the request bytes are built before the clock starts, the
     streamed body is read in whole socket reads with a timestamp each and parsed only after
-    the last byte, so the client adds as little as possible to what is measured and holds
-    the GIL (in-process mode) only between reads. The tests drive the server with the
-    official ``openai`` client; this one measures."""
+    the last byte, so the client adds as little as possible to what is measured. It runs in
+    its own process (``ClientProcess``): in the benchmark's process its every wake-up would
+    take the GIL from the in-process server's decode loop. The tests drive the server with
+    the official ``openai`` client; this one measures."""
 
     IDLE_S = 2.0  # reconnect (untimed) after this long idle: uvicorn closes idle connections after 5 s
 
@@ -303,6 +304,52 @@ def timed_stream(client: RawClient, body: bytes) -> dict:
     return {"wall_s": wall, "tokens": sse["last"]["usage"]["completion_tokens"], "text": sse["text"],
             "first_s": sse["first_s"], "chunks": sse["chunks"], "client_send_s": sent,
             "client_parse_s": time.perf_counter() - t0, **_server_times(sse["last"]["bitmtp"])}
+
+
+class ClientProcess:
+    """The HTTP client in a child process of its own, one request per JSON line on its stdin
+    (url, kind: stream or json, body), the timings as one JSON line back. Waiting on the
+    pipe holds no GIL, and perf_counter is the same monotonic clock in both processes."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--client-worker"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    def call(self, url: str, kind: str, body: bytes) -> dict:
+        self.proc.stdin.write(json.dumps({"url": url, "kind": kind, "body": body.decode()}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the client process exited ({self.proc.poll()})")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"{kind} request to {url}: {reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def client_worker() -> None:
+    """``--client-worker``: ClientProcess's other end."""
+    clients: dict[str, RawClient] = {}
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            client = clients.setdefault(req["url"], RawClient(req["url"]))
+            timed = timed_stream if req["kind"] == "stream" else timed_json
+            out = timed(client, req["body"].encode())
+        except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
+            out = {"error": f"{type(e).__name__}: {e}"[:2000]}
+        sys.stdout.write(json.dumps(out) + "\n")
+        sys.stdout.flush()
+    for client in clients.values():
+        client.close()
 
 
 def _server_times(stats: dict) -> dict:
@@ -481,7 +528,7 @@ def markdown(report: dict) -> str:
               "Engine.generate runs, so A − B is the HTTP cost alone; `separate`: `bitmtp serve --port` "
               "in its own process with its own engine (as users run it; A − B also holds the two engines' "
               "few-% difference in pace). Only one path decodes at a time; the client is a lean "
-              "http.client one."]
+              "http.client one in a process of its own."]
     if report.get("error"):
         lines += ["", f"error: {report['error']}"]
     return "\n".join(lines) + "\n"
@@ -509,6 +556,9 @@ def http_stack() -> str:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--client-worker"]:
+        client_worker()
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--artifact", type=Path, default=None, help="artifact folder [default: the embedded model]")
     ap.add_argument("--backend", default="auto")
@@ -568,7 +618,7 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))  # `timeout`: keep what was measured
     servers: dict[str, object] = {}
-    clients: dict[str, RawClient] = {}
+    client = None
     try:
         t0 = time.perf_counter()
         if "separate" in modes:  # their engines load while this one does
@@ -582,7 +632,7 @@ def main() -> None:
             servers.update({f"in-process {ms:g} ms": InProcessServer(engine, args, ms) for ms in intervals})
         for server in servers.values():
             server.wait_ready(args.start_timeout)
-        clients = {name: RawClient(server.url) for name, server in servers.items()}
+        client = ClientProcess()
         log(f"engine and {len(servers)} server(s) ready in {time.perf_counter() - t0:.1f} s")
         texts = prompts(engine, args.prompts)
         report["prompts"] = len(texts)
@@ -591,7 +641,8 @@ def main() -> None:
             if policy != "ar" and engine.manifest.mtp is None:
                 continue
             t_policy = time.perf_counter()
-            runs = measure_policy(engine, clients, texts, policy, lengths, args.repeats)
+            runs = measure_policy(engine, client, {name: s.url for name, s in servers.items()}, texts, policy,
+                                  lengths, args.repeats)
             report["policies"][policy] = summarize(runs, list(servers), args.tokens)
             report.setdefault("rows", {})[policy] = [
                 {k: {f: v for f, v in row[k].items() if f != "text"} for k in row} for row in runs]
@@ -608,7 +659,7 @@ def main() -> None:
         report["error"] = f"{type(e).__name__}: {e}"[:2000]
         raise
     finally:
-        for client in clients.values():
+        if client is not None:
             client.close()
         for server in servers.values():
             server.stop()
@@ -616,15 +667,16 @@ def main() -> None:
         print(markdown(report))
 
 
-def measure_policy(engine, clients: dict, texts: list[str], policy: str, lengths: tuple, repeats: int) -> list:
+def measure_policy(engine, client: ClientProcess, urls: dict, texts: list[str], policy: str, lengths: tuple,
+                   repeats: int) -> list:
     """Every path once untimed (each prompt length's first prefill compiles kernels), then
     ``repeats`` rounds; within a row the paths run back to back in an order that rotates."""
     paths = {"direct": lambda text, n: timed_direct(engine, text, policy, n)}
     bodies = {(text, n, stream): request_body(text, policy, n, stream)
               for text in texts for n in lengths for stream in (True, False)}
-    for name, client in clients.items():
-        paths[f"stream@{name}"] = lambda text, n, c=client: timed_stream(c, bodies[text, n, True])
-        paths[f"json@{name}"] = lambda text, n, c=client: timed_json(c, bodies[text, n, False])
+    for name, url in urls.items():
+        paths[f"stream@{name}"] = lambda text, n, u=url: client.call(u, "stream", bodies[text, n, True])
+        paths[f"json@{name}"] = lambda text, n, u=url: client.call(u, "json", bodies[text, n, False])
     order = list(paths)
     for text in texts:
         for n in lengths:
