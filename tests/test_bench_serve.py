@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import random
 
-from tools.bench_serve import markdown, paired, resummarize, summarize
+import pytest
+
+from tools.bench_serve import (ClientProcess, InProcessServer, markdown, measure_policy, paired, parse_sse,
+                               resummarize, summarize)
 
 
 def _row(rng, tokens, requested, prefill, decode_per_token, outside, chunks=None, first=None):
@@ -75,3 +78,45 @@ def test_resummarize_reproduces_the_saved_summaries(tmp_path):
     assert again["ar_step_us"] == summary["direct_decode_us_per_token"]
     text = markdown(again)
     assert "SSE − JSON, same server" in text and "| ar | s |" in text
+
+
+def test_parse_sse_finds_the_read_that_completed_the_first_text():
+    chunk = lambda text, usage=None: "data: " + json.dumps(  # noqa: E731
+        {"choices": [{"text": text}], **({"usage": usage, "bitmtp": {"x": 1}} if usage else {})}) + "\n\n"
+    body = (chunk("") + chunk("def") + chunk(" f") + chunk("", {"completion_tokens": 2}) + "data: [DONE]\n\n").encode()
+    first_end = len((chunk("") + chunk("def")).encode())
+    reads = [(0.001, first_end - 3), (0.002, first_end), (0.003, len(body))]
+    out = parse_sse(body, reads)
+    assert out["text"] == "def f" and out["chunks"] == 4 and out["first_s"] == 0.002
+    assert out["last"]["usage"]["completion_tokens"] == 2
+
+
+def test_in_process_and_separate_paths_time_the_same_request(tmp_path):
+    """The benchmark end to end on a tiny model on the CPU: the in-process server over the
+    benchmark's own engine, the client in its own process; every path gives the same text
+    and the summaries come out."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    import argparse
+
+    from bitmtp_edge.runtime.engine import Engine
+    from tests.test_http_server import write_tiny_artifact
+
+    engine = Engine.load(write_tiny_artifact(tmp_path / "tiny", None), backend="reference", device="cpu")
+    server = InProcessServer(engine, argparse.Namespace(tokens=6), 0.0)
+    client = None
+    try:
+        server.wait_ready(30)
+        client = ClientProcess()
+        runs = measure_policy(engine, client, {"in-process 0 ms": server.url}, ["t1 t2 t3"], "speculative", (2, 6), 2)
+    finally:
+        if client is not None:
+            client.close()
+        server.stop()
+    assert len(runs) == 4 and set(runs[0]) == {"direct", "stream@in-process 0 ms", "json@in-process 0 ms"}
+    for row in runs:
+        texts = {row[k]["text"] for k in row}
+        assert len(texts) == 1 and texts != {""}
+        assert row["stream@in-process 0 ms"]["client_send_s"] > 0 and row["json@in-process 0 ms"]["server_s"] > 0
+    summary = summarize(runs, ["in-process 0 ms"], 6)
+    assert summary["servers"]["in-process 0 ms"]["identical"] is True

@@ -18,7 +18,8 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from bitmtp_edge.app.http_server import EventPipe, ServerConfig, create_app, make_server  # noqa: E402
+from bitmtp_edge.app.http_server import (EventPipe, Job, Metrics, ServerConfig, Worker, _batches,  # noqa: E402
+                                         create_app, make_server)
 from bitmtp_edge.runtime.engine import Engine  # noqa: E402
 from tests.helpers import artifact_tensors, manifest_for, random_model, reference_backend  # noqa: E402
 
@@ -197,6 +198,87 @@ def test_event_pipe_wakes_the_loop_only_for_a_waiting_reader():
         assert await asyncio.wait_for(later, 10) == [("delta", "c")]
 
     asyncio.run(scenario())
+
+
+BYTE_LEVEL_TEXT = "def grüße(x):\n    return '日本語 — naïve café 🙂🚀' + x  # ∑ ≤ ∞\n"
+
+
+def test_the_reader_decodes_posted_ids_in_batches_into_whole_characters():
+    """The decode loop posts raw ids (no stop strings); the streaming reader decodes each
+    wake-up's batch: the pieces join to the full decode and none shows a broken character."""
+    import asyncio
+
+    from tokenizers import Tokenizer
+
+    from bitmtp_edge.runtime.engine import embedded_artifact_path
+
+    tokenizer = Tokenizer.from_file(str(embedded_artifact_path() / "tokenizer.json"))
+    ids = tokenizer.encode(BYTE_LEVEL_TEXT, add_special_tokens=False).ids
+    assert any("\ufffd" in tokenizer.decode(ids[:i]) for i in range(1, len(ids)))  # split characters exist
+
+    async def scenario(interval_s):
+        job = Job("cmpl-test", "/v1/completions", [1], {}, [], asyncio.get_running_loop(), tokenizer)
+
+        def decode_loop():
+            for i in range(0, len(ids), 2):
+                job.post("ids", ids[i:i + 2])
+                time.sleep(0.002)
+            job.post("done", None)
+
+        worker = threading.Thread(target=decode_loop)
+        worker.start()
+        pieces = [(text, end) async for text, end in _batches(job, interval_s)]
+        worker.join()
+        return pieces
+
+    for interval_s in (0.0, 0.01):
+        pieces = asyncio.run(scenario(interval_s))
+        assert "".join(text for text, _ in pieces) == BYTE_LEVEL_TEXT
+        assert not any("\ufffd" in text for text, _ in pieces)
+        assert pieces[-1][1] == ("done", None) and all(end is None for _, end in pieces[:-1])
+
+
+class _ScriptedEngine:
+    """stream_ids yields fixed chunks; the worker's own code does the rest."""
+
+    def __init__(self, tokenizer, chunks):
+        self.tokenizer, self.chunks = tokenizer, chunks
+
+    def stream_ids(self, prompt_ids, stats, should_stop, **kw):
+        def run():
+            for chunk in self.chunks:
+                stats.new_tokens += len(chunk)
+                yield chunk
+            stats.finish_reason = "length"
+        return run()
+
+
+def test_the_worker_hands_over_ids_and_decodes_itself_only_for_stop_strings(artifact):
+    import asyncio
+
+    engine = Engine.load(artifact, backend="reference", device="cpu")
+    chunks = [engine.encode("t5 t6"), engine.encode("t7"), engine.encode("t8 t9 t10")]
+    worker = Worker(_ScriptedEngine(engine.tokenizer, chunks), max_queue=4, metrics=Metrics())
+
+    async def run(stop):
+        job = Job("cmpl-test", "/v1/completions", [1], {"policy": "ar"}, stop, asyncio.get_running_loop(),
+                  engine.tokenizer)
+        worker.submit(job)
+        events = []
+        while not events or events[-1][0] != "done":
+            events += await asyncio.wait_for(job.events.take(final_only=True), 30)
+        return events
+
+    try:
+        plain = asyncio.run(run([]))
+        assert [e for e in plain if e[0] != "done"] == [("ids", c) for c in chunks]  # no text made per token
+        stopped = asyncio.run(run(["t9"]))
+        assert {e[0] for e in stopped} == {"delta", "done"}
+        full = engine.decode_ids(sum(chunks, []))
+        assert "".join(e[1] for e in stopped if e[0] == "delta") == full[:full.index("t9")]
+        assert stopped[-1][1].finish_reason == "stop"
+    finally:
+        worker.stop()
 
 
 @pytest.fixture(scope="module", params=[0.0, 30.0], ids=["interval0", "interval30s"])

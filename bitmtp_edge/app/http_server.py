@@ -283,10 +283,11 @@ class Worker:
             job.post("cancelled")
             return
         self.metrics.finished(job, stats, energy)
-        log.info("%s %s policy=%s prompt=%d completion=%d tok/s=%.1f tokens/iter=%.2f%s finish=%s queue+total=%.0fms",
-                 job.rid, job.endpoint, job.decode_kw["policy"], stats.prompt_tokens, stats.new_tokens,
-                 stats.decode_tokens_per_s, stats.tokens_per_iteration, _per_pass(stats), stats.finish_reason,
-                 1e3 * (time.perf_counter() - job.submitted))
+        if log.isEnabledFor(logging.INFO):  # its arguments cost a few µs to build; none when off
+            log.info("%s %s policy=%s prompt=%d completion=%d tok/s=%.1f tokens/iter=%.2f%s finish=%s queue+total=%.0fms",
+                     job.rid, job.endpoint, job.decode_kw["policy"], stats.prompt_tokens, stats.new_tokens,
+                     stats.decode_tokens_per_s, stats.tokens_per_iteration, _per_pass(stats), stats.finish_reason,
+                     1e3 * (time.perf_counter() - job.submitted))
         job.finished = time.perf_counter()
         job.post("done", stats)
 
