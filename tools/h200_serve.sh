@@ -40,8 +40,8 @@ print(*(f'{n} {md.version(n)}' for n in ('fastapi', 'starlette', 'uvicorn', 'pyd
 common=(--policies "${POLICIES:-ar,speculative,hybrid}" --tokens "${TOKENS:-256}" --short-tokens "${SHORT_TOKENS:-16}"
         --stream-intervals "${INTERVALS:-5}" --out "$OUT" ${EXTRA:-})
 for mode in $(echo "${MODES:-in-process,separate}" | tr ',' ' '); do
-  if [ "$mode" = in-process ]; then limit=${T_INPROC:-75}; prompts=${PROMPTS:-4}; repeats=${REPEATS:-5}
-  else limit=${T_SEPARATE:-60}; prompts=${PROMPTS_SEPARATE:-3}; repeats=${REPEATS_SEPARATE:-3}; fi
+  if [ "$mode" = in-process ]; then limit=${T_INPROC:-90}; prompts=${PROMPTS:-3}; repeats=${REPEATS:-4}
+  else limit=${T_SEPARATE:-70}; prompts=${PROMPTS_SEPARATE:-2}; repeats=${REPEATS_SEPARATE:-3}; fi
   echo "== $mode (timeout ${limit} s)"
   timeout -k 10 "$limit" python3 tools/bench_serve.py --modes "$mode" --name "serve_$mode" \
     --prompts "$prompts" --repeats "$repeats" "${common[@]}" 2>&1 | tee "$OUT/bench_serve_$mode.log" | grep -v "Warning"
