@@ -18,8 +18,8 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from bitmtp_edge.app.http_server import (EventPipe, Job, Metrics, ServerConfig, Worker, _batches,  # noqa: E402
-                                         create_app, make_server)
+from bitmtp_edge.app.http_server import (DeltaChunks, EventPipe, Job, Metrics, ServerConfig, Worker,  # noqa: E402
+                                         _batches, _sse, create_app, make_server)
 from bitmtp_edge.runtime.engine import Engine  # noqa: E402
 from tests.helpers import artifact_tensors, manifest_for, random_model, reference_backend  # noqa: E402
 
@@ -236,6 +236,22 @@ def test_the_reader_decodes_posted_ids_in_batches_into_whole_characters():
         assert "".join(text for text, _ in pieces) == BYTE_LEVEL_TEXT
         assert not any("\ufffd" in text for text, _ in pieces)
         assert pieces[-1][1] == ("done", None) and all(end is None for _, end in pieces[:-1])
+
+
+@pytest.mark.parametrize("model", ["tiny-chat", 'odd "name" ü\\'])
+def test_pre_rendered_delta_chunks_are_the_same_bytes_as_whole_chunks(model):
+    import random
+
+    from bitmtp_edge.app import openai_schema as oa
+
+    rng = random.Random(5)
+    alphabet = ['"', "\\", "\n", "\t", "\x00", "\x1f", "é", "日", "🙂", "\u2028", "a", " ", "}", "data: "]
+    completion = DeltaChunks(lambda text: oa.completion_chunk("cmpl-1", model, 17, text))
+    chat = DeltaChunks(lambda text: oa.chat_chunk("chatcmpl-1", model, 17, {"content": text}))
+    for _ in range(200):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12)))
+        assert completion(text) == _sse(oa.completion_chunk("cmpl-1", model, 17, text))
+        assert chat(text) == _sse(oa.chat_chunk("chatcmpl-1", model, 17, {"content": text}))
 
 
 class _ScriptedEngine:

@@ -594,6 +594,22 @@ def _sse(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
+class DeltaChunks:
+    """One stream's text-delta SSE events with the JSON around the text rendered once: an
+    event is the constant head, the text as a JSON string, the constant tail (the same bytes
+    as ``_sse`` of the whole chunk; only the text is encoded per chunk)."""
+
+    _MARK = "\x00bitmtp-delta\x00"
+
+    def __init__(self, make_chunk):
+        """``make_chunk(text)``: the chunk object for a delta ``text``."""
+        whole = _sse(make_chunk(self._MARK))
+        self.head, _, self.tail = whole.partition(json.dumps(self._MARK, ensure_ascii=False))
+
+    def __call__(self, text: str) -> str:
+        return self.head + json.dumps(text, ensure_ascii=False) + self.tail
+
+
 async def _batches(job: Job, interval_s: float):
     """(text, end) per wake-up: the text posted since the last one, joined, and the job's
     final event once it came (else None). At most one per ``interval_s`` seconds, except
@@ -623,8 +639,9 @@ async def _batches(job: Job, interval_s: float):
 
 async def _stream_completion(job: Job, config: ServerConfig, body: oa.CompletionRequest):
     created = int(time.time())
+    delta = DeltaChunks(lambda text: oa.completion_chunk(job.rid, config.model_name, created, text))
     async for text, end in _batches(job, config.stream_interval_s):
-        out = _sse(oa.completion_chunk(job.rid, config.model_name, created, text)) if text else ""
+        out = delta(text) if text else ""
         if end is not None and end[0] == "done":
             stats = end[1]
             use = oa.usage(stats.prompt_tokens, stats.new_tokens)
@@ -641,8 +658,9 @@ async def _stream_chat(job: Job, config: ServerConfig, body: oa.ChatCompletionRe
     created = int(time.time())
     include_usage = bool((body.stream_options or {}).get("include_usage"))
     yield _sse(oa.chat_chunk(job.rid, config.model_name, created, {"role": "assistant", "content": ""}))
+    delta = DeltaChunks(lambda text: oa.chat_chunk(job.rid, config.model_name, created, {"content": text}))
     async for text, end in _batches(job, config.stream_interval_s):
-        out = _sse(oa.chat_chunk(job.rid, config.model_name, created, {"content": text})) if text else ""
+        out = delta(text) if text else ""
         if end is not None and end[0] == "done":
             stats = end[1]
             use = oa.usage(stats.prompt_tokens, stats.new_tokens)
