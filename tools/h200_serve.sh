@@ -6,7 +6,7 @@
 # separate (`bitmtp serve --port` in its own process, as users run it), each under its own
 # timeout so one part's overrun leaves the other's results.
 #   WHEELS=.dev/serve/wheels BITMTP_COMMIT=$(git rev-parse --short HEAD) bash tools/h200_serve.sh
-# Knobs: POLICIES, PROMPTS, REPEATS, INTERVALS (ms, comma-separated), MODES (in-process,separate),
+# Knobs: POLICIES, PROMPTS, REPEATS, INTERVALS (ms, comma-separated; *_SEPARATE for that part), MODES,
 # TOKENS, SHORT_TOKENS, EXTRA (more bench_serve.py arguments), T_INPROC / T_SEPARATE (seconds per part).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 BITMTP_COMMIT=${BITMTP_COMMIT:-unknown}
@@ -38,13 +38,16 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 python3 -c "import importlib.metadata as md, fastapi, uvicorn, pydantic, anyio, tokenizers; \
 print(*(f'{n} {md.version(n)}' for n in ('fastapi', 'starlette', 'uvicorn', 'pydantic', 'anyio', 'tokenizers')))" || exit 1
 common=(--policies "${POLICIES:-ar,speculative,hybrid}" --tokens "${TOKENS:-256}" --short-tokens "${SHORT_TOKENS:-16}"
-        --stream-intervals "${INTERVALS:-5}" --out "$OUT" ${EXTRA:-})
+        --out "$OUT" ${EXTRA:-})
 for mode in $(echo "${MODES:-in-process,separate}" | tr ',' ' '); do
-  if [ "$mode" = in-process ]; then limit=${T_INPROC:-90}; prompts=${PROMPTS:-3}; repeats=${REPEATS:-4}
-  else limit=${T_SEPARATE:-70}; prompts=${PROMPTS_SEPARATE:-2}; repeats=${REPEATS_SEPARATE:-3}; fi
+  if [ "$mode" = in-process ]; then
+    limit=${T_INPROC:-90}; prompts=${PROMPTS:-3}; repeats=${REPEATS:-4}; intervals=${INTERVALS:-5,20}
+  else
+    limit=${T_SEPARATE:-70}; prompts=${PROMPTS_SEPARATE:-2}; repeats=${REPEATS_SEPARATE:-3}; intervals=${INTERVALS_SEPARATE:-5}
+  fi
   echo "== $mode (timeout ${limit} s)"
   timeout -k 10 "$limit" python3 tools/bench_serve.py --modes "$mode" --name "serve_$mode" \
-    --prompts "$prompts" --repeats "$repeats" "${common[@]}" 2>&1 | tee "$OUT/bench_serve_$mode.log" | grep -v "Warning"
+    --prompts "$prompts" --repeats "$repeats" --stream-intervals "$intervals" "${common[@]}" 2>&1 | tee "$OUT/bench_serve_$mode.log" | grep -v "Warning"
   echo "== $mode: exit ${PIPESTATUS[0]}"
 done
 find "$OUT" -maxdepth 1 -type f | sort
