@@ -120,3 +120,20 @@ def test_in_process_and_separate_paths_time_the_same_request(tmp_path):
         assert row["stream@in-process 0 ms"]["client_send_s"] > 0 and row["json@in-process 0 ms"]["server_s"] > 0
     summary = summarize(runs, ["in-process 0 ms"], 6)
     assert summary["servers"]["in-process 0 ms"]["identical"] is True
+
+
+def test_the_paced_fake_decode_keeps_the_engine_checks_and_its_pace(tmp_path):
+    from bitmtp_edge.runtime.decoding import DecodingError
+    from bitmtp_edge.runtime.engine import Engine
+    from tests.test_http_server import write_tiny_artifact
+
+    from tools.bench_serve import pace_engine
+
+    engine = Engine.load(write_tiny_artifact(tmp_path / "tiny", None), backend="reference", device="cpu")
+    pace_engine(engine, step_us=2000, prefill_us=3000)
+    res = engine.generate("t1 t2 t3", max_new_tokens=5, policy="ar")
+    assert len(res.token_ids) == 5 and res.stats.new_tokens == 5 and res.stats.finish_reason == "length"
+    assert res.stats.decode_s >= 5 * 2e-3 and res.stats.prefill_s >= 3e-3
+    assert res.text == engine.decode_ids(res.token_ids)
+    with pytest.raises(DecodingError, match="unknown policy"):  # the real checks still run first
+        engine.generate("t1", max_new_tokens=5, policy="greedy")
