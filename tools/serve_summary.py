@@ -36,7 +36,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="also write the table here (Markdown)")
     args = ap.parse_args()
     lines = ["| policy | server | AR step µs | decode tok/s direct / SSE | SSE − direct, decode loop µs/token "
-             "| SSE − direct, all-in (prefill left out) | JSON − direct, decode loop | fixed ms/request | same text |",
+             "| SSE − direct, all-in (prefill left out) | JSON − direct, decode loop | fixed ms/request "
+             "| same text |",
              "|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for path in args.reports:

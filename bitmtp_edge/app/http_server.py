@@ -284,7 +284,8 @@ class Worker:
             return
         self.metrics.finished(job, stats, energy)
         if log.isEnabledFor(logging.INFO):  # its arguments cost a few µs to build; none when off
-            log.info("%s %s policy=%s prompt=%d completion=%d tok/s=%.1f tokens/iter=%.2f%s finish=%s queue+total=%.0fms",
+            log.info("%s %s policy=%s prompt=%d completion=%d tok/s=%.1f tokens/iter=%.2f%s finish=%s "
+                     "queue+total=%.0fms",
                      job.rid, job.endpoint, job.decode_kw["policy"], stats.prompt_tokens, stats.new_tokens,
                      stats.decode_tokens_per_s, stats.tokens_per_iteration, _per_pass(stats), stats.finish_reason,
                      1e3 * (time.perf_counter() - job.submitted))
