@@ -32,6 +32,7 @@ Writes ``tools/results/serve.json`` and ``serve.md`` (or under ``--out``).
 from __future__ import annotations
 
 import argparse
+import http.client
 import importlib.util
 import json
 import os
@@ -90,7 +91,7 @@ class Server:
                 try:
                     if client.get("/health")[0] == 200:
                         return
-                except OSError:  # not listening yet
+                except (OSError, http.client.HTTPException):  # not listening (or not answering) yet
                     client.close()
                 time.sleep(0.5)
         finally:
@@ -216,7 +217,6 @@ class RawClient:
     IDLE_S = 2.0  # reconnect (untimed) after this long idle: uvicorn closes idle connections after 5 s
 
     def __init__(self, url: str):
-        import http.client
         from urllib.parse import urlsplit
 
         parts = urlsplit(url)
