@@ -184,10 +184,11 @@ class Engine:
                 ids = list(prompt)
             except TypeError:
                 raise TypeError(f"the prompt must be text or a sequence of token ids, got {type(prompt).__name__}") from None
-            bad_type = [t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
-            if bad_type:
-                raise TypeError(f"token ids must be integers, got {bad_type[0]!r} ({type(bad_type[0]).__name__})")
-            ids = [int(t) for t in ids]
+            if not all(type(t) is int for t in ids):  # plain ints (the common case) need no more checks
+                bad_type = [t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
+                if bad_type:
+                    raise TypeError(f"token ids must be integers, got {bad_type[0]!r} ({type(bad_type[0]).__name__})")
+                ids = [int(t) for t in ids]
             if not ids:
                 raise DecodingError("the prompt is empty; give some text or token ids")
         # Also for text: a tokenizer larger than the model's vocabulary would index past the embedding.
