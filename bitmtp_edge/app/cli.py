@@ -74,7 +74,11 @@ def _load_engine(artifact, backend, device, runtime: str = "full"):
         bar.close()
     captured = getattr(eng.backend, "graphs", None)
     if captured:
-        click.echo(f"captured {len(captured)} CUDA graphs in {eng.backend.capture_s:.1f} s", err=True)
+        split = eng.startup
+        compiled = (f"compiled {split['kernels_precompiled']} kernel variants in {split['precompile_s']:.1f} s, "
+                    if split.get("precompile_s") else "")
+        click.echo(f"loaded in {split.get('total_s', 0.0):.1f} s: {compiled}captured {len(captured)} CUDA graphs "
+                   f"in {eng.backend.capture_s:.1f} s", err=True)
     return eng
 
 

@@ -72,6 +72,11 @@ class RuntimeOptions:
     kv_dtype: torch.dtype = torch.float16
     # candidate counts c whose fused states are captured at load (others: at first use)
     fused_candidates: tuple[int, ...] = (DEFAULT_CANDIDATES,)
+    # Compile every Triton kernel the states at load launch, in parallel, before capturing
+    # them (``precompile.py``); BITMTP_PRECOMPILE=0 turns it off, =N sets N threads.
+    precompile: bool = True
+    precompile_workers: int = 0  # compile threads; 0: one per core, as memory allows (``default_workers``)
+    precompile_timeout_s: float = 600.0
 
     PRESETS = ("generic", "m1", "m1+m2", "full")
 
@@ -216,7 +221,9 @@ class GraphBackend:
         self.sample_inputs: SampleInputs | None = None
         self._staged_sampler = None
         self.pool = torch.cuda.graph_pool_handle() if options.graphs else None
-        self.capture_s = 0.0
+        self.capture_s = 0.0  # capturing the graphs at load (kernels compiled by then: see precompile_s)
+        self.precompile_s = 0.0
+        self.precompile_report = None  # precompile.PrecompileReport of the load, when it ran
         self.graph_pool_bytes = 0
         if options.graphs and options.capture == "load":
             self.capture_all(progress)
@@ -403,14 +410,45 @@ class GraphBackend:
             self.sample_graphs[(state, sampled)] = graph
 
     def capture_all(self, progress=None) -> None:
-        t0 = time.perf_counter()
         gc.collect()  # free unreachable graphs now, not while capturing (see ``_capture``)
         states = self.states()
+        self.precompile(states)
+        t0 = time.perf_counter()
         for i, state in enumerate(states):
             self._capture(state)
             if progress is not None:
                 progress(i + 1, len(states))
         self.capture_s = time.perf_counter() - t0
+
+    def precompile(self, states: list[ReplayState]) -> None:
+        """Compile the Triton kernels ``states`` launch, in parallel, so that capture finds
+        them compiled (``precompile.py``). Each body runs as ``_capture``'s warm-up runs it
+        (L >= 1 at load), its Triton launches turned into compile requests, and the static
+        inputs it changes are restored after it."""
+        from .precompile import default_workers, precompile, precompile_setting
+
+        on, workers = precompile_setting(self.opts.precompile, self.opts.precompile_workers)
+        if not on or self.fast.ops.twin:  # the twins launch no kernel
+            return
+        mutable = self.static.mutable()
+        saved = [t.clone() for t in mutable]
+
+        def request(state: ReplayState):
+            body = self._body(state)
+
+            def run() -> None:
+                if self.kv.length == 0:
+                    self.static.history_len.fill_(1)
+                body()
+                for t, s in zip(mutable, saved):
+                    t.copy_(s)
+
+            return str(state), run
+
+        t0 = time.perf_counter()
+        self.precompile_report = precompile([request(s) for s in states], workers or default_workers(),
+                                            self.opts.precompile_timeout_s)
+        self.precompile_s = time.perf_counter() - t0
 
     def _replay(self, state: ReplayState, sampled: bool | None = None) -> None:
         self.log.states.append(state)

@@ -1,0 +1,270 @@
+"""Compile every Triton kernel variant the replay states launch, in parallel, before capture.
+
+Without this, capture's warm-up runs compile each kernel variant on its first launch, one
+after another: most of a cold start (BitNet-2B shape on the H200: 28 s cold, 7-9 s warm).
+
+Here each state's graph body runs once with every Triton launch turned into a compile
+request: ``run(..., warmup=True)`` (compile, do not launch) under Triton's
+``AsyncCompileMode``, which hands each compile to a thread pool and returns at once, so the
+bodies keep requesting while earlier kernels compile (Triton releases the GIL in its MLIR
+and LLVM passes; ptxas is a subprocess). The request goes through Triton's own launch path,
+so it computes the very specialisation key (constexprs, dtypes, divisibility by 16) the
+real launch computes; Triton deduplicates by that key and keeps each kernel in the
+function's in-process cache and on disk. Capture then finds every kernel compiled and
+captures exactly the graphs it captures without this pass.
+
+The bodies' torch ops run for real (cheap); a skipped kernel's output keeps what it was
+allocated with. Graph bodies never read a device value on the host, so the launches they
+request do not depend on those values; but a body may index with a kernel's output (the
+fused step gathers the embedding rows of the step tokens a kernel wrote), so allocations
+are zero-filled during the pass: index 0 is always in range.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+
+import torch
+
+log = logging.getLogger(__name__)
+
+ENV = "BITMTP_PRECOMPILE"  # "0": off; a number N > 0: N compile threads; unset/"1": on, automatic count
+WORKER_MEMORY = 512 << 20  # what one compile thread may need at its peak (LLVM + a ptxas process)
+MAX_WORKERS = 8  # more threads than this only contend (the MLIR/LLVM passes hold the GIL in places)
+
+
+class PrecompileError(RuntimeError):
+    """A kernel failed to compile, or compiling did not finish in time."""
+
+
+@dataclass
+class PrecompileReport:
+    requested: int = 0  # Triton launches the bodies made (each became a compile request)
+    compiled: int = 0  # kernel variants handed to the compile threads (new to this process)
+    seconds: float = 0.0
+    workers: int = 0
+    parallel: bool = True  # False: this Triton has no AsyncCompileMode, nothing was precompiled
+    kernels: dict[str, int] = field(default_factory=dict)  # kernel name -> variants compiled
+    requests: dict[str, list[str]] = field(default_factory=dict)  # body label -> kernels it requested, in order
+
+    def summary(self) -> str:
+        if not self.parallel:
+            return "precompile skipped (this Triton has no AsyncCompileMode; kernels compile during capture)"
+        return (f"precompiled {self.compiled} kernel variants ({self.requested} launches requested) "
+                f"in {self.seconds:.1f} s on {self.workers} threads")
+
+
+def precompile_setting(enabled: bool, workers: int) -> tuple[bool, int]:
+    """(on, workers; 0 = automatic) from the runtime option and ``BITMTP_PRECOMPILE``, which
+    overrides it: ``0`` turns the pass off, ``N`` > 0 sets the thread count."""
+    value = os.environ.get(ENV, "").strip()
+    if not value:
+        return enabled, workers
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"{ENV}={value!r}: use 0 (off), 1 (on) or the number of compile threads") from None
+    if n < 0:
+        raise ValueError(f"{ENV}={value!r}: use 0 (off), 1 (on) or the number of compile threads")
+    if n == 0:
+        return False, workers
+    return True, (workers if n == 1 else n)
+
+
+def default_workers(cpu_count: int | None = None, available_bytes: int | None = None) -> int:
+    """Compile threads for this machine: one per CPU core, at most ``MAX_WORKERS``, and no
+    more than the available memory holds at ``WORKER_MEMORY`` each (a Jetson shares its
+    memory with the GPU, where the weights and KV already sit)."""
+    cpus = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
+    if available_bytes is None:
+        try:
+            import psutil
+
+            available_bytes = psutil.virtual_memory().available
+        except ImportError:
+            available_bytes = MAX_WORKERS * WORKER_MEMORY
+    return max(1, min(cpus, MAX_WORKERS, available_bytes // WORKER_MEMORY))
+
+
+class _NotLaunched:
+    """What a compile request returns instead of a launched kernel (``function`` None: launchers
+    that set per-kernel attributes after a launch, e.g. ``common.apply_carveout``, skip it)."""
+
+    function = None
+
+
+NOT_LAUNCHED = _NotLaunched()
+
+
+def kernel_classes() -> list[type]:
+    """The Triton classes whose ``run`` a ``kernel[grid](...)`` launch goes through."""
+    classes = []
+    try:
+        from triton.runtime.jit import JITFunction
+
+        classes.append(JITFunction)
+    except ImportError:
+        pass
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        classes.append(InterpretedFunction)
+    except ImportError:
+        pass
+    return classes
+
+
+def kernel_name(kernel) -> str:
+    fn = getattr(kernel, "fn", None)
+    return getattr(fn, "__name__", None) or getattr(kernel, "__name__", type(kernel).__name__)
+
+
+@contextlib.contextmanager
+def compile_only_launches(on_request: Callable[[object], None], classes: Sequence[type] | None = None) -> Iterator[None]:
+    """Inside: every ``kernel[grid](...)`` calls ``on_request(kernel)``, then Triton's own
+    ``run(..., warmup=True)`` (compile, no launch), and returns ``NOT_LAUNCHED``."""
+    originals = {cls: cls.__dict__["run"] for cls in (classes if classes is not None else kernel_classes())}
+
+    def patched(original):
+        def run(self, *args, grid, warmup, **kwargs):
+            on_request(self)
+            original(self, *args, grid=grid, warmup=True, **kwargs)
+            return NOT_LAUNCHED
+
+        return run
+
+    for cls, original in originals.items():
+        cls.run = patched(original)
+    try:
+        yield
+    finally:
+        for cls, original in originals.items():
+            cls.run = original
+
+
+@contextlib.contextmanager
+def zeroed_allocations() -> Iterator[None]:
+    """Inside: ``torch.empty`` / ``torch.empty_like`` return zero-filled tensors (see the module
+    docstring: a skipped kernel's output may be used as an index)."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def zeroed_empty(*args, **kwargs):
+        return empty(*args, **kwargs).zero_()
+
+    def zeroed_empty_like(*args, **kwargs):
+        return empty_like(*args, **kwargs).zero_()
+
+    torch.empty, torch.empty_like = zeroed_empty, zeroed_empty_like
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like = empty, empty_like
+
+
+class _LabelledPool(ThreadPoolExecutor):
+    """A thread pool that remembers which body and kernel each compile was submitted for."""
+
+    def __init__(self, workers: int):
+        super().__init__(workers, thread_name_prefix="triton-precompile")
+        self.current = ("", "")  # (body label, kernel name) of the request being made
+        self.jobs: list[tuple[Future, str, str]] = []
+        self._lock = threading.Lock()
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future = super().submit(fn, *args, **kwargs)
+        with self._lock:
+            self.jobs.append((future, *self.current))
+        return future
+
+
+def _async_compile_mode():
+    try:
+        from triton.runtime import _async_compile
+    except ImportError:
+        return None
+    return _async_compile
+
+
+def _deactivate(ac) -> None:
+    """Leave Triton's async compile mode without waiting for its compiles (``__exit__`` waits)."""
+    if hasattr(ac.active_mode, "set"):  # a ContextVar (newer Triton)
+        ac.active_mode.set(None)
+    else:  # a module global (older Triton)
+        ac.active_mode = None
+
+
+def precompile(bodies: Sequence[tuple[str, Callable[[], None]]], workers: int, timeout_s: float,
+               classes: Sequence[type] | None = None) -> PrecompileReport:
+    """Run each ``(label, body)`` with its Triton launches turned into parallel compile
+    requests; return when every kernel variant is compiled.
+
+    Raises ``PrecompileError`` naming the kernel and the body (replay state) when a compile
+    fails, or the kernels still compiling when ``timeout_s`` runs out."""
+    report = PrecompileReport(workers=max(1, workers))
+    ac = _async_compile_mode()
+    if ac is None:
+        report.parallel = False
+        log.info(report.summary())
+        return report
+    t0 = time.perf_counter()
+    pool = _LabelledPool(report.workers)
+    mode = ac.AsyncCompileMode(pool)
+
+    def on_request(kernel) -> None:
+        report.requested += 1
+        pool.current = (pool.current[0], kernel_name(kernel))
+        report.requests.setdefault(pool.current[0], []).append(pool.current[1])
+
+    mode.__enter__()
+    pending, requested = set(), False
+    try:
+        with compile_only_launches(on_request, classes), zeroed_allocations():
+            for label, body in bodies:
+                pool.current = (label, "")
+                try:
+                    body()
+                except Exception as e:  # e.g. a kernel's launcher rejecting its arguments
+                    raise PrecompileError(f"requesting the kernels of {label} failed: {type(e).__name__}: {e}") from e
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        remaining = max(timeout_s - (time.perf_counter() - t0), 0.0)
+        _, pending = wait([job[0] for job in pool.jobs], timeout=remaining)
+        requested = True
+    finally:
+        if pending or not requested:  # leave without waiting for compiles that may never end
+            _deactivate(ac)
+            pool.shutdown(wait=False, cancel_futures=True)
+        else:  # every compile is done: this files the kernels (failed ones are reported below)
+            mode.ignore_errors = True
+            mode.__exit__(None, None, None)
+            pool.shutdown()
+    if pending:
+        names = sorted({f"{kernel} for {label}" for future, label, kernel in pool.jobs if future in pending})
+        raise PrecompileError(
+            f"compiling the Triton kernels did not finish within {timeout_s:.0f} s; still compiling "
+            f"{len(pending)}: {', '.join(names[:6])}{' ...' if len(names) > 6 else ''}. Raise "
+            f"RuntimeOptions.precompile_timeout_s, or set {ENV}=0 to compile during capture instead")
+    failed = [(label, kernel, future.exception()) for future, label, kernel in pool.jobs
+              if future.exception() is not None]
+    if failed:
+        label, kernel, error = failed[0]
+        raise PrecompileError(
+            f"Triton could not compile {kernel} (requested by {label}; {len(failed)} compile(s) failed): "
+            f"{type(error).__name__}: {str(error)[:1500]}") from error
+    report.compiled = len(pool.jobs)
+    for _, _, kernel in pool.jobs:
+        report.kernels[kernel] = report.kernels.get(kernel, 0) + 1
+    report.seconds = time.perf_counter() - t0
+    log.info(report.summary())
+    return report
+
+
+__all__ = ["ENV", "NOT_LAUNCHED", "PrecompileError", "PrecompileReport", "compile_only_launches", "default_workers",
+           "kernel_classes", "precompile", "precompile_setting", "zeroed_allocations"]
