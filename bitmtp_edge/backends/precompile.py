@@ -130,7 +130,8 @@ def kernel_name(kernel) -> str:
 def compile_only_launches(on_request: Callable[[object], None], classes: Sequence[type] | None = None) -> Iterator[None]:
     """Inside: every ``kernel[grid](...)`` calls ``on_request(kernel)``, then Triton's own
     ``run(..., warmup=True)`` (compile, no launch), and returns ``NOT_LAUNCHED``."""
-    originals = {cls: cls.__dict__["run"] for cls in (classes if classes is not None else kernel_classes())}
+    classes = list(classes if classes is not None else kernel_classes())
+    own = {cls: cls.__dict__.get("run") for cls in classes}  # None: inherited
 
     def patched(original):
         def run(self, *args, grid, warmup, **kwargs):
@@ -140,13 +141,16 @@ def compile_only_launches(on_request: Callable[[object], None], classes: Sequenc
 
         return run
 
-    for cls, original in originals.items():
-        cls.run = patched(original)
+    for cls in classes:
+        cls.run = patched(getattr(cls, "run"))
     try:
         yield
     finally:
-        for cls, original in originals.items():
-            cls.run = original
+        for cls, original in own.items():
+            if original is None:
+                del cls.run
+            else:
+                cls.run = original
 
 
 @contextlib.contextmanager
