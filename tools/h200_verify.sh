@@ -1,25 +1,24 @@
 #!/usr/bin/env bash
-# One device call that checks a merged tree on the H200: every GPU test, the whole-stack W2A8
-# benchmark (issue 15), and the 2B-shape decode before/after in one run (BEFORE: a checkout of
-# the previous release without its embedded model, e.g. `git archive <commit>` into .dev/before),
-# plus the trained embedded model with every policy (fused included). Each part has its own limit.
-#   BEFORE=.dev/before BITMTP_COMMIT=$(git rev-parse --short HEAD) bash tools/h200_verify.sh
+# One device call that checks a merged tree on the H200: the 2B-shape decode of the previous
+# release and of this tree in one run (BEFORE: a `git archive <commit>` of the previous release
+# without its embedded model, checkpoints and results, e.g. into .dev/before), the trained
+# embedded model with every policy and fused c = 1..3, then every GPU test. Each part has its
+# own limit; the whole call fits in about 6 minutes.
+#   BEFORE=.dev/before BEFORE_COMMIT=97ced36 BITMTP_COMMIT=$(git rev-parse --short HEAD) bash tools/h200_verify.sh
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 BITMTP_COMMIT=${BITMTP_COMMIT:-unknown}
-OUT=${OUT:-runs/h200_verify}
-mkdir -p "$OUT/k" "$OUT/ea" "$OUT/eb"
+O=${WORK:-/tmp/h200_verify}
+mkdir -p "$O/eb" "$O/ea"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-timeout -k 5 ${T_TESTS:-180} python -m pytest -q -m gpu -p no:cacheprovider tests > "$OUT/gpu_tests.log" 2>&1
-tail -n 15 "$OUT/gpu_tests.log" | cut -c1-300
-timeout -k 5 ${T_KERNELS:-110} python tools/bench_kernels.py --only stack,quant --widths 1,16 \
-  --stack-models bitnet-2b --replays 5 --jobs 14 --out "$OUT/k" > "$OUT/k/bench.log" 2>&1
-grep -E "stack |FAIL|rror" "$OUT/k/bench.log" | cut -c1-200 | tail -30
 if [ -n "${BEFORE:-}" ]; then
-  (cd "$BEFORE" && timeout -k 5 ${T_BEFORE:-100} python tools/bench_e2e.py --parts 2b --configs full \
-     --tokens 128 --repeats 1 --out "$OUT/eb" > "$OUT/eb/log.txt" 2>&1)
-  grep -iE "AR |tok/s|rror" "$OUT/eb/log.txt" | tail -8
+  (cd "$BEFORE" && BITMTP_COMMIT=${BEFORE_COMMIT:-before} timeout -k 5 ${T_BEFORE:-90} python tools/bench_e2e.py \
+     --parts 2b --configs full --tokens 128 --repeats 1 --out "$O/eb" > "$O/eb/log.txt" 2>&1)
+  tail -n 25 "$O/eb/log.txt" | cut -c1-220
 fi
-timeout -k 5 ${T_AFTER:-150} python tools/bench_e2e.py --parts trained,2b --configs full --trained-configs full \
-  --artifact bitmtp_edge/embedded/model --prompts 4 --tokens 128 --repeats 1 --out "$OUT/ea" > "$OUT/ea/log.txt" 2>&1
-grep -iE "AR |tok/s|rror" "$OUT/ea/log.txt" | tail -12
-find "$OUT" -maxdepth 2 -type f | sort
+timeout -k 5 ${T_AFTER:-170} python tools/bench_e2e.py --parts trained,2b --configs full --trained-configs full \
+  --artifact bitmtp_edge/embedded/model --prompts 11 --tokens 128 --repeats 1 --candidates 1,2,3 \
+  --out "$O/ea" > "$O/ea/log.txt" 2>&1
+tail -n 60 "$O/ea/log.txt" | cut -c1-220
+timeout -k 5 ${T_TESTS:-210} python -m pytest -q -m gpu -p no:cacheprovider tests > "$O/gpu_tests.log" 2>&1
+tail -n 25 "$O/gpu_tests.log" | cut -c1-300
+if [ -n "${OUT:-}" ]; then (cd "$O" && tar czf "$OUT/verify.tgz" eb ea gpu_tests.log && ls -la "$OUT"); fi

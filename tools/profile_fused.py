@@ -19,28 +19,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bitmtp_edge import Engine  # noqa: E402
 from bitmtp_edge.backends.base import DraftResult  # noqa: E402
-
-
-def profile_step(fn, steps: int = 4) -> dict:
-    fn()  # compile and warm up outside the profile
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    names: dict[str, float] = {}
-    for e in events:
-        names[e.name[:70]] = names.get(e.name[:70], 0) + 1 / steps
-    return {"kernels": len(events) / steps, "gpu_us": sum(e.device_time for e in events) / steps,
-            "by_name": sorted(names.items(), key=lambda kv: -kv[1])}
+from tools.profile_step import profile_role  # noqa: E402
 
 
 def main() -> None:
@@ -91,11 +76,11 @@ def main() -> None:
     steps = {"ar": ar, "draft k=1": draft, "verify": verify, "fused c=1": fused(1), "fused c=3": fused(3)}
     report = {"device": torch.cuda.get_device_name(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "artifact": str(eng.path),
-              "steps": {name: profile_step(fn) for name, fn in steps.items()}}
+              "steps": {name: profile_role(fn, steps=4) for name, fn in steps.items()}}
     lines = ["# Kernels per decode step (eager, runtime m1)", "", f"- device: {report['device']}",
              f"- date: {report['date']}", f"- command: `{report['command']}`", "",
              "| step | kernels | GPU µs |", "|---|---|---|"]
-    lines += [f"| {k} | {v['kernels']:.0f} | {v['gpu_us']:.1f} |" for k, v in report["steps"].items()]
+    lines += [f"| {k} | {v['kernels_per_step']:.0f} | {v['gpu_us_per_step']:.1f} |" for k, v in report["steps"].items()]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fused_profile.json").write_text(json.dumps(report, indent=1))
     (args.out / "fused_profile.md").write_text("\n".join(lines) + "\n")
