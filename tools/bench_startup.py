@@ -213,7 +213,7 @@ def main() -> None:
     for mode in modes:
         elapsed = time.perf_counter() - t_start
         timeout = min(args.timeout, args.budget - elapsed) if args.budget else args.timeout
-        if timeout < MIN_LOAD_S:
+        if args.budget and args.budget - elapsed < MIN_LOAD_S:
             log(f"{mode}: skipped ({elapsed:.0f} s spent, budget {args.budget:.0f} s)")
             report["runs"][mode] = {"error": "skipped (time budget)"}
             continue
