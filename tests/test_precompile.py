@@ -10,7 +10,11 @@ compiles nothing and decodes the same tokens.
 
 from __future__ import annotations
 
+import json
 import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,6 +24,7 @@ from bitmtp_edge.backends.graph import RuntimeOptions
 from tests.helpers import fast_backend, random_model
 
 triton_async = pytest.importorskip("triton.runtime._async_compile")
+knobs = pytest.importorskip("triton").knobs
 
 
 class FakeKernel:
@@ -42,6 +47,12 @@ class FakeKernel:
     def run(self, *args, grid, warmup, **kwargs):
         key = (tuple(a.dtype if isinstance(a, torch.Tensor) else a % 16 == 0 for a in args), tuple(sorted(kwargs.items())))
         kernel = self.cache.get(key)
+        hook = knobs.runtime.jit_cache_hook
+        if kernel is None and hook is not None and hook(
+                key=key, repr=self.__name__, fn=SimpleNamespace(module="fake_module", name=self.__name__),
+                compile={"key": key, "specialization_data": json.dumps([self.__name__, repr(key)])},
+                is_manual_warmup=warmup, already_compiled=False):
+            return None  # the hook asked Triton to skip the compile
         if kernel is None:
             mode = triton_async.active_mode.get()
             if mode is not None:
@@ -142,6 +153,67 @@ def test_requests_return_not_launched_and_allocations_are_zeroed_inside_only():
     assert got == [k] and k.launched == []
     assert torch.empty is torch._C._VariableFunctions.empty or torch.empty.__name__ == "empty"
     assert k[(1,)](torch.zeros(2), 1) is not pc.NOT_LAUNCHED and len(k.launched) == 1
+
+
+# -- processes ------------------------------------------------------------------------------------
+
+def test_record_variants_collects_each_uncompiled_variant_once_and_compiles_nothing():
+    a, b = FakeKernel("a"), FakeKernel("b")
+    x = torch.zeros(4)
+    bodies = [("s1", lambda: (a[(1,)](x, 16), b[(1,)](x, 3))), ("s2", lambda: (a[(1,)](x, 32), a[(1,)](x, 5)))]
+    report = pc.PrecompileReport(mode="processes")
+    variants = pc.record_variants(bodies, report, classes=[FakeKernel])
+    assert sorted((kernel, label) for _, kernel, label in variants.values()) == [("a", "s1"), ("a", "s2"), ("b", "s1")]
+    assert {module for module, _, _ in variants.values()} == {"fake_module"}
+    assert report.requests == {"s1": ["a", "b"], "s2": ["a", "a"]}
+    assert a.compile_threads == [] and b.compile_threads == [] and a.launched == []
+    assert knobs.runtime.jit_cache_hook is None and FakeKernel.__dict__["run"] is RUN
+
+
+def write_marker(module: str, kernel: str, data: str) -> None:
+    """A stand-in compile in the worker processes: a file per variant (or a failure)."""
+    if kernel == "broken":
+        raise RuntimeError("ptxas fatal: Unresolved extern function")
+    if kernel == "slow":
+        time.sleep(60)
+    Path(module, f"{kernel}-{json.loads(data)}").write_text("compiled")
+
+
+def test_worker_processes_compile_every_variant(tmp_path):
+    variants = {json.dumps(i): (str(tmp_path), f"k{i % 2}", f"s{i}") for i in range(4)}
+    pc.compile_in_processes(variants, workers=2, timeout_s=120, compile_fn=write_marker)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["k0-0", "k0-2", "k1-1", "k1-3"]
+
+
+def test_a_failing_worker_compile_names_the_kernel_and_the_state(tmp_path):
+    variants = {"1": (str(tmp_path), "broken", "(M=17, σ=0, fused)")}
+    with pytest.raises(pc.PrecompileError, match=r"could not compile broken \(requested by \(M=17, σ=0, fused\)\) "
+                                                 r"in a worker process: RuntimeError: ptxas fatal"):
+        pc.compile_in_processes(variants, workers=1, timeout_s=120, compile_fn=write_marker)
+
+
+def test_worker_processes_past_the_timeout_are_stopped(tmp_path):
+    variants = {"1": (str(tmp_path), "slow", "s0")}
+    t0 = time.perf_counter()
+    with pytest.raises(pc.PrecompileError, match=r"did not finish within 3 s; still compiling 1: slow for s0"):
+        pc.compile_in_processes(variants, workers=1, timeout_s=3, compile_fn=write_marker)
+    assert time.perf_counter() - t0 < 50  # terminated, not waited for (the compile sleeps 60 s)
+
+
+@pytest.mark.parametrize("env, option, expected", [("", "threads", "threads"), ("processes", "threads", "processes"),
+                                                   ("", "processes", "processes")])
+def test_the_mode_switch(monkeypatch, env, option, expected):
+    monkeypatch.setenv(pc.MODE_ENV, env)
+    assert pc.precompile_mode(option) == expected
+
+
+def test_a_bad_mode_names_its_source(monkeypatch):
+    monkeypatch.setenv(pc.MODE_ENV, "fork")
+    with pytest.raises(ValueError, match=r"BITMTP_PRECOMPILE_MODE='fork': choose one of threads, processes"):
+        pc.precompile_mode("threads")
+    monkeypatch.delenv(pc.MODE_ENV)
+    with pytest.raises(ValueError, match=r"precompile_mode='fork'"):
+        pc.precompile_mode("fork")
 
 
 @pytest.mark.parametrize("value, expected", [("", (True, 0)), ("1", (True, 0)), ("0", (False, 0)), ("6", (True, 6))])

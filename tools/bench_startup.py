@@ -4,18 +4,21 @@ precompile pass, and warm; one run, one GPU.
 Every measurement loads the engine in a fresh process (a process keeps compiled kernels in
 memory) with its own ``TRITON_CACHE_DIR``:
 
-* ``cold, precompile on``: an empty cache, the default pass (compile threads: automatic);
-* ``warm, precompile on``: the cache the run before filled;
-* ``cold, precompile off``: an empty cache, ``BITMTP_PRECOMPILE=0`` (capture compiles);
-* ``cold, precompile 1 thread``: an empty cache, the pass on one thread (what parallelism buys).
+* ``cold-on``: an empty cache, the default pass (compile threads: automatic);
+* ``warm-on``: the cache ``cold-on`` filled;
+* ``cold-off``: an empty cache, ``BITMTP_PRECOMPILE=0`` (capture compiles, as before the pass);
+* ``cold-proc``: an empty cache, the pass with worker processes (``BITMTP_PRECOMPILE_MODE``);
+* ``cold-1``: an empty cache, the pass on one thread (what the threads buy);
+* ``warm-off``: the cache ``cold-off`` filled, no pass.
 
 Each load reports its split (load / precompile / capture, ``Engine.startup``), the kernel
 variants compiled (new entries in its cache folder) and how many of them capture still
-had to compile, and decodes a few tokens (AR and fused) that must be the same in every run.
+had to compile; cold-on, warm-on and cold-off decode a few tokens (AR and fused) that must
+be the same in each.
 The artifact: BitNet-2B shape with random weights and a D = 8 MTP block (``bench_e2e``'s
 ``make_random_bitnet_2b``), or ``--artifact``.
 
-    python tools/bench_startup.py [--artifact DIR] [--modes cold-on,warm-on,cold-off,cold-1] [--out DIR]
+    python tools/bench_startup.py [--artifact DIR] [--modes cold-on,warm-on,cold-off,cold-proc,cold-1] [--out DIR]
 
 Writes ``startup.json`` and ``startup.md`` under ``--out`` (default ``tools/results``).
 """
@@ -35,13 +38,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# mode -> (description, BITMTP_PRECOMPILE, cache: "fresh" or the mode whose cache it reuses)
+# mode -> (description, environment, compile workers (0: automatic), cache: "fresh" or the
+# mode whose cache it reuses, decode: whether it decodes the tokens every run must agree on)
 MODES = {
-    "cold-on": ("cold, precompile on", "1", "fresh"),
-    "warm-on": ("warm, precompile on", "1", "cold-on"),
-    "cold-off": ("cold, precompile off", "0", "fresh"),
-    "warm-off": ("warm, precompile off", "0", "cold-off"),
-    "cold-1": ("cold, precompile on 1 thread", "-1", "fresh"),  # -1: RuntimeOptions(precompile_workers=1)
+    "cold-on": ("cold, precompile on (threads)", {"BITMTP_PRECOMPILE": "1"}, 0, "fresh", True),
+    "warm-on": ("warm, precompile on", {"BITMTP_PRECOMPILE": "1"}, 0, "cold-on", True),
+    "cold-off": ("cold, precompile off", {"BITMTP_PRECOMPILE": "0"}, 0, "fresh", True),
+    "warm-off": ("warm, precompile off", {"BITMTP_PRECOMPILE": "0"}, 0, "cold-off", False),
+    "cold-proc": ("cold, precompile on (processes)", {"BITMTP_PRECOMPILE": "1", "BITMTP_PRECOMPILE_MODE": "processes"},
+                  0, "fresh", False),
+    "cold-1": ("cold, precompile on 1 thread", {"BITMTP_PRECOMPILE": "1"}, 1, "fresh", False),
 }
 PROMPT = list(range(10, 42))
 MIN_LOAD_S = 15.0  # a load given less time than this under --budget is skipped, not started
@@ -99,23 +105,22 @@ def child(artifact: Path, workers: int, tokens: int) -> dict:
            "kernels_compiled": cache_entries(cache) - before, "compile_calls": compiles,
            "precompile": None if report is None else {
                "requested": report.requested, "compiled": report.compiled, "workers": report.workers,
-               "parallel": report.parallel, "seconds": report.seconds, "kernels": report.kernels}}
-    t0 = time.perf_counter()
-    out["tokens"] = {p: eng.generate(PROMPT, max_new_tokens=tokens, policy=p).token_ids for p in ("ar", "fused")}
-    out["first_generate_s"] = time.perf_counter() - t0  # includes the prefill's own first compiles
+               "parallel": report.parallel, "mode": report.mode, "seconds": report.seconds,
+               "kernels": report.kernels}}
+    if tokens:
+        t0 = time.perf_counter()
+        out["tokens"] = {p: eng.generate(PROMPT, max_new_tokens=tokens, policy=p).token_ids for p in ("ar", "fused")}
+        out["first_generate_s"] = time.perf_counter() - t0  # includes the prefill's own first compiles
     return out
 
 
 def run_child(artifact: Path, mode: str, cache: Path, tokens: int, timeout_s: float) -> dict:
-    _, env_value, _ = MODES[mode]
-    env = dict(os.environ, TRITON_CACHE_DIR=str(cache), PYTHONUNBUFFERED="1")
-    workers = 0
-    if env_value == "-1":
-        env["BITMTP_PRECOMPILE"], workers = "1", 1
-    else:
-        env["BITMTP_PRECOMPILE"] = env_value
+    _, mode_env, workers, _, decode = MODES[mode]
+    env = dict(os.environ, TRITON_CACHE_DIR=str(cache), PYTHONUNBUFFERED="1", **mode_env)
+    if "BITMTP_PRECOMPILE_MODE" not in mode_env:
+        env.pop("BITMTP_PRECOMPILE_MODE", None)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(artifact), "--workers", str(workers),
-           "--tokens", str(tokens)]
+           "--tokens", str(tokens if decode else 0)]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
@@ -139,7 +144,7 @@ def markdown(report: dict) -> str:
              f"- commit: {report['commit']}", f"- command: `{report['command']}`",
              f"- artifact: {report['artifact']}", "",
              "| start | startup s | load s | precompile s | capture s | kernels compiled | Triton compiles in capture "
-             "| threads | graphs | first generate s |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| workers | graphs | first generate s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for mode, r in report["runs"].items():
         name = MODES[mode][0]
         if "error" in r:
@@ -148,7 +153,7 @@ def markdown(report: dict) -> str:
         sp, pre = r["split"], r.get("precompile") or {}
         lines.append(f"| {name} | {r['startup_s']:.1f} | {sp['load_s']:.1f} | {sp['precompile_s']:.1f} | "
                      f"{sp['capture_s']:.1f} | {r['kernels_compiled']} | {r['compile_calls']['capture']} | "
-                     f"{pre.get('workers', '-')} | {r['graphs']} | {r['first_generate_s']:.1f} |")
+                     f"{pre.get('workers', '-')} | {r['graphs']} | {r.get('first_generate_s', float('nan')):.1f} |")
     same = report.get("tokens_identical")
     lines += ["", f"Tokens (AR and fused, {report['tokens']} each) identical in every run: {same}.", "",
               "Startup: `Engine.load` wall time (reads and checks the artifact, builds the model, "
@@ -162,7 +167,7 @@ def markdown(report: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--artifact", type=Path, help="an artifact folder (default: the 2B shape, made here)")
-    ap.add_argument("--modes", default="cold-on,warm-on,cold-off,cold-1")
+    ap.add_argument("--modes", default="cold-on,warm-on,cold-off,cold-proc,cold-1")
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per load (a process each)")
     ap.add_argument("--budget", type=float, default=0.0, help="seconds for the whole run: each load gets "
@@ -181,7 +186,7 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--modes: unknown {unknown}; choose from {', '.join(MODES)}")
     for m in modes:
-        reuse = MODES[m][2]
+        reuse = MODES[m][3]
         if reuse != "fresh" and reuse not in modes[:modes.index(m)]:
             raise SystemExit(f"--modes: {m} reuses the cache of {reuse}; list {reuse} before it")
     t_start = time.perf_counter()
@@ -217,7 +222,7 @@ def main() -> None:
             log(f"{mode}: skipped ({elapsed:.0f} s spent, budget {args.budget:.0f} s)")
             report["runs"][mode] = {"error": "skipped (time budget)"}
             continue
-        reuse = MODES[mode][2]
+        reuse = MODES[mode][3]
         caches[mode] = caches[reuse] if reuse != "fresh" else Path(tempfile.mkdtemp(prefix=f"triton-{mode}-",
                                                                                     dir=args.work))
         log(f"{mode}: loading ({MODES[mode][0]}, cache {caches[mode]})")

@@ -75,7 +75,8 @@ class RuntimeOptions:
     # Compile every Triton kernel the states at load launch, in parallel, before capturing
     # them (``precompile.py``); BITMTP_PRECOMPILE=0 turns it off, =N sets N threads.
     precompile: bool = True
-    precompile_workers: int = 0  # compile threads; 0: one per core, as memory allows (``default_workers``)
+    precompile_mode: str = "threads"  # or "processes"; BITMTP_PRECOMPILE_MODE overrides it
+    precompile_workers: int = 0  # compile threads (processes); 0: one per core, as memory allows
     precompile_timeout_s: float = 600.0
 
     PRESETS = ("generic", "m1", "m1+m2", "full")
@@ -425,9 +426,10 @@ class GraphBackend:
         them compiled (``precompile.py``). Each body runs as ``_capture``'s warm-up runs it
         (L >= 1 at load), its Triton launches turned into compile requests, and the static
         inputs it changes are restored after it."""
-        from .precompile import default_workers, precompile, precompile_setting
+        from .precompile import default_workers, precompile, precompile_mode, precompile_processes, precompile_setting
 
         on, workers = precompile_setting(self.opts.precompile, self.opts.precompile_workers)
+        run = precompile_processes if precompile_mode(self.opts.precompile_mode) == "processes" else precompile
         if not on or self.fast.ops.twin:  # the twins launch no kernel
             return
         mutable = self.static.mutable()
@@ -446,8 +448,8 @@ class GraphBackend:
             return str(state), run
 
         t0 = time.perf_counter()
-        self.precompile_report = precompile([request(s) for s in states], workers or default_workers(),
-                                            self.opts.precompile_timeout_s)
+        self.precompile_report = run([request(s) for s in states], workers or default_workers(),
+                                     self.opts.precompile_timeout_s)
         self.precompile_s = time.perf_counter() - t0
 
     def _replay(self, state: ReplayState, sampled: bool | None = None) -> None:

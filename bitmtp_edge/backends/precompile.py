@@ -36,6 +36,8 @@ import torch
 log = logging.getLogger(__name__)
 
 ENV = "BITMTP_PRECOMPILE"  # "0": off; a number N > 0: N compile threads; unset/"1": on, automatic count
+MODE_ENV = "BITMTP_PRECOMPILE_MODE"  # "threads" (default) or "processes"
+MODES = ("threads", "processes")
 WORKER_MEMORY = 512 << 20  # what one compile thread may need at its peak (LLVM + a ptxas process)
 MAX_WORKERS = 8  # more threads than this only contend (the MLIR/LLVM passes hold the GIL in places)
 
@@ -51,6 +53,7 @@ class PrecompileReport:
     seconds: float = 0.0
     workers: int = 0
     parallel: bool = True  # False: this Triton has no AsyncCompileMode, nothing was precompiled
+    mode: str = "threads"
     kernels: dict[str, int] = field(default_factory=dict)  # kernel name -> variants compiled
     requests: dict[str, list[str]] = field(default_factory=dict)  # body label -> kernels it requested, in order
 
@@ -58,7 +61,7 @@ class PrecompileReport:
         if not self.parallel:
             return "precompile skipped (this Triton has no AsyncCompileMode; kernels compile during capture)"
         return (f"precompiled {self.compiled} kernel variants ({self.requested} launches requested) "
-                f"in {self.seconds:.1f} s on {self.workers} threads")
+                f"in {self.seconds:.1f} s on {self.workers} {self.mode}")
 
 
 def precompile_setting(enabled: bool, workers: int) -> tuple[bool, int]:
@@ -76,6 +79,15 @@ def precompile_setting(enabled: bool, workers: int) -> tuple[bool, int]:
     if n == 0:
         return False, workers
     return True, (workers if n == 1 else n)
+
+
+def precompile_mode(mode: str) -> str:
+    """The runtime option's mode, or ``BITMTP_PRECOMPILE_MODE`` when set."""
+    value = os.environ.get(MODE_ENV, "").strip() or mode
+    if value not in MODES:
+        source = f"{MODE_ENV}={value!r}" if os.environ.get(MODE_ENV, "").strip() else f"precompile_mode={value!r}"
+        raise ValueError(f"{source}: choose one of {', '.join(MODES)}")
+    return value
 
 
 def default_workers(cpu_count: int | None = None, available_bytes: int | None = None) -> int:
@@ -273,5 +285,96 @@ def precompile(bodies: Sequence[tuple[str, Callable[[], None]]], workers: int, t
     return report
 
 
-__all__ = ["ENV", "NOT_LAUNCHED", "PrecompileError", "PrecompileReport", "compile_only_launches", "default_workers",
+# -- processes: record the variants, compile them in worker processes -----------------------------
+
+def record_variants(bodies: Sequence[tuple[str, Callable[[], None]]], report: PrecompileReport,
+                    classes: Sequence[type] | None = None) -> dict[str, tuple[str, str, str]]:
+    """Run the bodies with their launches as compile requests that Triton's ``jit_cache_hook``
+    answers "skip": -> {specialisation data (Triton's JSON): (module, kernel, body label)}
+    for every variant this process has not compiled."""
+    from triton import knobs
+
+    variants: dict[str, tuple[str, str, str]] = {}
+    label = [""]
+
+    def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
+        variants.setdefault(compile["specialization_data"], (fn.module, fn.name, label[0]))
+        return True  # skip the compile here: a worker process compiles it
+
+    def on_request(kernel) -> None:
+        report.requested += 1
+        report.requests.setdefault(label[0], []).append(kernel_name(kernel))
+
+    previous = knobs.runtime.jit_cache_hook
+    knobs.runtime.jit_cache_hook = hook
+    try:
+        with compile_only_launches(on_request, classes), zeroed_allocations():
+            for label[0], body in bodies:
+                try:
+                    body()
+                except Exception as e:
+                    raise PrecompileError(f"requesting the kernels of {label[0]} failed: {type(e).__name__}: {e}") from e
+    finally:
+        knobs.runtime.jit_cache_hook = previous
+    return variants
+
+
+def compile_variant(module: str, kernel: str, specialization: str) -> None:
+    """In a worker process: compile one recorded variant into Triton's disk cache."""
+    import importlib
+
+    getattr(importlib.import_module(module), kernel).preload(specialization)
+
+
+def compile_in_processes(variants: dict[str, tuple[str, str, str]], workers: int, timeout_s: float,
+                         compile_fn: Callable[[str, str, str], None] = compile_variant) -> None:
+    """Compile ``variants`` (``record_variants``) in ``workers`` spawned processes sharing the
+    disk cache; a failure or the timeout stops every worker and raises ``PrecompileError``."""
+    import multiprocessing as mp
+
+    t0 = time.perf_counter()
+    pool = mp.get_context("spawn").Pool(workers)
+    try:
+        jobs = [(pool.apply_async(compile_fn, (module, kernel, data)), kernel, label)
+                for data, (module, kernel, label) in variants.items()]
+        for job, kernel, label in jobs:
+            remaining = max(timeout_s - (time.perf_counter() - t0), 0.0)
+            try:
+                job.get(remaining)
+            except mp.TimeoutError:
+                waiting = sorted({f"{k} for {lb}" for j, k, lb in jobs if not j.ready()})
+                raise PrecompileError(
+                    f"compiling the Triton kernels did not finish within {timeout_s:.0f} s; still compiling "
+                    f"{len(waiting)}: {', '.join(waiting[:6])}{' ...' if len(waiting) > 6 else ''}. Raise "
+                    f"RuntimeOptions.precompile_timeout_s, or set {ENV}=0 to compile during capture instead") from None
+            except Exception as e:  # noqa: BLE001 - the worker's compile error, re-raised here
+                raise PrecompileError(f"Triton could not compile {kernel} (requested by {label}) in a worker "
+                                      f"process: {type(e).__name__}: {str(e)[:1500]}") from e
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def precompile_processes(bodies: Sequence[tuple[str, Callable[[], None]]], workers: int, timeout_s: float,
+                         classes: Sequence[type] | None = None) -> PrecompileReport:
+    """``precompile`` with worker processes instead of threads: the variants are recorded here
+    (nothing compiles in this process), compiled into the disk cache by the workers, and
+    capture loads them from there. Each worker imports torch and Triton (seconds), needs no
+    model; a script that loads an engine this way needs the ``if __name__ == "__main__":``
+    guard (the workers are spawned)."""
+    t0 = time.perf_counter()
+    report = PrecompileReport(workers=max(1, workers), mode="processes")
+    variants = record_variants(bodies, report, classes)
+    if variants:
+        compile_in_processes(variants, min(report.workers, len(variants)), timeout_s)
+    report.compiled = len(variants)
+    for _, kernel, _ in variants.values():
+        report.kernels[kernel] = report.kernels.get(kernel, 0) + 1
+    report.seconds = time.perf_counter() - t0
+    log.info(report.summary())
+    return report
+
+
+__all__ = ["MODES", "MODE_ENV", "compile_in_processes", "precompile_mode", "precompile_processes", "record_variants",
+           "ENV", "NOT_LAUNCHED", "PrecompileError", "PrecompileReport", "compile_only_launches", "default_workers",
            "kernel_classes", "precompile", "precompile_setting", "zeroed_allocations"]
