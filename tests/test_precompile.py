@@ -349,3 +349,14 @@ def test_gpu_capture_after_precompile_compiles_nothing_and_decodes_the_same_toke
                       for p in ("ar", "speculative", "fused")]
         del eng
     assert tokens[True] == tokens[False]
+
+
+def test_engine_reports_the_startup_split(tmp_path):
+    from bitmtp_edge import Engine
+    from tests.helpers import write_test_artifact
+
+    art = write_test_artifact(random_model(0, layers=1), tmp_path / "art", block_size=3, max_context=64)
+    split = Engine.load(art, backend="reference", device="cpu").startup
+    assert set(split) == {"total_s", "load_s", "precompile_s", "capture_s", "kernels_precompiled"}
+    assert split["total_s"] > 0 and split["load_s"] == split["total_s"]  # no graphs, no pass on the reference
+    assert split["precompile_s"] == split["capture_s"] == 0.0 and split["kernels_precompiled"] == 0

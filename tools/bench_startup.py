@@ -74,7 +74,8 @@ def child(artifact: Path, workers: int, tokens: int) -> dict:
 
     compiles = {"precompile": 0, "capture": 0}
     phase = ["capture"]
-    do_compile, precompile = JITFunction._do_compile, GraphBackend.precompile
+    # counted where Triton compiles a variant new to the process (None: a Triton without it)
+    do_compile, precompile = getattr(JITFunction, "_do_compile", None), GraphBackend.precompile
 
     def counting(self, *args, **kwargs):
         compiles[phase[0]] += 1
@@ -87,7 +88,11 @@ def child(artifact: Path, workers: int, tokens: int) -> dict:
         finally:
             phase[0] = "capture"
 
-    JITFunction._do_compile, GraphBackend.precompile = counting, marked
+    GraphBackend.precompile = marked
+    if do_compile is not None:
+        JITFunction._do_compile = counting
+    else:
+        compiles = {"precompile": None, "capture": None}
     cache = Path(os.environ["TRITON_CACHE_DIR"])
     before = cache_entries(cache)
     opts = RuntimeOptions(precompile_workers=workers) if workers else RuntimeOptions()
@@ -99,7 +104,9 @@ def child(artifact: Path, workers: int, tokens: int) -> dict:
                       runtime=opts)
     sync()
     wall = time.perf_counter() - t0
-    JITFunction._do_compile, GraphBackend.precompile = do_compile, precompile
+    GraphBackend.precompile = precompile
+    if do_compile is not None:
+        JITFunction._do_compile = do_compile
     report = getattr(eng.backend, "precompile_report", None)
     out = {"startup_s": wall, "split": eng.startup, "graphs": len(getattr(eng.backend, "graphs", {})),
            "kernels_compiled": cache_entries(cache) - before, "compile_calls": compiles,
