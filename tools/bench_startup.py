@@ -162,7 +162,7 @@ def markdown(report: dict) -> str:
                      f"{sp['capture_s']:.1f} | {r['kernels_compiled']} | {r['compile_calls']['capture']} | "
                      f"{pre.get('workers', '-')} | {r['graphs']} | {r.get('first_generate_s', float('nan')):.1f} |")
     same = report.get("tokens_identical")
-    lines += ["", f"Tokens (AR and fused, {report['tokens']} each) identical in every run: {same}.", "",
+    lines += ["", f"Tokens (AR and fused, {report['tokens']} each) identical in every run that decoded: {same}.", "",
               "Startup: `Engine.load` wall time (reads and checks the artifact, builds the model, "
               "precompiles, captures). Kernels compiled: new entries in the run's Triton cache folder. "
               "Triton compiles in capture: kernels capture found neither compiled in the process nor "

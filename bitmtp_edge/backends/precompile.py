@@ -6,15 +6,15 @@ after another: most of a cold start (BitNet-2B shape on the H200: 28 s cold, 7-9
 Here each state's graph body runs once with every Triton launch turned into a compile
 request: ``run(..., warmup=True)`` (compile, do not launch) under Triton's
 ``AsyncCompileMode``, which hands each compile to a thread pool and returns at once, so the
-bodies keep requesting while earlier kernels compile (Triton releases the GIL in its MLIR
-and LLVM passes; ptxas is a subprocess). The request goes through Triton's own launch path,
+bodies keep requesting while earlier kernels compile (the threads overlap where Triton's
+passes release the GIL and in ptxas, a subprocess; ``tools/bench_startup.py`` measures it,
+and ``precompile_processes`` is the worker-process alternative). The request goes through Triton's own launch path,
 so it computes the very specialisation key (constexprs, dtypes, divisibility by 16) the
 real launch computes; Triton deduplicates by that key and keeps each kernel in the
 function's in-process cache and on disk. Capture then finds every kernel compiled and
 captures exactly the graphs it captures without this pass.
 
-The bodies' torch ops run for real (cheap); a skipped kernel's output keeps what it was
-allocated with. Graph bodies never read a device value on the host, so the launches they
+The bodies' torch ops run for real (cheap); a skipped kernel's output is left as allocated. Graph bodies never read a device value on the host, so the launches they
 request do not depend on those values; but a body may index with a kernel's output (the
 fused step gathers the embedding rows of the step tokens a kernel wrote), so allocations
 are zero-filled during the pass: index 0 is always in range.
