@@ -113,6 +113,7 @@ def child(artifact: Path, workers: int, tokens: int) -> dict:
            "precompile": None if report is None else {
                "requested": report.requested, "compiled": report.compiled, "workers": report.workers,
                "parallel": report.parallel, "mode": report.mode, "seconds": report.seconds,
+               "request_s": report.request_s,
                "kernels": report.kernels}}
     if tokens:
         t0 = time.perf_counter()
@@ -158,7 +159,8 @@ def markdown(report: dict) -> str:
             lines.append(f"| {name} | {r['error']} | | | | | | | | |")
             continue
         sp, pre = r["split"], r.get("precompile") or {}
-        lines.append(f"| {name} | {r['startup_s']:.1f} | {sp['load_s']:.1f} | {sp['precompile_s']:.1f} | "
+        pre_s = f"{sp['precompile_s']:.1f}" + (f" ({pre['request_s']:.1f} requesting)" if pre else "")
+        lines.append(f"| {name} | {r['startup_s']:.1f} | {sp['load_s']:.1f} | {pre_s} | "
                      f"{sp['capture_s']:.1f} | {r['kernels_compiled']} | {r['compile_calls']['capture']} | "
                      f"{pre.get('workers', '-')} | {r['graphs']} | {r.get('first_generate_s', float('nan')):.1f} |")
     same = report.get("tokens_identical")

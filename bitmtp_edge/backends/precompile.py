@@ -51,6 +51,7 @@ class PrecompileReport:
     requested: int = 0  # Triton launches the bodies made (each became a compile request)
     compiled: int = 0  # kernel variants handed to the compile threads (new to this process)
     seconds: float = 0.0
+    request_s: float = 0.0  # of ``seconds``: running the bodies (the rest: waiting for the compiles)
     workers: int = 0
     parallel: bool = True  # False: this Triton has no AsyncCompileMode, nothing was precompiled
     mode: str = "threads"
@@ -250,6 +251,7 @@ def precompile(bodies: Sequence[tuple[str, Callable[[], None]]], workers: int, t
                     raise PrecompileError(f"requesting the kernels of {label} failed: {type(e).__name__}: {e}") from e
         if torch.cuda.is_available():
             torch.cuda.synchronize()
+        report.request_s = time.perf_counter() - t0
         remaining = max(timeout_s - (time.perf_counter() - t0), 0.0)
         _, pending = wait([job[0] for job in pool.jobs], timeout=remaining)
         requested = True
@@ -365,6 +367,7 @@ def precompile_processes(bodies: Sequence[tuple[str, Callable[[], None]]], worke
     t0 = time.perf_counter()
     report = PrecompileReport(workers=max(1, workers), mode="processes")
     variants = record_variants(bodies, report, classes)
+    report.request_s = time.perf_counter() - t0
     if variants:
         compile_in_processes(variants, min(report.workers, len(variants)), timeout_s)
     report.compiled = len(variants)
