@@ -272,8 +272,8 @@ def test_each_state_requests_exactly_the_launches_its_body_makes():
     assert {s.role for s in states} == {"verify", "draft", "fused"} and len({s.segment for s in states}) == 2
     before = [t.clone() for t in backend.static.mutable()]
     kv = (backend.kv.k.clone(), backend.kv.v.clone())
-    backend.precompile(states)
-    report = backend.precompile_report
+    job = backend.precompile(states)  # overlap on: the running job, which capture would wait on per state
+    report = job.finish()
     # the pass leaves the static inputs and the KV store as it found them (no kernel ran)
     assert all(torch.equal(a, b) for a, b in zip(before, backend.static.mutable()))
     assert torch.equal(kv[0], backend.kv.k) and torch.equal(kv[1], backend.kv.v)
@@ -291,24 +291,91 @@ def test_the_pass_can_be_turned_off(monkeypatch, how):
         monkeypatch.setenv(pc.ENV, "0")
     backend = fast_backend(random_model(0, layers=1), block_size=3, max_context=64, kernels=True, options=opts,
                            head_dtype=torch.float16)
-    backend.precompile(backend.states())
+    assert backend.precompile(backend.states()) is None
     assert backend.precompile_report is None and backend.precompile_s == 0.0
 
 
 def test_twins_skip_the_pass():
     backend = fast_backend(random_model(0), block_size=3, max_context=64)
-    backend.precompile(backend.states())
+    assert backend.precompile(backend.states()) is None
     assert backend.precompile_report is None
 
 
-def test_capture_all_precompiles_every_state_before_the_first_capture(monkeypatch):
+class RecordingJob:
+    def __init__(self, events, fail_at=None):
+        self.events, self.fail_at, self.wait_s = events, fail_at, 0.0
+
+    def wait(self, label):
+        self.events.append(("wait", label))
+        if label == self.fail_at:
+            raise pc.PrecompileError(f"Triton could not compile k (requested by {label})")
+
+    def finish(self):
+        self.events.append(("finish",))
+        return pc.PrecompileReport()
+
+    def abort(self):
+        self.events.append(("abort",))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_capture_all_precompiles_every_state_before_capturing_it(monkeypatch, overlap):
     backend = fast_backend(random_model(0), block_size=3, max_context=64, smallest=32)
     events = []
-    monkeypatch.setattr(backend, "precompile", lambda states: events.append(("precompile", list(states))))
+
+    def precompile(states):
+        events.append(("precompile", list(states)))
+        return RecordingJob(events) if overlap else None
+
+    monkeypatch.setattr(backend, "precompile", precompile)
     monkeypatch.setattr(backend, "_capture", lambda state: events.append(("capture", state)))
     backend.capture_all()
     states = backend.states()
-    assert events == [("precompile", states)] + [("capture", s) for s in states]
+    if overlap:  # each state waits for its own kernels, then is captured; the job finishes last
+        expected = [e for s in states for e in (("wait", str(s)), ("capture", s))] + [("finish",)]
+    else:
+        expected = [("capture", s) for s in states]
+    assert events == [("precompile", states)] + expected
+
+
+def test_a_compile_failing_during_an_overlapped_capture_aborts_the_job(monkeypatch):
+    backend = fast_backend(random_model(0), block_size=3, max_context=64, smallest=32)
+    states, events = backend.states(), []
+    monkeypatch.setattr(backend, "precompile", lambda _: RecordingJob(events, fail_at=str(states[2])))
+    monkeypatch.setattr(backend, "_capture", lambda state: events.append(("capture", state)))
+    with pytest.raises(pc.PrecompileError, match=r"could not compile k \(requested by \(M="):
+        backend.capture_all()
+    assert events[-2:] == [("wait", str(states[2])), ("abort",)]
+    assert [e for e in events if e[0] == "capture"] == [("capture", s) for s in states[:2]]
+
+
+def test_a_body_waits_only_for_its_own_kernels():
+    """Overlap: the first body's kernels are ready while the second's still compile."""
+    release = threading.Event()
+    fast, slow = FakeKernel("fast"), FakeKernel("slow", lambda key: release.wait(30) and "binary")
+    job = pc.start_precompile([("s1", lambda: fast[(1,)](torch.zeros(2), 1)),
+                               ("s2", lambda: slow[(1,)](torch.zeros(2), 1))], workers=2, timeout_s=60,
+                              classes=[FakeKernel])
+    try:
+        job.wait("s1")
+        assert len(job.needs["s2"]) == 1 and not job.needs["s2"][0].done()
+        release.set()
+        job.wait("s2")
+        report = job.finish()
+    finally:
+        release.set()
+        job.abort()
+    assert report.compiled == 2 and triton_async.active_mode.get() is None
+    assert [type(k).__name__ for k in slow.cache.values()] == ["str"]  # filed: the compiled kernel, not a future
+
+
+@pytest.mark.parametrize("value, expected", [("", True), ("1", True), ("0", False)])
+def test_the_overlap_switch(monkeypatch, value, expected):
+    monkeypatch.setenv(pc.OVERLAP_ENV, value)
+    assert pc.precompile_overlap(True) == expected
+    monkeypatch.setenv(pc.OVERLAP_ENV, "maybe")
+    with pytest.raises(ValueError, match="BITMTP_PRECOMPILE_OVERLAP='maybe'"):
+        pc.precompile_overlap(True)
 
 
 # -- on the GPU ------------------------------------------------------------------------------
@@ -332,8 +399,9 @@ def test_gpu_capture_after_precompile_compiles_nothing_and_decodes_the_same_toke
         return do_compile(self, *args, **kwargs)
 
     def then_count(self, states):  # the pass, then count what capture compiles
-        precompile(self, states)
+        job = precompile(self, states)
         JITFunction._do_compile = counting
+        return job
 
     tokens = {}
     for on in (True, False):
@@ -357,6 +425,6 @@ def test_engine_reports_the_startup_split(tmp_path):
 
     art = write_test_artifact(random_model(0, layers=1), tmp_path / "art", block_size=3, max_context=64)
     split = Engine.load(art, backend="reference", device="cpu").startup
-    assert set(split) == {"total_s", "load_s", "precompile_s", "capture_s", "kernels_precompiled"}
+    assert set(split) == {"total_s", "load_s", "precompile_s", "capture_s", "kernels_precompiled", "compile_wait_s"}
     assert split["total_s"] > 0 and split["load_s"] == split["total_s"]  # no graphs, no pass on the reference
     assert split["precompile_s"] == split["capture_s"] == 0.0 and split["kernels_precompiled"] == 0

@@ -4,7 +4,9 @@ precompile pass, and warm; one run, one GPU.
 Every measurement loads the engine in a fresh process (a process keeps compiled kernels in
 memory) with its own ``TRITON_CACHE_DIR``:
 
-* ``cold-on``: an empty cache, the default pass (compile threads: automatic);
+* ``cold-on``: an empty cache, the default pass (compile threads: automatic; capture takes
+  each state as soon as its own kernels are compiled);
+* ``cold-wait``: the same, all kernels compiled before capture starts;
 * ``warm-on``: the cache ``cold-on`` filled;
 * ``cold-off``: an empty cache, ``BITMTP_PRECOMPILE=0`` (capture compiles, as before the pass);
 * ``cold-proc``: an empty cache, the pass with worker processes (``BITMTP_PRECOMPILE_MODE``);
@@ -18,7 +20,7 @@ be the same in each.
 The artifact: BitNet-2B shape with random weights and a D = 8 MTP block (``bench_e2e``'s
 ``make_random_bitnet_2b``), or ``--artifact``.
 
-    python tools/bench_startup.py [--artifact DIR] [--modes cold-on,warm-on,cold-off,cold-proc,cold-1] [--out DIR]
+    python tools/bench_startup.py [--artifact DIR] [--modes cold-on,warm-on,cold-off,cold-wait,cold-proc,cold-1] [--out DIR]
 
 Writes ``startup.json`` and ``startup.md`` under ``--out`` (default ``tools/results``).
 """
@@ -41,7 +43,9 @@ sys.path.insert(0, str(ROOT))
 # mode -> (description, environment, compile workers (0: automatic), cache: "fresh" or the
 # mode whose cache it reuses, decode: whether it decodes the tokens every run must agree on)
 MODES = {
-    "cold-on": ("cold, precompile on (threads)", {"BITMTP_PRECOMPILE": "1"}, 0, "fresh", True),
+    "cold-on": ("cold, precompile on (threads, capture overlaps)", {"BITMTP_PRECOMPILE": "1"}, 0, "fresh", True),
+    "cold-wait": ("cold, precompile on (threads, all compiled before capture)",
+                  {"BITMTP_PRECOMPILE": "1", "BITMTP_PRECOMPILE_OVERLAP": "0"}, 0, "fresh", False),
     "warm-on": ("warm, precompile on", {"BITMTP_PRECOMPILE": "1"}, 0, "cold-on", True),
     "cold-off": ("cold, precompile off", {"BITMTP_PRECOMPILE": "0"}, 0, "fresh", True),
     "warm-off": ("warm, precompile off", {"BITMTP_PRECOMPILE": "0"}, 0, "cold-off", False),
@@ -84,7 +88,7 @@ def child(artifact: Path, workers: int, tokens: int) -> dict:
     def marked(self, states):
         phase[0] = "precompile"
         try:
-            precompile(self, states)
+            return precompile(self, states)  # the running compiles when capture overlaps them
         finally:
             phase[0] = "capture"
 
@@ -125,8 +129,9 @@ def child(artifact: Path, workers: int, tokens: int) -> dict:
 def run_child(artifact: Path, mode: str, cache: Path, tokens: int, timeout_s: float) -> dict:
     _, mode_env, workers, _, decode = MODES[mode]
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache), PYTHONUNBUFFERED="1", **mode_env)
-    if "BITMTP_PRECOMPILE_MODE" not in mode_env:
-        env.pop("BITMTP_PRECOMPILE_MODE", None)
+    for name in ("BITMTP_PRECOMPILE_MODE", "BITMTP_PRECOMPILE_OVERLAP"):  # the defaults unless the mode sets them
+        if name not in mode_env:
+            env.pop(name, None)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(artifact), "--workers", str(workers),
            "--tokens", str(tokens if decode else 0)]
     t0 = time.perf_counter()
@@ -134,7 +139,8 @@ def run_child(artifact: Path, mode: str, cache: Path, tokens: int, timeout_s: fl
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
     except subprocess.TimeoutExpired as e:
         tail = (e.stderr or b"")[-1500:]
-        return {"error": f"timed out after {timeout_s:.0f} s", "stderr_tail": tail.decode() if isinstance(tail, bytes) else tail}
+        return {"error": f"timed out after {timeout_s:.0f} s",
+                "stderr_tail": tail.decode() if isinstance(tail, bytes) else tail}
     process_s = time.perf_counter() - t0
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -151,23 +157,27 @@ def markdown(report: dict) -> str:
              f"- device: {report['device']}, {report['cpu_count']} CPU cores", f"- date: {report['date']}",
              f"- commit: {report['commit']}", f"- command: `{report['command']}`",
              f"- artifact: {report['artifact']}", "",
-             "| start | startup s | load s | precompile s | capture s | kernels compiled | Triton compiles in capture "
-             "| workers | graphs | first generate s |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| start | startup s | load s | precompile s | capture s | compile wait s | kernels compiled "
+             "| Triton compiles in capture | workers | graphs | first generate s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode, r in report["runs"].items():
         name = MODES[mode][0]
         if "error" in r:
-            lines.append(f"| {name} | {r['error']} | | | | | | | | |")
+            lines.append(f"| {name} | {r['error']} | | | | | | | | | |")
             continue
         sp, pre = r["split"], r.get("precompile") or {}
         pre_s = f"{sp['precompile_s']:.1f}" + (f" ({pre['request_s']:.1f} requesting)" if pre else "")
         lines.append(f"| {name} | {r['startup_s']:.1f} | {sp['load_s']:.1f} | {pre_s} | "
-                     f"{sp['capture_s']:.1f} | {r['kernels_compiled']} | {r['compile_calls']['capture']} | "
+                     f"{sp['capture_s']:.1f} | {sp.get('compile_wait_s', 0.0):.1f} | {r['kernels_compiled']} | "
+                     f"{r['compile_calls']['capture']} | "
                      f"{pre.get('workers', '-')} | {r['graphs']} | {r.get('first_generate_s', float('nan')):.1f} |")
     same = report.get("tokens_identical")
     lines += ["", f"Tokens (AR and fused, {report['tokens']} each) identical in every run that decoded: {same}.", "",
               "Startup: `Engine.load` wall time (reads and checks the artifact, builds the model, "
               "precompiles, captures). Kernels compiled: new entries in the run's Triton cache folder. "
-              "Triton compiles in capture: kernels capture found neither compiled in the process nor "
+              "Compile wait: of the load, waiting for compiles still running (inside capture s when "
+              "capture overlaps them). Triton compiles in capture: kernels capture found neither "
+              "compiled in the process nor "
               "requested by the pass (a warm start without the pass loads them from disk there). "
               "First generate: AR then fused, including the prefill's own first compiles.", ""]
     return "\n".join(lines)
@@ -176,7 +186,7 @@ def markdown(report: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--artifact", type=Path, help="an artifact folder (default: the 2B shape, made here)")
-    ap.add_argument("--modes", default="cold-on,warm-on,cold-off,cold-proc,cold-1")
+    ap.add_argument("--modes", default="cold-on,warm-on,cold-off,cold-wait,cold-proc,cold-1")
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per load (a process each)")
     ap.add_argument("--budget", type=float, default=0.0, help="seconds for the whole run: each load gets "

@@ -14,7 +14,7 @@ mkdir -p "$OUT/coldstart"
   python -c "import os, torch, triton; from triton.runtime import _async_compile; print('torch', torch.__version__, \
 'triton', triton.__version__, 'AsyncCompileMode', hasattr(_async_compile, 'AsyncCompileMode'), 'cpus', os.cpu_count())"
 } 2>&1 | tee "$OUT/coldstart/env.txt"
-timeout ${T_TOTAL:-165} python tools/bench_startup.py --modes ${MODES:-cold-on,warm-on,cold-off,cold-proc,cold-1} \
+timeout ${T_TOTAL:-165} python tools/bench_startup.py --modes ${MODES:-cold-on,warm-on,cold-off,cold-wait,cold-proc,cold-1} \
   --budget ${BUDGET:-148} --timeout ${T_LOAD:-55} --tokens ${TOKENS:-16} --work "${WORK:-/tmp/bitmtp-startup}" \
   ${ARTIFACT:+--artifact "$ARTIFACT"} --out "$OUT/coldstart" 2>&1 | tee "$OUT/coldstart/log.txt" | tail -40
 find "$OUT/coldstart" -maxdepth 1 -type f | sort

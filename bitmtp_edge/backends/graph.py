@@ -76,6 +76,9 @@ class RuntimeOptions:
     # them (``precompile.py``); BITMTP_PRECOMPILE=0 turns it off, =N sets N threads.
     precompile: bool = True
     precompile_mode: str = "threads"  # or "processes"; BITMTP_PRECOMPILE_MODE overrides it
+    # threads: capture a state as soon as its own kernels are compiled (later states' kernels
+    # still compiling); False: wait for all first. BITMTP_PRECOMPILE_OVERLAP=0 turns it off.
+    precompile_overlap: bool = True
     precompile_workers: int = 0  # compile threads (processes); 0: one per core, as memory allows
     precompile_timeout_s: float = 600.0
 
@@ -223,7 +226,8 @@ class GraphBackend:
         self._staged_sampler = None
         self.pool = torch.cuda.graph_pool_handle() if options.graphs else None
         self.capture_s = 0.0  # capturing the graphs at load (kernels compiled by then: see precompile_s)
-        self.precompile_s = 0.0
+        self.precompile_s = 0.0  # the precompile pass before capture (see ``precompile``)
+        self.compile_wait_s = 0.0  # of the load, waiting for compiles: in precompile_s, or capture_s when overlapped
         self.precompile_report = None  # precompile.PrecompileReport of the load, when it ran
         self.graph_pool_bytes = 0
         if options.graphs and options.capture == "load":
@@ -413,25 +417,36 @@ class GraphBackend:
     def capture_all(self, progress=None) -> None:
         gc.collect()  # free unreachable graphs now, not while capturing (see ``_capture``)
         states = self.states()
-        self.precompile(states)
+        job = self.precompile(states)  # compiles still running (overlap), or None
         t0 = time.perf_counter()
-        for i, state in enumerate(states):
-            self._capture(state)
-            if progress is not None:
-                progress(i + 1, len(states))
+        try:
+            for i, state in enumerate(states):
+                if job is not None:
+                    job.wait(str(state))  # this state's kernels compiled (bounded, errors named)
+                self._capture(state)
+                if progress is not None:
+                    progress(i + 1, len(states))
+            if job is not None:
+                self.precompile_report = job.finish()
+                self.compile_wait_s = job.wait_s
+        except BaseException:
+            if job is not None:
+                job.abort()
+            raise
         self.capture_s = time.perf_counter() - t0
 
-    def precompile(self, states: list[ReplayState]) -> None:
+    def precompile(self, states: list[ReplayState]):
         """Compile the Triton kernels ``states`` launch, in parallel, so that capture finds
         them compiled (``precompile.py``). Each body runs as ``_capture``'s warm-up runs it
         (L >= 1 at load), its Triton launches turned into compile requests, and the static
-        inputs it changes are restored after it."""
-        from .precompile import default_workers, precompile, precompile_mode, precompile_processes, precompile_setting
+        inputs it changes are restored after it. -> the running ``CompileJob`` when capture
+        overlaps the compiles (it waits per state), else None (all compiled)."""
+        from .precompile import (default_workers, precompile_mode, precompile_overlap, precompile_processes,
+                                 precompile_setting, start_precompile)
 
         on, workers = precompile_setting(self.opts.precompile, self.opts.precompile_workers)
-        run = precompile_processes if precompile_mode(self.opts.precompile_mode) == "processes" else precompile
         if not on or self.fast.ops.twin:  # the twins launch no kernel
-            return
+            return None
         mutable = self.static.mutable()
         saved = [t.clone() for t in mutable]
 
@@ -448,9 +463,21 @@ class GraphBackend:
             return str(state), run
 
         t0 = time.perf_counter()
-        self.precompile_report = run([request(s) for s in states], workers or default_workers(),
-                                     self.opts.precompile_timeout_s)
+        bodies, workers = [request(s) for s in states], workers or default_workers()
+        job = None
+        if precompile_mode(self.opts.precompile_mode) == "processes":
+            self.precompile_report = precompile_processes(bodies, workers, self.opts.precompile_timeout_s)
+        else:
+            job = start_precompile(bodies, workers, self.opts.precompile_timeout_s)
+            if job is not None:
+                self.precompile_report = job.report
+                if not precompile_overlap(self.opts.precompile_overlap):
+                    t1 = time.perf_counter()
+                    self.precompile_report = job.finish()
+                    self.compile_wait_s = time.perf_counter() - t1
+                    job = None
         self.precompile_s = time.perf_counter() - t0
+        return job
 
     def _replay(self, state: ReplayState, sampled: bool | None = None) -> None:
         self.log.states.append(state)

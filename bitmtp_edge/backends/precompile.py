@@ -12,9 +12,12 @@ and ``precompile_processes`` is the worker-process alternative). The request goe
 so it computes the very specialisation key (constexprs, dtypes, divisibility by 16) the
 real launch computes; Triton deduplicates by that key and keeps each kernel in the
 function's in-process cache and on disk. Capture then finds every kernel compiled and
-captures exactly the graphs it captures without this pass.
+captures exactly the graphs it captures without this pass. By default capture does not wait
+for all of them: it takes each state as soon as the compiles that state's body requested
+are done (``CompileJob.wait``), while later states' kernels still compile.
 
-The bodies' torch ops run for real (cheap); a skipped kernel's output is left as allocated. Graph bodies never read a device value on the host, so the launches they
+The bodies' torch ops run for real (cheap); a skipped kernel's output is left as allocated.
+Graph bodies never read a device value on the host, so the launches they
 request do not depend on those values; but a body may index with a kernel's output (the
 fused step gathers the embedding rows of the step tokens a kernel wrote), so allocations
 are zero-filled during the pass: index 0 is always in range.
@@ -38,6 +41,7 @@ log = logging.getLogger(__name__)
 ENV = "BITMTP_PRECOMPILE"  # "0": off; a number N > 0: N compile threads; unset/"1": on, automatic count
 MODE_ENV = "BITMTP_PRECOMPILE_MODE"  # "threads" (default) or "processes"
 MODES = ("threads", "processes")
+OVERLAP_ENV = "BITMTP_PRECOMPILE_OVERLAP"  # "0": wait for every compile before capturing
 WORKER_MEMORY = 512 << 20  # what one compile thread may need at its peak (LLVM + a ptxas process)
 MAX_WORKERS = 8  # more threads than this only contend (the MLIR/LLVM passes hold the GIL in places)
 
@@ -91,6 +95,16 @@ def precompile_mode(mode: str) -> str:
     return value
 
 
+def precompile_overlap(overlap: bool) -> bool:
+    """The runtime option, or ``BITMTP_PRECOMPILE_OVERLAP`` (0 or 1) when set."""
+    value = os.environ.get(OVERLAP_ENV, "").strip()
+    if not value:
+        return overlap
+    if value not in ("0", "1"):
+        raise ValueError(f"{OVERLAP_ENV}={value!r}: use 1 (capture while later kernels compile) or 0 (wait first)")
+    return value == "1"
+
+
 def default_workers(cpu_count: int | None = None, available_bytes: int | None = None) -> int:
     """Compile threads for this machine: one per CPU core, at most ``MAX_WORKERS``, and no
     more than the available memory holds at ``WORKER_MEMORY`` each (a Jetson shares its
@@ -140,16 +154,21 @@ def kernel_name(kernel) -> str:
 
 
 @contextlib.contextmanager
-def compile_only_launches(on_request: Callable[[object], None], classes: Sequence[type] | None = None) -> Iterator[None]:
+def compile_only_launches(on_request: Callable[[object], None], classes: Sequence[type] | None = None,
+                          on_result: Callable[[object], None] | None = None) -> Iterator[None]:
     """Inside: every ``kernel[grid](...)`` calls ``on_request(kernel)``, then Triton's own
-    ``run(..., warmup=True)`` (compile, no launch), and returns ``NOT_LAUNCHED``."""
+    ``run(..., warmup=True)`` (compile, no launch), hands what that returned (a compiled
+    kernel, or under ``AsyncCompileMode`` a future one) to ``on_result``, and returns
+    ``NOT_LAUNCHED``."""
     classes = list(classes if classes is not None else kernel_classes())
     own = {cls: cls.__dict__.get("run") for cls in classes}  # None: inherited
 
     def patched(original):
         def run(self, *args, grid, warmup, **kwargs):
             on_request(self)
-            original(self, *args, grid=grid, warmup=True, **kwargs)
+            result = original(self, *args, grid=grid, warmup=True, **kwargs)
+            if on_result is not None:
+                on_result(result)
             return NOT_LAUNCHED
 
         return run
@@ -217,74 +236,131 @@ def _deactivate(ac) -> None:
         ac.active_mode = None
 
 
-def precompile(bodies: Sequence[tuple[str, Callable[[], None]]], workers: int, timeout_s: float,
-               classes: Sequence[type] | None = None) -> PrecompileReport:
-    """Run each ``(label, body)`` with its Triton launches turned into parallel compile
-    requests; return when every kernel variant is compiled.
+class CompileJob:
+    """The compiles ``start_precompile`` requested, running in its thread pool.
 
-    Raises ``PrecompileError`` naming the kernel and the body (replay state) when a compile
-    fails, or the kernels still compiling when ``timeout_s`` runs out."""
+    ``wait(label)`` returns once the kernels that body needs are compiled (capture may then
+    capture it while later bodies' kernels still compile); ``finish()`` once all are, and
+    files them; ``abort()`` leaves without waiting. Each raises ``PrecompileError`` naming the
+    kernel and body of a failed compile, or what is still compiling past the timeout."""
+
+    def __init__(self, ac, mode, pool: _LabelledPool, report: PrecompileReport, t0: float, timeout_s: float):
+        self.ac, self.mode, self.pool, self.report, self.t0, self.timeout_s = ac, mode, pool, report, t0, timeout_s
+        self.needs: dict[str, list[Future]] = {}  # body label -> the compiles its launches wait for
+        self.wait_s = 0.0  # time spent in wait()
+        self.open = True
+
+    def _remaining(self) -> float:
+        return max(self.timeout_s - (time.perf_counter() - self.t0), 0.0)
+
+    def _check(self, futures: list[Future]) -> None:
+        t0 = time.perf_counter()
+        _, pending = wait(futures, timeout=self._remaining())
+        self.wait_s += time.perf_counter() - t0
+        if pending:
+            self.abort()
+            names = sorted({f"{kernel} for {label}" for future, label, kernel in self.pool.jobs if future in pending})
+            raise PrecompileError(
+                f"compiling the Triton kernels did not finish within {self.timeout_s:.0f} s; still compiling "
+                f"{len(pending)}: {', '.join(names[:6])}{' ...' if len(names) > 6 else ''}. Raise "
+                f"RuntimeOptions.precompile_timeout_s, or set {ENV}=0 to compile during capture instead")
+        wanted = set(futures)
+        failed = [(label, kernel, future.exception()) for future, label, kernel in self.pool.jobs
+                  if future in wanted and future.exception() is not None]
+        if failed:
+            if all(job[0].done() for job in self.pool.jobs):
+                self._exit()  # nothing left running: leave cleanly (drops the failed placeholders)
+            self.abort()
+            label, kernel, error = failed[0]
+            raise PrecompileError(
+                f"Triton could not compile {kernel} (requested by {label}; {len(failed)} compile(s) failed): "
+                f"{type(error).__name__}: {str(error)[:1500]}") from error
+
+    def wait(self, label: str) -> None:
+        self._check(self.needs.get(label, []))
+
+    def finish(self) -> PrecompileReport:
+        self._check([job[0] for job in self.pool.jobs])
+        self._exit()
+        report = self.report
+        report.compiled = len(self.pool.jobs)
+        for _, _, kernel in self.pool.jobs:
+            report.kernels[kernel] = report.kernels.get(kernel, 0) + 1
+        report.seconds = time.perf_counter() - self.t0
+        log.info(report.summary())
+        return report
+
+    def _exit(self) -> None:
+        """Every compile is done: leave Triton's async mode, which files the kernels."""
+        if self.open:
+            self.open = False
+            self.mode.ignore_errors = True
+            try:
+                self.mode.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001 - a Triton that re-raises a failed compile here (reported by _check)
+                pass
+            self.pool.shutdown()
+
+    def abort(self) -> None:
+        """Leave Triton's async mode and the pool without waiting for compiles that may never end."""
+        if self.open:
+            self.open = False
+            _deactivate(self.ac)
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def start_precompile(bodies: Sequence[tuple[str, Callable[[], None]]], workers: int, timeout_s: float,
+                     classes: Sequence[type] | None = None) -> CompileJob | None:
+    """Run each ``(label, body)`` with its Triton launches turned into compile requests, which
+    Triton's ``AsyncCompileMode`` hands to ``workers`` threads; -> the running job (None:
+    this Triton has no ``AsyncCompileMode``). Triton's async mode stays on until the job
+    finishes: a launch of a kernel still compiling waits for it."""
     report = PrecompileReport(workers=max(1, workers))
     ac = _async_compile_mode()
     if ac is None:
         report.parallel = False
         log.info(report.summary())
-        return report
+        return None
     t0 = time.perf_counter()
     pool = _LabelledPool(report.workers)
-    mode = ac.AsyncCompileMode(pool)
+    job = CompileJob(ac, ac.AsyncCompileMode(pool), pool, report, t0, timeout_s)
+    label = [""]
 
     def on_request(kernel) -> None:
         report.requested += 1
-        pool.current = (pool.current[0], kernel_name(kernel))
-        report.requests.setdefault(pool.current[0], []).append(pool.current[1])
+        pool.current = (label[0], kernel_name(kernel))
+        report.requests.setdefault(label[0], []).append(pool.current[1])
 
-    mode.__enter__()
-    pending, requested = set(), False
+    def on_result(result) -> None:  # a kernel still compiling: this body's capture waits for it
+        future = getattr(result, "future", None) if isinstance(result, ac.FutureKernel) else None
+        if future is not None:
+            job.needs.setdefault(label[0], []).append(future)
+
+    job.mode.__enter__()
     try:
-        with compile_only_launches(on_request, classes), zeroed_allocations():
-            for label, body in bodies:
-                pool.current = (label, "")
+        with compile_only_launches(on_request, classes, on_result), zeroed_allocations():
+            for label[0], body in bodies:
                 try:
                     body()
                 except Exception as e:  # e.g. a kernel's launcher rejecting its arguments
-                    raise PrecompileError(f"requesting the kernels of {label} failed: {type(e).__name__}: {e}") from e
+                    raise PrecompileError(
+                        f"requesting the kernels of {label[0]} failed: {type(e).__name__}: {e}") from e
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        report.request_s = time.perf_counter() - t0
-        remaining = max(timeout_s - (time.perf_counter() - t0), 0.0)
-        _, pending = wait([job[0] for job in pool.jobs], timeout=remaining)
-        requested = True
-    finally:
-        if pending or not requested:  # leave without waiting for compiles that may never end
-            _deactivate(ac)
-            pool.shutdown(wait=False, cancel_futures=True)
-        else:  # every compile is done: this files the kernels (failed ones are reported below)
-            mode.ignore_errors = True
-            try:
-                mode.__exit__(None, None, None)
-            except Exception:  # noqa: BLE001 - a Triton whose mode re-raises a failed compile here
-                pass
-            pool.shutdown()
-    if pending:
-        names = sorted({f"{kernel} for {label}" for future, label, kernel in pool.jobs if future in pending})
-        raise PrecompileError(
-            f"compiling the Triton kernels did not finish within {timeout_s:.0f} s; still compiling "
-            f"{len(pending)}: {', '.join(names[:6])}{' ...' if len(names) > 6 else ''}. Raise "
-            f"RuntimeOptions.precompile_timeout_s, or set {ENV}=0 to compile during capture instead")
-    failed = [(label, kernel, future.exception()) for future, label, kernel in pool.jobs
-              if future.exception() is not None]
-    if failed:
-        label, kernel, error = failed[0]
-        raise PrecompileError(
-            f"Triton could not compile {kernel} (requested by {label}; {len(failed)} compile(s) failed): "
-            f"{type(error).__name__}: {str(error)[:1500]}") from error
-    report.compiled = len(pool.jobs)
-    for _, _, kernel in pool.jobs:
-        report.kernels[kernel] = report.kernels.get(kernel, 0) + 1
-    report.seconds = time.perf_counter() - t0
-    log.info(report.summary())
-    return report
+    except BaseException:
+        job.abort()
+        raise
+    report.request_s = time.perf_counter() - t0
+    return job
+
+
+def precompile(bodies: Sequence[tuple[str, Callable[[], None]]], workers: int, timeout_s: float,
+               classes: Sequence[type] | None = None) -> PrecompileReport:
+    """``start_precompile``, then wait until every kernel variant is compiled."""
+    job = start_precompile(bodies, workers, timeout_s, classes)
+    if job is None:
+        return PrecompileReport(workers=max(1, workers), parallel=False)
+    return job.finish()
 
 
 # -- processes: record the variants, compile them in worker processes -----------------------------
@@ -315,7 +391,8 @@ def record_variants(bodies: Sequence[tuple[str, Callable[[], None]]], report: Pr
                 try:
                     body()
                 except Exception as e:
-                    raise PrecompileError(f"requesting the kernels of {label[0]} failed: {type(e).__name__}: {e}") from e
+                    raise PrecompileError(
+                        f"requesting the kernels of {label[0]} failed: {type(e).__name__}: {e}") from e
     finally:
         knobs.runtime.jit_cache_hook = previous
     return variants
@@ -378,6 +455,7 @@ def precompile_processes(bodies: Sequence[tuple[str, Callable[[], None]]], worke
     return report
 
 
-__all__ = ["MODES", "MODE_ENV", "compile_in_processes", "precompile_mode", "precompile_processes", "record_variants",
-           "ENV", "NOT_LAUNCHED", "PrecompileError", "PrecompileReport", "compile_only_launches", "default_workers",
-           "kernel_classes", "precompile", "precompile_setting", "zeroed_allocations"]
+__all__ = ["ENV", "MODES", "MODE_ENV", "NOT_LAUNCHED", "OVERLAP_ENV", "CompileJob", "PrecompileError",
+           "PrecompileReport", "compile_in_processes", "compile_only_launches", "default_workers", "kernel_classes",
+           "precompile", "precompile_mode", "precompile_overlap", "precompile_processes", "precompile_setting",
+           "record_variants", "start_precompile", "zeroed_allocations"]

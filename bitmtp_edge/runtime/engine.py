@@ -46,12 +46,14 @@ class GenerationResult:
 
 
 def startup_split(backend, total_s: float) -> dict:
-    """Where a load's seconds went: reading and building the model (``load_s``), compiling
-    the kernels before capture (``precompile_s``), capturing the graphs (``capture_s``)."""
+    """Where a load's seconds went: reading and building the model (``load_s``), the kernel
+    precompile pass (``precompile_s``), capturing the graphs (``capture_s``)."""
     precompile_s, capture_s = getattr(backend, "precompile_s", 0.0), getattr(backend, "capture_s", 0.0)
     report = getattr(backend, "precompile_report", None)
     return {"total_s": total_s, "load_s": max(total_s - precompile_s - capture_s, 0.0), "precompile_s": precompile_s,
-            "capture_s": capture_s, "kernels_precompiled": report.compiled if report is not None else 0}
+            "capture_s": capture_s, "kernels_precompiled": report.compiled if report is not None else 0,
+            # waiting for compiles, inside precompile_s, or inside capture_s when capture overlaps them
+            "compile_wait_s": getattr(backend, "compile_wait_s", 0.0)}
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:
