@@ -35,8 +35,8 @@ draft blocks of the c likeliest acceptance lengths. Its states are (D + 1 + c·D
 after a draft step and (D + c·D, σ, fused) after a fused hit; their blocks live in a
 workspace widened to (D + 1)·D slots. Every decode step attends over that same view with
 row spans (``_step_view``): a row is then the same attention computation in an AR step, a
-verify and a fused step (tests/test_row_invariance.py); the extra workspace slots cost the
-other roles one more masked key tile per layer.
+verify and a fused step (tests/test_row_invariance.py). The wide view costs the other roles
+nothing: a tile's workspace loop ends at its rows' last visible workspace slot.
 
 Ablation switches (``RuntimeOptions``): ``specialize`` (M1: width-specialised kernel
 configs and the cheap draft head), ``graphs`` (M2: capture + replay instead of eager
