@@ -38,6 +38,11 @@ row spans (``_step_view``): a row is then the same attention computation in an A
 verify and a fused step (tests/test_row_invariance.py). The wide view costs the other roles
 nothing: a tile's workspace loop ends at its rows' last visible workspace slot.
 
+**Cold start** (``precompile.py``): before capturing at load, every state's body runs once
+with its Triton launches turned into compile requests that a thread pool compiles in
+parallel; capture takes each state once its own kernels are compiled. The graphs are the
+ones captured without it (``RuntimeOptions.precompile``, ``BITMTP_PRECOMPILE=0``: off).
+
 Ablation switches (``RuntimeOptions``): ``specialize`` (M1: width-specialised kernel
 configs and the cheap draft head), ``graphs`` (M2: capture + replay instead of eager
 launches), ``hoist_verify`` (M3). Generic = none of them, Full = all three.
