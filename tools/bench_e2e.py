@@ -263,7 +263,8 @@ def part_2b(work: Path, args, progress) -> dict:
         # kernels this load had to compile (new entries in Triton's on-disk cache): 0 = a warm
         # start; otherwise capture compiled them, most of a cold start
         compiled = triton_cache_entries() - cached_kernels
-        row = {"startup_s": startup, "kernels_compiled": compiled,
+        split = dict(eng.startup)  # load / precompile / capture (Engine.load's own clock)
+        row = {"startup_s": startup, "kernels_compiled": compiled, "startup_split": split,
                "kernel_cache": "warm" if compiled == 0 else f"cold ({compiled} compiled)",
                "capture_s": b.capture_s, "graphs": len(b.graphs),
                "kv_bytes": b.kv_bytes, "graph_pool_bytes": b.graph_pool_bytes,
@@ -289,7 +290,9 @@ def part_2b(work: Path, args, progress) -> dict:
                          for a in levels]
         result["configs"][name] = row
         progress(result)
-        log(f"{name}: startup {startup:.1f} s, AR {ar['tok_s']:.0f} tok/s, forced a=8 "
+        log(f"{name}: startup {startup:.1f} s (load {split.get('load_s', 0):.1f}, precompile "
+            f"{split.get('precompile_s', 0):.1f} [{split.get('kernels_precompiled', 0)} kernels], capture "
+            f"{split.get('capture_s', 0):.1f}), AR {ar['tok_s']:.0f} tok/s, forced a=8 "
             f"{row['forced'][-1]['tok_s']:.0f} tok/s")
         del eng
     result["artifact"] = str(art)
@@ -424,12 +427,14 @@ def markdown(report: dict) -> str:
     if "2b" in report:
         r = report["2b"]
         lines += ["## BitNet-2B shape (random weights, D = 8)", "",
-                  "| configuration | startup s | kernel cache | graphs | AR tok/s | forced a=0 | a=2 | a=4 "
-                  "| a=8 tok/s | KV MiB | shared-KV increment MiB | graph pool MiB |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| configuration | startup s | load / precompile / capture s | kernel cache | graphs | AR tok/s "
+                  "| forced a=0 | a=2 | a=4 | a=8 tok/s | KV MiB | shared-KV increment MiB | graph pool MiB |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for name, c in r["configs"].items():
             f = {x["accepted"]: x["tok_s"] for x in c["forced"]}
-            lines.append(f"| {name} | {c['startup_s']:.1f} | {c.get('kernel_cache', '?')} | {c['graphs']} | "
+            sp = c.get("startup_split", {})
+            split = (f"{sp['load_s']:.1f} / {sp['precompile_s']:.1f} / {sp['capture_s']:.1f}" if sp else "?")
+            lines.append(f"| {name} | {c['startup_s']:.1f} | {split} | {c.get('kernel_cache', '?')} | {c['graphs']} | "
                          f"{c['ar']['tok_s']:.0f} | {f[0]:.0f} | "
                          f"{f[2]:.0f} | {f[4]:.0f} | {f[8]:.0f} | {c['kv_bytes'] / 2**20:.0f} | "
                          f"{c['workspace_bytes'] / 2**20:.2f} | {c['graph_pool_bytes'] / 2**20:.1f} |")

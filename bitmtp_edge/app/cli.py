@@ -59,6 +59,7 @@ def _command_line(ctx: click.Context) -> str:
 
 
 def _load_engine(artifact, backend, device, runtime: str = "full"):
+    from ..backends.precompile import PrecompileError
     from ..format.manifest import ArtifactError
     from ..runtime.engine import Engine
 
@@ -67,6 +68,8 @@ def _load_engine(artifact, backend, device, runtime: str = "full"):
     bar = CaptureProgress()
     try:
         eng = Engine.load(artifact, backend=backend, device=device, runtime=runtime, progress=bar)
+    except PrecompileError as e:  # a kernel that does not compile here: not the artifact's fault
+        raise click.ClickException(str(e)) from None
     except (ArtifactError, ValueError) as e:
         hint = "" if artifact is not None else " (this is the embedded model; pass --artifact OUT/ for another)"
         raise click.ClickException(f"{e}{hint}") from None
@@ -74,7 +77,11 @@ def _load_engine(artifact, backend, device, runtime: str = "full"):
         bar.close()
     captured = getattr(eng.backend, "graphs", None)
     if captured:
-        click.echo(f"captured {len(captured)} CUDA graphs in {eng.backend.capture_s:.1f} s", err=True)
+        split = eng.startup
+        compiled = (f"compiled {split['kernels_precompiled']} kernel variants in {split['precompile_s']:.1f} s, "
+                    if split.get("precompile_s") else "")
+        click.echo(f"loaded in {split.get('total_s', 0.0):.1f} s: {compiled}captured {len(captured)} CUDA graphs "
+                   f"in {eng.backend.capture_s:.1f} s", err=True)
     return eng
 
 

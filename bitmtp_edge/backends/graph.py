@@ -38,6 +38,11 @@ row spans (``_step_view``): a row is then the same attention computation in an A
 verify and a fused step (tests/test_row_invariance.py). The wide view costs the other roles
 nothing: a tile's workspace loop ends at its rows' last visible workspace slot.
 
+**Cold start** (``precompile.py``): before capturing at load, every state's body runs once
+with its Triton launches turned into compile requests that a thread pool compiles in
+parallel; capture takes each state once its own kernels are compiled. The graphs are the
+ones captured without it (``RuntimeOptions.precompile``, ``BITMTP_PRECOMPILE=0``: off).
+
 Ablation switches (``RuntimeOptions``): ``specialize`` (M1: width-specialised kernel
 configs and the cheap draft head), ``graphs`` (M2: capture + replay instead of eager
 launches), ``hoist_verify`` (M3). Generic = none of them, Full = all three.
@@ -72,6 +77,15 @@ class RuntimeOptions:
     kv_dtype: torch.dtype = torch.float16
     # candidate counts c whose fused states are captured at load (others: at first use)
     fused_candidates: tuple[int, ...] = (DEFAULT_CANDIDATES,)
+    # Compile every Triton kernel the states at load launch, in parallel, before capturing
+    # them (``precompile.py``); BITMTP_PRECOMPILE=0 turns it off, =N sets N threads.
+    precompile: bool = True
+    precompile_mode: str = "threads"  # or "processes"; BITMTP_PRECOMPILE_MODE overrides it
+    # threads: capture a state as soon as its own kernels are compiled (later states' kernels
+    # still compiling); False: wait for all first. BITMTP_PRECOMPILE_OVERLAP=0 turns it off.
+    precompile_overlap: bool = True
+    precompile_workers: int = 0  # compile threads (processes); 0: one per core, as memory allows
+    precompile_timeout_s: float = 600.0
 
     PRESETS = ("generic", "m1", "m1+m2", "full")
 
@@ -216,7 +230,10 @@ class GraphBackend:
         self.sample_inputs: SampleInputs | None = None
         self._staged_sampler = None
         self.pool = torch.cuda.graph_pool_handle() if options.graphs else None
-        self.capture_s = 0.0
+        self.capture_s = 0.0  # capturing the graphs at load (kernels compiled by then: see precompile_s)
+        self.precompile_s = 0.0  # the precompile pass before capture (see ``precompile``)
+        self.compile_wait_s = 0.0  # of the load, waiting for compiles: in precompile_s, or capture_s when overlapped
+        self.precompile_report = None  # precompile.PrecompileReport of the load, when it ran
         self.graph_pool_bytes = 0
         if options.graphs and options.capture == "load":
             self.capture_all(progress)
@@ -403,14 +420,69 @@ class GraphBackend:
             self.sample_graphs[(state, sampled)] = graph
 
     def capture_all(self, progress=None) -> None:
-        t0 = time.perf_counter()
         gc.collect()  # free unreachable graphs now, not while capturing (see ``_capture``)
         states = self.states()
-        for i, state in enumerate(states):
-            self._capture(state)
-            if progress is not None:
-                progress(i + 1, len(states))
+        job = self.precompile(states)  # compiles still running (overlap), or None
+        t0 = time.perf_counter()
+        try:
+            for i, state in enumerate(states):
+                if job is not None:
+                    job.wait(str(state))  # this state's kernels compiled (bounded, errors named)
+                self._capture(state)
+                if progress is not None:
+                    progress(i + 1, len(states))
+            if job is not None:
+                self.precompile_report = job.finish()
+                self.compile_wait_s = job.wait_s
+        except BaseException:
+            if job is not None:
+                job.abort()
+            raise
         self.capture_s = time.perf_counter() - t0
+
+    def precompile(self, states: list[ReplayState]):
+        """Compile the Triton kernels ``states`` launch, in parallel, so that capture finds
+        them compiled (``precompile.py``). Each body runs as ``_capture``'s warm-up runs it
+        (L >= 1 at load), its Triton launches turned into compile requests, and the static
+        inputs it changes are restored after it. -> the running ``CompileJob`` when capture
+        overlaps the compiles (it waits per state), else None (all compiled)."""
+        from .precompile import (default_workers, precompile_mode, precompile_overlap, precompile_processes,
+                                 precompile_setting, start_precompile)
+
+        on, workers = precompile_setting(self.opts.precompile, self.opts.precompile_workers)
+        if not on or self.fast.ops.twin:  # the twins launch no kernel
+            return None
+        mutable = self.static.mutable()
+        saved = [t.clone() for t in mutable]
+
+        def request(state: ReplayState):
+            body = self._body(state)
+
+            def run() -> None:
+                if self.kv.length == 0:
+                    self.static.history_len.fill_(1)
+                body()
+                for t, s in zip(mutable, saved):
+                    t.copy_(s)
+
+            return str(state), run
+
+        t0 = time.perf_counter()
+        bodies, workers = [request(s) for s in states], workers or default_workers()
+        job = None
+        if precompile_mode(self.opts.precompile_mode) == "processes":
+            self.precompile_report = precompile_processes(bodies, workers, self.opts.precompile_timeout_s)
+        else:
+            job = start_precompile(bodies, workers, self.opts.precompile_timeout_s)
+            if job is not None:
+                self.precompile_report = job.report
+                if not precompile_overlap(self.opts.precompile_overlap):
+                    t1 = time.perf_counter()
+                    self.precompile_report = job.finish()
+                    self.compile_wait_s = time.perf_counter() - t1
+                    job = None
+        self.precompile_s = time.perf_counter() - t0
+        return job
 
     def _replay(self, state: ReplayState, sampled: bool | None = None) -> None:
         self.log.states.append(state)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -44,6 +45,17 @@ class GenerationResult:
     stats: DecodeStats
 
 
+def startup_split(backend, total_s: float) -> dict:
+    """Where a load's seconds went: reading and building the model (``load_s``), the kernel
+    precompile pass (``precompile_s``), capturing the graphs (``capture_s``)."""
+    precompile_s, capture_s = getattr(backend, "precompile_s", 0.0), getattr(backend, "capture_s", 0.0)
+    report = getattr(backend, "precompile_report", None)
+    return {"total_s": total_s, "load_s": max(total_s - precompile_s - capture_s, 0.0), "precompile_s": precompile_s,
+            "capture_s": capture_s, "kernels_precompiled": report.compiled if report is not None else 0,
+            # waiting for compiles, inside precompile_s, or inside capture_s when capture overlaps them
+            "compile_wait_s": getattr(backend, "compile_wait_s", 0.0)}
+
+
 def _resolve_device(device: str | torch.device) -> torch.device:
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -57,6 +69,7 @@ class Engine:
     def __init__(self, path: Path, manifest: Manifest, backend, tokenizer, device: torch.device):
         self.path, self.manifest, self.backend, self.tokenizer, self.device = path, manifest, backend, tokenizer, device
         self._chat_template: ChatTemplate | None | bool = False  # False: not read yet
+        self.startup: dict = {}  # ``startup_split`` of ``Engine.load``
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None, backend: str = "auto", device: str = "auto",
@@ -71,6 +84,7 @@ class Engine:
         ``progress``: ``progress(done, total)`` while CUDA graphs are captured at load (the
         CLI passes a progress bar); the capture time is ``engine.backend.capture_s``.
         """
+        t0 = time.perf_counter()
         folder = Path(path) if path is not None else embedded_artifact_path()
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -104,7 +118,9 @@ class Engine:
                              draft_head="fp8" if chosen == "server" else "int8")
             runtime_backend = GraphBackend(fast, manifest.kv, mask_id, manifest.mtp.block_size if manifest.mtp else None,
                                            opts, name=chosen, progress=progress)
-        return cls(folder, manifest, runtime_backend, tokenizer, dev)
+        engine = cls(folder, manifest, runtime_backend, tokenizer, dev)
+        engine.startup = startup_split(runtime_backend, time.perf_counter() - t0)
+        return engine
 
     # -- properties ------------------------------------------------------------------------
     @property

@@ -1,0 +1,461 @@
+"""Compile every Triton kernel variant the replay states launch, in parallel, before capture.
+
+Without this, capture's warm-up runs compile each kernel variant on its first launch, one
+after another: most of a cold start (BitNet-2B shape on the H200: 28 s cold, 7-9 s warm).
+
+Here each state's graph body runs once with every Triton launch turned into a compile
+request: ``run(..., warmup=True)`` (compile, do not launch) under Triton's
+``AsyncCompileMode``, which hands each compile to a thread pool and returns at once, so the
+bodies keep requesting while earlier kernels compile (the threads overlap where Triton's
+passes release the GIL and in ptxas, a subprocess; ``tools/bench_startup.py`` measures it,
+and ``precompile_processes`` is the worker-process alternative). The request goes through Triton's own launch path,
+so it computes the very specialisation key (constexprs, dtypes, divisibility by 16) the
+real launch computes; Triton deduplicates by that key and keeps each kernel in the
+function's in-process cache and on disk. Capture then finds every kernel compiled and
+captures exactly the graphs it captures without this pass. By default capture does not wait
+for all of them: it takes each state as soon as the compiles that state's body requested
+are done (``CompileJob.wait``), while later states' kernels still compile.
+
+The bodies' torch ops run for real (cheap); a skipped kernel's output is left as allocated.
+Graph bodies never read a device value on the host, so the launches they
+request do not depend on those values; but a body may index with a kernel's output (the
+fused step gathers the embedding rows of the step tokens a kernel wrote), so allocations
+are zero-filled during the pass: index 0 is always in range.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+
+import torch
+
+log = logging.getLogger(__name__)
+
+ENV = "BITMTP_PRECOMPILE"  # "0": off; a number N > 0: N compile threads; unset/"1": on, automatic count
+MODE_ENV = "BITMTP_PRECOMPILE_MODE"  # "threads" (default) or "processes"
+MODES = ("threads", "processes")
+OVERLAP_ENV = "BITMTP_PRECOMPILE_OVERLAP"  # "0": wait for every compile before capturing
+WORKER_MEMORY = 512 << 20  # what one compile thread may need at its peak (LLVM + a ptxas process)
+MAX_WORKERS = 8  # more threads than this only contend (the MLIR/LLVM passes hold the GIL in places)
+
+
+class PrecompileError(RuntimeError):
+    """A kernel failed to compile, or compiling did not finish in time."""
+
+
+@dataclass
+class PrecompileReport:
+    requested: int = 0  # Triton launches the bodies made (each became a compile request)
+    compiled: int = 0  # kernel variants handed to the compile threads (new to this process)
+    seconds: float = 0.0
+    request_s: float = 0.0  # of ``seconds``: running the bodies (the rest: waiting for the compiles)
+    workers: int = 0
+    parallel: bool = True  # False: this Triton has no AsyncCompileMode, nothing was precompiled
+    mode: str = "threads"
+    kernels: dict[str, int] = field(default_factory=dict)  # kernel name -> variants compiled
+    requests: dict[str, list[str]] = field(default_factory=dict)  # body label -> kernels it requested, in order
+
+    def summary(self) -> str:
+        if not self.parallel:
+            return "precompile skipped (this Triton has no AsyncCompileMode; kernels compile during capture)"
+        return (f"precompiled {self.compiled} kernel variants ({self.requested} launches requested) "
+                f"in {self.seconds:.1f} s on {self.workers} {self.mode}")
+
+
+def precompile_setting(enabled: bool, workers: int) -> tuple[bool, int]:
+    """(on, workers; 0 = automatic) from the runtime option and ``BITMTP_PRECOMPILE``, which
+    overrides it: ``0`` turns the pass off, ``N`` > 0 sets the thread count."""
+    value = os.environ.get(ENV, "").strip()
+    if not value:
+        return enabled, workers
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"{ENV}={value!r}: use 0 (off), 1 (on) or the number of compile threads") from None
+    if n < 0:
+        raise ValueError(f"{ENV}={value!r}: use 0 (off), 1 (on) or the number of compile threads")
+    if n == 0:
+        return False, workers
+    return True, (workers if n == 1 else n)
+
+
+def precompile_mode(mode: str) -> str:
+    """The runtime option's mode, or ``BITMTP_PRECOMPILE_MODE`` when set."""
+    value = os.environ.get(MODE_ENV, "").strip() or mode
+    if value not in MODES:
+        source = f"{MODE_ENV}={value!r}" if os.environ.get(MODE_ENV, "").strip() else f"precompile_mode={value!r}"
+        raise ValueError(f"{source}: choose one of {', '.join(MODES)}")
+    return value
+
+
+def precompile_overlap(overlap: bool) -> bool:
+    """The runtime option, or ``BITMTP_PRECOMPILE_OVERLAP`` (0 or 1) when set."""
+    value = os.environ.get(OVERLAP_ENV, "").strip()
+    if not value:
+        return overlap
+    if value not in ("0", "1"):
+        raise ValueError(f"{OVERLAP_ENV}={value!r}: use 1 (capture while later kernels compile) or 0 (wait first)")
+    return value == "1"
+
+
+def default_workers(cpu_count: int | None = None, available_bytes: int | None = None) -> int:
+    """Compile threads for this machine: one per CPU core, at most ``MAX_WORKERS``, and no
+    more than the available memory holds at ``WORKER_MEMORY`` each (a Jetson shares its
+    memory with the GPU, where the weights and KV already sit)."""
+    cpus = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
+    if available_bytes is None:
+        try:
+            import psutil
+
+            available_bytes = psutil.virtual_memory().available
+        except ImportError:
+            available_bytes = MAX_WORKERS * WORKER_MEMORY
+    return max(1, min(cpus, MAX_WORKERS, available_bytes // WORKER_MEMORY))
+
+
+class _NotLaunched:
+    """What a compile request returns instead of a launched kernel (``function`` None: launchers
+    that set per-kernel attributes after a launch, e.g. ``common.apply_carveout``, skip it)."""
+
+    function = None
+
+
+NOT_LAUNCHED = _NotLaunched()
+
+
+def kernel_classes() -> list[type]:
+    """The Triton classes whose ``run`` a ``kernel[grid](...)`` launch goes through."""
+    classes = []
+    try:
+        from triton.runtime.jit import JITFunction
+
+        classes.append(JITFunction)
+    except ImportError:
+        pass
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        classes.append(InterpretedFunction)
+    except ImportError:
+        pass
+    return classes
+
+
+def kernel_name(kernel) -> str:
+    fn = getattr(kernel, "fn", None)
+    return getattr(fn, "__name__", None) or getattr(kernel, "__name__", type(kernel).__name__)
+
+
+@contextlib.contextmanager
+def compile_only_launches(on_request: Callable[[object], None], classes: Sequence[type] | None = None,
+                          on_result: Callable[[object], None] | None = None) -> Iterator[None]:
+    """Inside: every ``kernel[grid](...)`` calls ``on_request(kernel)``, then Triton's own
+    ``run(..., warmup=True)`` (compile, no launch), hands what that returned (a compiled
+    kernel, or under ``AsyncCompileMode`` a future one) to ``on_result``, and returns
+    ``NOT_LAUNCHED``."""
+    classes = list(classes if classes is not None else kernel_classes())
+    own = {cls: cls.__dict__.get("run") for cls in classes}  # None: inherited
+
+    def patched(original):
+        def run(self, *args, grid, warmup, **kwargs):
+            on_request(self)
+            result = original(self, *args, grid=grid, warmup=True, **kwargs)
+            if on_result is not None:
+                on_result(result)
+            return NOT_LAUNCHED
+
+        return run
+
+    for cls in classes:
+        cls.run = patched(getattr(cls, "run"))
+    try:
+        yield
+    finally:
+        for cls, original in own.items():
+            if original is None:
+                del cls.run
+            else:
+                cls.run = original
+
+
+@contextlib.contextmanager
+def zeroed_allocations() -> Iterator[None]:
+    """Inside: ``torch.empty`` / ``torch.empty_like`` return zero-filled tensors (see the module
+    docstring: a skipped kernel's output may be used as an index)."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def zeroed_empty(*args, **kwargs):
+        return empty(*args, **kwargs).zero_()
+
+    def zeroed_empty_like(*args, **kwargs):
+        return empty_like(*args, **kwargs).zero_()
+
+    torch.empty, torch.empty_like = zeroed_empty, zeroed_empty_like
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like = empty, empty_like
+
+
+class _LabelledPool(ThreadPoolExecutor):
+    """A thread pool that remembers which body and kernel each compile was submitted for."""
+
+    def __init__(self, workers: int):
+        super().__init__(workers, thread_name_prefix="triton-precompile")
+        self.current = ("", "")  # (body label, kernel name) of the request being made
+        self.jobs: list[tuple[Future, str, str]] = []
+        self._lock = threading.Lock()
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future = super().submit(fn, *args, **kwargs)
+        with self._lock:
+            self.jobs.append((future, *self.current))
+        return future
+
+
+def _async_compile_mode():
+    try:
+        from triton.runtime import _async_compile
+    except ImportError:
+        return None
+    return _async_compile
+
+
+def _deactivate(ac) -> None:
+    """Leave Triton's async compile mode without waiting for its compiles (``__exit__`` waits)."""
+    if hasattr(ac.active_mode, "set"):  # a ContextVar (newer Triton)
+        ac.active_mode.set(None)
+    else:  # a module global (older Triton)
+        ac.active_mode = None
+
+
+class CompileJob:
+    """The compiles ``start_precompile`` requested, running in its thread pool.
+
+    ``wait(label)`` returns once the kernels that body needs are compiled (capture may then
+    capture it while later bodies' kernels still compile); ``finish()`` once all are, and
+    files them; ``abort()`` leaves without waiting. Each raises ``PrecompileError`` naming the
+    kernel and body of a failed compile, or what is still compiling past the timeout."""
+
+    def __init__(self, ac, mode, pool: _LabelledPool, report: PrecompileReport, t0: float, timeout_s: float):
+        self.ac, self.mode, self.pool, self.report, self.t0, self.timeout_s = ac, mode, pool, report, t0, timeout_s
+        self.needs: dict[str, list[Future]] = {}  # body label -> the compiles its launches wait for
+        self.wait_s = 0.0  # time spent in wait()
+        self.open = True
+
+    def _remaining(self) -> float:
+        return max(self.timeout_s - (time.perf_counter() - self.t0), 0.0)
+
+    def _check(self, futures: list[Future]) -> None:
+        t0 = time.perf_counter()
+        _, pending = wait(futures, timeout=self._remaining())
+        self.wait_s += time.perf_counter() - t0
+        if pending:
+            self.abort()
+            names = sorted({f"{kernel} for {label}" for future, label, kernel in self.pool.jobs if future in pending})
+            raise PrecompileError(
+                f"compiling the Triton kernels did not finish within {self.timeout_s:.0f} s; still compiling "
+                f"{len(pending)}: {', '.join(names[:6])}{' ...' if len(names) > 6 else ''}. Raise "
+                f"RuntimeOptions.precompile_timeout_s, or set {ENV}=0 to compile during capture instead")
+        wanted = set(futures)
+        failed = [(label, kernel, future.exception()) for future, label, kernel in self.pool.jobs
+                  if future in wanted and future.exception() is not None]
+        if failed:
+            if all(job[0].done() for job in self.pool.jobs):
+                self._exit()  # nothing left running: leave cleanly (drops the failed placeholders)
+            self.abort()
+            label, kernel, error = failed[0]
+            raise PrecompileError(
+                f"Triton could not compile {kernel} (requested by {label}; {len(failed)} compile(s) failed): "
+                f"{type(error).__name__}: {str(error)[:1500]}") from error
+
+    def wait(self, label: str) -> None:
+        self._check(self.needs.get(label, []))
+
+    def finish(self) -> PrecompileReport:
+        self._check([job[0] for job in self.pool.jobs])
+        self._exit()
+        report = self.report
+        report.compiled = len(self.pool.jobs)
+        for _, _, kernel in self.pool.jobs:
+            report.kernels[kernel] = report.kernels.get(kernel, 0) + 1
+        report.seconds = time.perf_counter() - self.t0
+        log.info(report.summary())
+        return report
+
+    def _exit(self) -> None:
+        """Every compile is done: leave Triton's async mode, which files the kernels."""
+        if self.open:
+            self.open = False
+            self.mode.ignore_errors = True
+            try:
+                self.mode.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001 - a Triton that re-raises a failed compile here (reported by _check)
+                pass
+            self.pool.shutdown()
+
+    def abort(self) -> None:
+        """Leave Triton's async mode and the pool without waiting for compiles that may never end."""
+        if self.open:
+            self.open = False
+            _deactivate(self.ac)
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def start_precompile(bodies: Sequence[tuple[str, Callable[[], None]]], workers: int, timeout_s: float,
+                     classes: Sequence[type] | None = None) -> CompileJob | None:
+    """Run each ``(label, body)`` with its Triton launches turned into compile requests, which
+    Triton's ``AsyncCompileMode`` hands to ``workers`` threads; -> the running job (None:
+    this Triton has no ``AsyncCompileMode``). Triton's async mode stays on until the job
+    finishes: a launch of a kernel still compiling waits for it."""
+    report = PrecompileReport(workers=max(1, workers))
+    ac = _async_compile_mode()
+    if ac is None:
+        report.parallel = False
+        log.info(report.summary())
+        return None
+    t0 = time.perf_counter()
+    pool = _LabelledPool(report.workers)
+    job = CompileJob(ac, ac.AsyncCompileMode(pool), pool, report, t0, timeout_s)
+    label = [""]
+
+    def on_request(kernel) -> None:
+        report.requested += 1
+        pool.current = (label[0], kernel_name(kernel))
+        report.requests.setdefault(label[0], []).append(pool.current[1])
+
+    def on_result(result) -> None:  # a kernel still compiling: this body's capture waits for it
+        future = getattr(result, "future", None) if isinstance(result, ac.FutureKernel) else None
+        if future is not None:
+            job.needs.setdefault(label[0], []).append(future)
+
+    job.mode.__enter__()
+    try:
+        with compile_only_launches(on_request, classes, on_result), zeroed_allocations():
+            for label[0], body in bodies:
+                try:
+                    body()
+                except Exception as e:  # e.g. a kernel's launcher rejecting its arguments
+                    raise PrecompileError(
+                        f"requesting the kernels of {label[0]} failed: {type(e).__name__}: {e}") from e
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    except BaseException:
+        job.abort()
+        raise
+    report.request_s = time.perf_counter() - t0
+    return job
+
+
+def precompile(bodies: Sequence[tuple[str, Callable[[], None]]], workers: int, timeout_s: float,
+               classes: Sequence[type] | None = None) -> PrecompileReport:
+    """``start_precompile``, then wait until every kernel variant is compiled."""
+    job = start_precompile(bodies, workers, timeout_s, classes)
+    if job is None:
+        return PrecompileReport(workers=max(1, workers), parallel=False)
+    return job.finish()
+
+
+# -- processes: record the variants, compile them in worker processes -----------------------------
+
+def record_variants(bodies: Sequence[tuple[str, Callable[[], None]]], report: PrecompileReport,
+                    classes: Sequence[type] | None = None) -> dict[str, tuple[str, str, str]]:
+    """Run the bodies with their launches as compile requests that Triton's ``jit_cache_hook``
+    answers "skip": -> {specialisation data (Triton's JSON): (module, kernel, body label)}
+    for every variant this process has not compiled."""
+    from triton import knobs
+
+    variants: dict[str, tuple[str, str, str]] = {}
+    label = [""]
+
+    def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
+        variants.setdefault(compile["specialization_data"], (fn.module, fn.name, label[0]))
+        return True  # skip the compile here: a worker process compiles it
+
+    def on_request(kernel) -> None:
+        report.requested += 1
+        report.requests.setdefault(label[0], []).append(kernel_name(kernel))
+
+    previous = knobs.runtime.jit_cache_hook
+    knobs.runtime.jit_cache_hook = hook
+    try:
+        with compile_only_launches(on_request, classes), zeroed_allocations():
+            for label[0], body in bodies:
+                try:
+                    body()
+                except Exception as e:
+                    raise PrecompileError(
+                        f"requesting the kernels of {label[0]} failed: {type(e).__name__}: {e}") from e
+    finally:
+        knobs.runtime.jit_cache_hook = previous
+    return variants
+
+
+def compile_variant(module: str, kernel: str, specialization: str) -> None:
+    """In a worker process: compile one recorded variant into Triton's disk cache."""
+    import importlib
+
+    getattr(importlib.import_module(module), kernel).preload(specialization)
+
+
+def compile_in_processes(variants: dict[str, tuple[str, str, str]], workers: int, timeout_s: float,
+                         compile_fn: Callable[[str, str, str], None] = compile_variant) -> None:
+    """Compile ``variants`` (``record_variants``) in ``workers`` spawned processes sharing the
+    disk cache; a failure or the timeout stops every worker and raises ``PrecompileError``."""
+    import multiprocessing as mp
+
+    t0 = time.perf_counter()
+    pool = mp.get_context("spawn").Pool(workers)
+    try:
+        jobs = [(pool.apply_async(compile_fn, (module, kernel, data)), kernel, label)
+                for data, (module, kernel, label) in variants.items()]
+        for job, kernel, label in jobs:
+            remaining = max(timeout_s - (time.perf_counter() - t0), 0.0)
+            try:
+                job.get(remaining)
+            except mp.TimeoutError:
+                waiting = sorted({f"{k} for {lb}" for j, k, lb in jobs if not j.ready()})
+                raise PrecompileError(
+                    f"compiling the Triton kernels did not finish within {timeout_s:.0f} s; still compiling "
+                    f"{len(waiting)}: {', '.join(waiting[:6])}{' ...' if len(waiting) > 6 else ''}. Raise "
+                    f"RuntimeOptions.precompile_timeout_s, or set {ENV}=0 to compile during capture instead") from None
+            except Exception as e:  # noqa: BLE001 - the worker's compile error, re-raised here
+                raise PrecompileError(f"Triton could not compile {kernel} (requested by {label}) in a worker "
+                                      f"process: {type(e).__name__}: {str(e)[:1500]}") from e
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def precompile_processes(bodies: Sequence[tuple[str, Callable[[], None]]], workers: int, timeout_s: float,
+                         classes: Sequence[type] | None = None) -> PrecompileReport:
+    """``precompile`` with worker processes instead of threads: the variants are recorded here
+    (nothing compiles in this process), compiled into the disk cache by the workers, and
+    capture loads them from there. Each worker imports torch and Triton (seconds), needs no
+    model; a script that loads an engine this way needs the ``if __name__ == "__main__":``
+    guard (the workers are spawned)."""
+    t0 = time.perf_counter()
+    report = PrecompileReport(workers=max(1, workers), mode="processes")
+    variants = record_variants(bodies, report, classes)
+    report.request_s = time.perf_counter() - t0
+    if variants:
+        compile_in_processes(variants, min(report.workers, len(variants)), timeout_s)
+    report.compiled = len(variants)
+    for _, kernel, _ in variants.values():
+        report.kernels[kernel] = report.kernels.get(kernel, 0) + 1
+    report.seconds = time.perf_counter() - t0
+    log.info(report.summary())
+    return report
+
+
+__all__ = ["ENV", "MODES", "MODE_ENV", "NOT_LAUNCHED", "OVERLAP_ENV", "CompileJob", "PrecompileError",
+           "PrecompileReport", "compile_in_processes", "compile_only_launches", "default_workers", "kernel_classes",
+           "precompile", "precompile_mode", "precompile_overlap", "precompile_processes", "precompile_setting",
+           "record_variants", "start_precompile", "zeroed_allocations"]

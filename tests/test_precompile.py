@@ -1,0 +1,430 @@
+"""The kernel precompile pass before capture (``backends/precompile.py``).
+
+On the CPU nothing compiles (the interpreter runs kernels as Python), so the orchestration
+is tested with a kernel class that follows Triton's ``JITFunction.run`` protocol under
+``AsyncCompileMode`` (a specialisation key, the in-process cache, ``mode.submit``), and the
+graph backend's pass with the real kernels under the interpreter: every replay state's body
+requests exactly the launches its eager run makes. The GPU test checks that capture then
+compiles nothing and decodes the same tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from bitmtp_edge.backends import precompile as pc
+from bitmtp_edge.backends.graph import RuntimeOptions
+from tests.helpers import fast_backend, random_model
+
+triton_async = pytest.importorskip("triton.runtime._async_compile")
+knobs = pytest.importorskip("triton").knobs
+
+
+class FakeKernel:
+    """A kernel whose ``run`` does what Triton's does: look the specialisation up in its own
+    cache, else compile (through ``AsyncCompileMode`` when one is active), then launch
+    unless ``warmup``."""
+
+    def __init__(self, name: str, compile_fn=None):
+        self.__name__, self.cache, self.launched = name, {}, []
+        self.compile_fn = compile_fn or (lambda key: f"binary{key}")
+        self.compile_threads = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.run(*args, grid=grid, warmup=False, **kwargs)
+
+    def _compile(self, key):
+        self.compile_threads.append(threading.current_thread().name)
+        return self.compile_fn(key)
+
+    def run(self, *args, grid, warmup, **kwargs):
+        key = (tuple(a.dtype if isinstance(a, torch.Tensor) else a % 16 == 0 for a in args), tuple(sorted(kwargs.items())))
+        kernel = self.cache.get(key)
+        hook = knobs.runtime.jit_cache_hook
+        if kernel is None and hook is not None and hook(
+                key=key, repr=self.__name__, fn=SimpleNamespace(module="fake_module", name=self.__name__),
+                compile={"key": key, "specialization_data": json.dumps([self.__name__, repr(key)])},
+                is_manual_warmup=warmup, already_compiled=False):
+            return None  # the hook asked Triton to skip the compile
+        if kernel is None:
+            mode = triton_async.active_mode.get()
+            if mode is not None:
+                def finalize(k, key=key):
+                    self.cache[key] = k
+
+                kernel = mode.submit((self.__name__, key), lambda: self._compile(key), finalize,
+                                     lambda fk, key=key: self.cache.pop(key, None))
+            else:
+                kernel = self._compile(key)
+            self.cache[key] = kernel
+        if not warmup:
+            self.launched.append(key)
+        return kernel
+
+
+def test_every_body_requests_and_each_variant_compiles_once_in_the_pool():
+    a, b = FakeKernel("a"), FakeKernel("b")
+    x32, x16 = torch.zeros(4), torch.zeros(4, dtype=torch.float16)
+    bodies = [("s1", lambda: (a[(1,)](x32, 16, BLOCK=8), b[(1,)](x16, 3))),
+              ("s2", lambda: (a[(2,)](x32, 32, BLOCK=8), a[(2,)](x32, 5, BLOCK=16))),  # 32: same variant as 16
+              ("s3", lambda: b[(1,)](x16, 7))]  # same variant as s1's b
+    report = pc.precompile(bodies, workers=3, timeout_s=30, classes=[FakeKernel])
+    assert report.requests == {"s1": ["a", "b"], "s2": ["a", "a"], "s3": ["b"]}
+    assert report.requested == 5 and report.compiled == 3 and report.kernels == {"a": 2, "b": 1}
+    assert a.launched == [] and b.launched == []  # requests compile, they never launch
+    assert all(name.startswith("triton-precompile") for name in a.compile_threads + b.compile_threads)
+    # filed in the kernels' own caches: a later launch finds them compiled
+    assert sorted(map(str, a.cache.values())) == sorted(f"binary{k}" for k in a.cache)
+    a[(1,)](x32, 16, BLOCK=8)
+    assert len(a.compile_threads) == 2 and len(a.launched) == 1
+    assert FakeKernel.run.__name__ == "run" and FakeKernel.__dict__["run"] is RUN  # restored
+
+
+RUN = FakeKernel.__dict__["run"]
+
+
+def test_requests_do_not_wait_for_compiles():
+    """Every body has requested its kernels before the first compile finishes: compiles are
+    asynchronous (a request that waited would never see the last body run)."""
+    all_requested = threading.Event()
+    seen = []
+
+    def compile_fn(key):
+        seen.append(all_requested.wait(10))
+        return "binary"
+
+    kernels = [FakeKernel(f"k{i}", compile_fn) for i in range(4)]
+    bodies = [(f"s{i}", lambda k=k: k[(1,)](torch.zeros(2), 1)) for i, k in enumerate(kernels)]
+    bodies.append(("last", all_requested.set))
+    report = pc.precompile(bodies, workers=2, timeout_s=30, classes=[FakeKernel])
+    assert report.compiled == 4 and seen == [True] * 4
+
+
+def test_a_failing_compile_names_the_kernel_and_the_state():
+    def broken(key):
+        raise RuntimeError("PassManager::run failed")
+
+    good, bad = FakeKernel("good"), FakeKernel("_w2a8_mma_kernel", broken)
+    bodies = [("(M=1, σ=0, verify)", lambda: good[(1,)](torch.zeros(2), 1)),
+              ("(M=9, σ=0, draft)", lambda: bad[(1,)](torch.zeros(2), 1))]
+    with pytest.raises(pc.PrecompileError, match=r"_w2a8_mma_kernel \(requested by \(M=9, σ=0, draft\).*"
+                                                 r"PassManager::run failed"):
+        pc.precompile(bodies, workers=2, timeout_s=30, classes=[FakeKernel])
+    assert triton_async.active_mode.get() is None and FakeKernel.__dict__["run"] is RUN
+    assert not bad.cache  # the failed placeholder is gone: a later launch compiles (and reports) again
+
+
+def test_a_compile_past_the_timeout_is_reported_without_waiting_for_it():
+    release = threading.Event()
+    slow = FakeKernel("slow_kernel", lambda key: release.wait(30) and "binary")
+    try:
+        with pytest.raises(pc.PrecompileError, match=r"did not finish within 0 s; still compiling 1: slow_kernel "
+                                                     r"for s0.*BITMTP_PRECOMPILE=0"):
+            pc.precompile([("s0", lambda: slow[(1,)](torch.zeros(2), 1))], workers=1, timeout_s=0.2,
+                          classes=[FakeKernel])
+        assert triton_async.active_mode.get() is None
+    finally:
+        release.set()
+
+
+def test_a_body_that_fails_names_its_state():
+    def body():
+        raise ValueError("kernel inputs are on different devices")
+
+    with pytest.raises(pc.PrecompileError, match=r"requesting the kernels of \(M=3, σ=1, draft\) failed: ValueError"):
+        pc.precompile([("(M=3, σ=1, draft)", body)], workers=1, timeout_s=30, classes=[FakeKernel])
+    assert triton_async.active_mode.get() is None
+
+
+def test_requests_return_not_launched_and_allocations_are_zeroed_inside_only():
+    k = FakeKernel("k")
+    got = []
+    with pc.compile_only_launches(lambda kernel: got.append(kernel), [FakeKernel]), pc.zeroed_allocations():
+        assert k[(1,)](torch.zeros(2), 1) is pc.NOT_LAUNCHED
+        assert torch.count_nonzero(torch.empty(1 << 16)) == 0
+        assert torch.count_nonzero(torch.empty_like(torch.ones(1 << 16))) == 0
+    assert got == [k] and k.launched == []
+    assert torch.empty is torch._C._VariableFunctions.empty or torch.empty.__name__ == "empty"
+    assert k[(1,)](torch.zeros(2), 1) is not pc.NOT_LAUNCHED and len(k.launched) == 1
+
+
+# -- processes ------------------------------------------------------------------------------------
+
+def test_record_variants_collects_each_uncompiled_variant_once_and_compiles_nothing():
+    a, b = FakeKernel("a"), FakeKernel("b")
+    x = torch.zeros(4)
+    bodies = [("s1", lambda: (a[(1,)](x, 16), b[(1,)](x, 3))), ("s2", lambda: (a[(1,)](x, 32), a[(1,)](x, 5)))]
+    report = pc.PrecompileReport(mode="processes")
+    variants = pc.record_variants(bodies, report, classes=[FakeKernel])
+    assert sorted((kernel, label) for _, kernel, label in variants.values()) == [("a", "s1"), ("a", "s2"), ("b", "s1")]
+    assert {module for module, _, _ in variants.values()} == {"fake_module"}
+    assert report.requests == {"s1": ["a", "b"], "s2": ["a", "a"]}
+    assert a.compile_threads == [] and b.compile_threads == [] and a.launched == []
+    assert knobs.runtime.jit_cache_hook is None and FakeKernel.__dict__["run"] is RUN
+
+
+def write_marker(module: str, kernel: str, data: str) -> None:
+    """A stand-in compile in the worker processes: a file per variant (or a failure)."""
+    if kernel == "broken":
+        raise RuntimeError("ptxas fatal: Unresolved extern function")
+    if kernel == "slow":
+        time.sleep(60)
+    Path(module, f"{kernel}-{json.loads(data)}").write_text("compiled")
+
+
+def test_worker_processes_compile_every_variant(tmp_path):
+    variants = {json.dumps(i): (str(tmp_path), f"k{i % 2}", f"s{i}") for i in range(4)}
+    pc.compile_in_processes(variants, workers=2, timeout_s=120, compile_fn=write_marker)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["k0-0", "k0-2", "k1-1", "k1-3"]
+
+
+def test_a_failing_worker_compile_names_the_kernel_and_the_state(tmp_path):
+    variants = {"1": (str(tmp_path), "broken", "(M=17, σ=0, fused)")}
+    with pytest.raises(pc.PrecompileError, match=r"could not compile broken \(requested by \(M=17, σ=0, fused\)\) "
+                                                 r"in a worker process: RuntimeError: ptxas fatal"):
+        pc.compile_in_processes(variants, workers=1, timeout_s=120, compile_fn=write_marker)
+
+
+def test_worker_processes_past_the_timeout_are_stopped(tmp_path):
+    variants = {"1": (str(tmp_path), "slow", "s0")}
+    t0 = time.perf_counter()
+    with pytest.raises(pc.PrecompileError, match=r"did not finish within 3 s; still compiling 1: slow for s0"):
+        pc.compile_in_processes(variants, workers=1, timeout_s=3, compile_fn=write_marker)
+    assert time.perf_counter() - t0 < 50  # terminated, not waited for (the compile sleeps 60 s)
+
+
+@pytest.mark.parametrize("env, option, expected", [("", "threads", "threads"), ("processes", "threads", "processes"),
+                                                   ("", "processes", "processes")])
+def test_the_mode_switch(monkeypatch, env, option, expected):
+    monkeypatch.setenv(pc.MODE_ENV, env)
+    assert pc.precompile_mode(option) == expected
+
+
+def test_a_bad_mode_names_its_source(monkeypatch):
+    monkeypatch.setenv(pc.MODE_ENV, "fork")
+    with pytest.raises(ValueError, match=r"BITMTP_PRECOMPILE_MODE='fork': choose one of threads, processes"):
+        pc.precompile_mode("threads")
+    monkeypatch.delenv(pc.MODE_ENV)
+    with pytest.raises(ValueError, match=r"precompile_mode='fork'"):
+        pc.precompile_mode("fork")
+
+
+@pytest.mark.parametrize("value, expected", [("", (True, 0)), ("1", (True, 0)), ("0", (False, 0)), ("6", (True, 6))])
+def test_the_environment_switch(monkeypatch, value, expected):
+    monkeypatch.setenv(pc.ENV, value)
+    assert pc.precompile_setting(True, 0) == expected
+    assert pc.precompile_setting(False, 3) == ((False, 3) if value in ("", "0") else (True, expected[1] or 3))
+
+
+@pytest.mark.parametrize("value", ["yes", "-2"])
+def test_a_bad_environment_value_says_what_to_use(monkeypatch, value):
+    monkeypatch.setenv(pc.ENV, value)
+    with pytest.raises(ValueError, match=rf"BITMTP_PRECOMPILE={value!r}: use 0 \(off\), 1 \(on\)"):
+        pc.precompile_setting(True, 0)
+
+
+def test_default_workers_follow_cores_and_memory():
+    assert pc.default_workers(cpu_count=16, available_bytes=64 << 30) == pc.MAX_WORKERS
+    assert pc.default_workers(cpu_count=6, available_bytes=64 << 30) == 6  # an Orin Nano's cores
+    assert pc.default_workers(cpu_count=8, available_bytes=3 * pc.WORKER_MEMORY + 1) == 3  # memory-bound
+    assert pc.default_workers(cpu_count=8, available_bytes=0) == 1
+    assert pc.default_workers() >= 1
+
+
+# -- the graph backend's pass, with the real kernels under the interpreter --------------------
+
+def _eager_launches(backend, state) -> list[str]:
+    """The Triton kernels one eager run of ``state``'s body launches, in order."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    launched, run = [], InterpretedFunction.__dict__["run"]
+
+    def recording(self, *args, grid, warmup, **kwargs):
+        launched.append(pc.kernel_name(self))
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    mutable = backend.static.mutable()
+    saved = [t.clone() for t in mutable]
+    InterpretedFunction.run = recording
+    try:
+        backend.static.history_len.fill_(1)
+        backend._body(state)()
+    finally:
+        InterpretedFunction.run = run
+        for t, s in zip(mutable, saved):
+            t.copy_(s)
+    return launched
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter path (CPU)")
+def test_each_state_requests_exactly_the_launches_its_body_makes():
+    backend = fast_backend(random_model(0, layers=1), block_size=3, max_context=64, smallest=32, kernels=True,
+                           head_dtype=torch.float16,
+                           options=RuntimeOptions(graphs=False, kv_dtype=torch.float32))
+    states = backend.states()
+    assert {s.role for s in states} == {"verify", "draft", "fused"} and len({s.segment for s in states}) == 2
+    before = [t.clone() for t in backend.static.mutable()]
+    kv = (backend.kv.k.clone(), backend.kv.v.clone())
+    job = backend.precompile(states)  # overlap on: the running job, which capture would wait on per state
+    report = job.finish()
+    # the pass leaves the static inputs and the KV store as it found them (no kernel ran)
+    assert all(torch.equal(a, b) for a, b in zip(before, backend.static.mutable()))
+    assert torch.equal(kv[0], backend.kv.k) and torch.equal(kv[1], backend.kv.v)
+    assert list(report.requests) == [str(s) for s in states]
+    for s in states[:len(states) // 2]:  # one segment's states (the other's bodies are the same code)
+        assert report.requests[str(s)] == _eager_launches(backend, s), s
+    assert all("_attention_split_kernel" in r and "_w2a8_" in " ".join(r) for r in report.requests.values())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter path (CPU)")
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_the_pass_can_be_turned_off(monkeypatch, how):
+    opts = RuntimeOptions(graphs=False, kv_dtype=torch.float32, precompile=how != "option")
+    if how == "env":
+        monkeypatch.setenv(pc.ENV, "0")
+    backend = fast_backend(random_model(0, layers=1), block_size=3, max_context=64, kernels=True, options=opts,
+                           head_dtype=torch.float16)
+    assert backend.precompile(backend.states()) is None
+    assert backend.precompile_report is None and backend.precompile_s == 0.0
+
+
+def test_twins_skip_the_pass():
+    backend = fast_backend(random_model(0), block_size=3, max_context=64)
+    assert backend.precompile(backend.states()) is None
+    assert backend.precompile_report is None
+
+
+class RecordingJob:
+    def __init__(self, events, fail_at=None):
+        self.events, self.fail_at, self.wait_s = events, fail_at, 0.0
+
+    def wait(self, label):
+        self.events.append(("wait", label))
+        if label == self.fail_at:
+            raise pc.PrecompileError(f"Triton could not compile k (requested by {label})")
+
+    def finish(self):
+        self.events.append(("finish",))
+        return pc.PrecompileReport()
+
+    def abort(self):
+        self.events.append(("abort",))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_capture_all_precompiles_every_state_before_capturing_it(monkeypatch, overlap):
+    backend = fast_backend(random_model(0), block_size=3, max_context=64, smallest=32)
+    events = []
+
+    def precompile(states):
+        events.append(("precompile", list(states)))
+        return RecordingJob(events) if overlap else None
+
+    monkeypatch.setattr(backend, "precompile", precompile)
+    monkeypatch.setattr(backend, "_capture", lambda state: events.append(("capture", state)))
+    backend.capture_all()
+    states = backend.states()
+    if overlap:  # each state waits for its own kernels, then is captured; the job finishes last
+        expected = [e for s in states for e in (("wait", str(s)), ("capture", s))] + [("finish",)]
+    else:
+        expected = [("capture", s) for s in states]
+    assert events == [("precompile", states)] + expected
+
+
+def test_a_compile_failing_during_an_overlapped_capture_aborts_the_job(monkeypatch):
+    backend = fast_backend(random_model(0), block_size=3, max_context=64, smallest=32)
+    states, events = backend.states(), []
+    monkeypatch.setattr(backend, "precompile", lambda _: RecordingJob(events, fail_at=str(states[2])))
+    monkeypatch.setattr(backend, "_capture", lambda state: events.append(("capture", state)))
+    with pytest.raises(pc.PrecompileError, match=r"could not compile k \(requested by \(M="):
+        backend.capture_all()
+    assert events[-2:] == [("wait", str(states[2])), ("abort",)]
+    assert [e for e in events if e[0] == "capture"] == [("capture", s) for s in states[:2]]
+
+
+def test_a_body_waits_only_for_its_own_kernels():
+    """Overlap: the first body's kernels are ready while the second's still compile."""
+    release = threading.Event()
+    fast, slow = FakeKernel("fast"), FakeKernel("slow", lambda key: release.wait(30) and "binary")
+    job = pc.start_precompile([("s1", lambda: fast[(1,)](torch.zeros(2), 1)),
+                               ("s2", lambda: slow[(1,)](torch.zeros(2), 1))], workers=2, timeout_s=60,
+                              classes=[FakeKernel])
+    try:
+        job.wait("s1")
+        assert len(job.needs["s2"]) == 1 and not job.needs["s2"][0].done()
+        release.set()
+        job.wait("s2")
+        report = job.finish()
+    finally:
+        release.set()
+        job.abort()
+    assert report.compiled == 2 and triton_async.active_mode.get() is None
+    assert [type(k).__name__ for k in slow.cache.values()] == ["str"]  # filed: the compiled kernel, not a future
+
+
+@pytest.mark.parametrize("value, expected", [("", True), ("1", True), ("0", False)])
+def test_the_overlap_switch(monkeypatch, value, expected):
+    monkeypatch.setenv(pc.OVERLAP_ENV, value)
+    assert pc.precompile_overlap(True) == expected
+    monkeypatch.setenv(pc.OVERLAP_ENV, "maybe")
+    with pytest.raises(ValueError, match="BITMTP_PRECOMPILE_OVERLAP='maybe'"):
+        pc.precompile_overlap(True)
+
+
+# -- on the GPU ------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_capture_after_precompile_compiles_nothing_and_decodes_the_same_tokens(tmp_path):
+    from triton.runtime.jit import JITFunction
+
+    from bitmtp_edge import Engine
+    from bitmtp_edge.backends.graph import GraphBackend
+    from tests.helpers import write_test_artifact
+
+    model = random_model(9, vocab=256, hidden=256, heads=(8, 2))
+    art = write_test_artifact(model, tmp_path / "art", block_size=8, max_context=256, smallest=16)
+    prompt = [3, 14, 15, 92, 65, 35]
+    compiled, do_compile, precompile = [], JITFunction.__dict__["_do_compile"], GraphBackend.precompile
+
+    def counting(self, *args, **kwargs):
+        compiled.append(self.fn.__name__)
+        return do_compile(self, *args, **kwargs)
+
+    def then_count(self, states):  # the pass, then count what capture compiles
+        job = precompile(self, states)
+        JITFunction._do_compile = counting
+        return job
+
+    tokens = {}
+    for on in (True, False):
+        GraphBackend.precompile = then_count
+        try:
+            eng = Engine.load(art, backend="ampere", device="cuda", runtime=RuntimeOptions(precompile=on))
+        finally:
+            JITFunction._do_compile, GraphBackend.precompile = do_compile, precompile
+        if on:
+            assert eng.backend.precompile_report is not None and eng.startup["precompile_s"] > 0
+            assert compiled == [], f"capture compiled {compiled} after the precompile pass"
+        tokens[on] = [eng.generate(prompt, max_new_tokens=64, policy=p, tau=0.3, min_prefix=2).token_ids
+                      for p in ("ar", "speculative", "fused")]
+        del eng
+    assert tokens[True] == tokens[False]
+
+
+def test_engine_reports_the_startup_split(tmp_path):
+    from bitmtp_edge import Engine
+    from tests.helpers import write_test_artifact
+
+    art = write_test_artifact(random_model(0, layers=1), tmp_path / "art", block_size=3, max_context=64)
+    split = Engine.load(art, backend="reference", device="cpu").startup
+    assert set(split) == {"total_s", "load_s", "precompile_s", "capture_s", "kernels_precompiled", "compile_wait_s"}
+    assert split["total_s"] > 0 and split["load_s"] == split["total_s"]  # no graphs, no pass on the reference
+    assert split["precompile_s"] == split["capture_s"] == 0.0 and split["kernels_precompiled"] == 0

@@ -1,0 +1,275 @@
+"""Startup of the replayable runtime: cold (empty Triton cache) with and without the kernel
+precompile pass, and warm; one run, one GPU.
+
+Every measurement loads the engine in a fresh process (a process keeps compiled kernels in
+memory) with its own ``TRITON_CACHE_DIR``:
+
+* ``cold-on``: an empty cache, the default pass (compile threads: automatic; capture takes
+  each state as soon as its own kernels are compiled);
+* ``cold-wait``: the same, all kernels compiled before capture starts;
+* ``warm-on``: the cache ``cold-on`` filled;
+* ``cold-off``: an empty cache, ``BITMTP_PRECOMPILE=0`` (capture compiles, as before the pass);
+* ``cold-proc``: an empty cache, the pass with worker processes (``BITMTP_PRECOMPILE_MODE``);
+* ``cold-1``: an empty cache, the pass on one thread (what the threads buy);
+* ``warm-off``: the cache ``cold-off`` filled, no pass.
+
+Each load reports its split (load / precompile / capture, ``Engine.startup``), the kernel
+variants compiled (new entries in its cache folder) and how many of them capture still
+had to compile; cold-on, warm-on and cold-off decode a few tokens (AR and fused) that must
+be the same in each.
+The artifact: BitNet-2B shape with random weights and a D = 8 MTP block (``bench_e2e``'s
+``make_random_bitnet_2b``), or ``--artifact``.
+
+    python tools/bench_startup.py [--artifact DIR] [--modes cold-on,warm-on,cold-off,cold-wait,cold-proc,cold-1] [--out DIR]
+
+Writes ``startup.json`` and ``startup.md`` under ``--out`` (default ``tools/results``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# mode -> (description, environment, compile workers (0: automatic), cache: "fresh" or the
+# mode whose cache it reuses, decode: whether it decodes the tokens every run must agree on)
+MODES = {
+    "cold-on": ("cold, precompile on (threads, capture overlaps)", {"BITMTP_PRECOMPILE": "1"}, 0, "fresh", True),
+    "cold-wait": ("cold, precompile on (threads, all compiled before capture)",
+                  {"BITMTP_PRECOMPILE": "1", "BITMTP_PRECOMPILE_OVERLAP": "0"}, 0, "fresh", False),
+    "warm-on": ("warm, precompile on", {"BITMTP_PRECOMPILE": "1"}, 0, "cold-on", True),
+    "cold-off": ("cold, precompile off", {"BITMTP_PRECOMPILE": "0"}, 0, "fresh", True),
+    "warm-off": ("warm, precompile off", {"BITMTP_PRECOMPILE": "0"}, 0, "cold-off", False),
+    "cold-proc": ("cold, precompile on (processes)", {"BITMTP_PRECOMPILE": "1", "BITMTP_PRECOMPILE_MODE": "processes"},
+                  0, "fresh", False),
+    "cold-1": ("cold, precompile on 1 thread", {"BITMTP_PRECOMPILE": "1"}, 1, "fresh", False),
+}
+PROMPT = list(range(10, 42))
+MIN_LOAD_S = 15.0  # a load given less time than this under --budget is skipped, not started
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def cache_entries(folder: Path) -> int:
+    return sum(1 for _ in folder.iterdir()) if folder.is_dir() else 0
+
+
+# -- one load, in its own process ------------------------------------------------------------------
+
+def child(artifact: Path, workers: int, tokens: int) -> dict:
+    """Load ``artifact`` (ampere, Full), count the compiles of each phase, decode a little.
+    Without CUDA (a dry run of this script's plumbing) the reference backend loads instead."""
+    import torch
+    from triton.runtime.jit import JITFunction
+
+    from bitmtp_edge import Engine
+    from bitmtp_edge.backends.graph import GraphBackend, RuntimeOptions
+
+    compiles = {"precompile": 0, "capture": 0}
+    phase = ["capture"]
+    # counted where Triton compiles a variant new to the process (None: a Triton without it)
+    do_compile, precompile = getattr(JITFunction, "_do_compile", None), GraphBackend.precompile
+
+    def counting(self, *args, **kwargs):
+        compiles[phase[0]] += 1
+        return do_compile(self, *args, **kwargs)
+
+    def marked(self, states):
+        phase[0] = "precompile"
+        try:
+            return precompile(self, states)  # the running compiles when capture overlaps them
+        finally:
+            phase[0] = "capture"
+
+    GraphBackend.precompile = marked
+    if do_compile is not None:
+        JITFunction._do_compile = counting
+    else:
+        compiles = {"precompile": None, "capture": None}
+    cache = Path(os.environ["TRITON_CACHE_DIR"])
+    before = cache_entries(cache)
+    opts = RuntimeOptions(precompile_workers=workers) if workers else RuntimeOptions()
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    eng = Engine.load(artifact, backend="ampere" if cuda else "reference", device="cuda" if cuda else "cpu",
+                      runtime=opts)
+    sync()
+    wall = time.perf_counter() - t0
+    GraphBackend.precompile = precompile
+    if do_compile is not None:
+        JITFunction._do_compile = do_compile
+    report = getattr(eng.backend, "precompile_report", None)
+    out = {"startup_s": wall, "split": eng.startup, "graphs": len(getattr(eng.backend, "graphs", {})),
+           "kernels_compiled": cache_entries(cache) - before, "compile_calls": compiles,
+           "precompile": None if report is None else {
+               "requested": report.requested, "compiled": report.compiled, "workers": report.workers,
+               "parallel": report.parallel, "mode": report.mode, "seconds": report.seconds,
+               "request_s": report.request_s,
+               "kernels": report.kernels}}
+    if tokens:
+        t0 = time.perf_counter()
+        out["tokens"] = {p: eng.generate(PROMPT, max_new_tokens=tokens, policy=p).token_ids for p in ("ar", "fused")}
+        out["first_generate_s"] = time.perf_counter() - t0  # includes the prefill's own first compiles
+    return out
+
+
+def run_child(artifact: Path, mode: str, cache: Path, tokens: int, timeout_s: float) -> dict:
+    _, mode_env, workers, _, decode = MODES[mode]
+    env = dict(os.environ, TRITON_CACHE_DIR=str(cache), PYTHONUNBUFFERED="1", **mode_env)
+    for name in ("BITMTP_PRECOMPILE_MODE", "BITMTP_PRECOMPILE_OVERLAP"):  # the defaults unless the mode sets them
+        if name not in mode_env:
+            env.pop(name, None)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(artifact), "--workers", str(workers),
+           "--tokens", str(tokens if decode else 0)]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
+    except subprocess.TimeoutExpired as e:
+        tail = (e.stderr or b"")[-1500:]
+        return {"error": f"timed out after {timeout_s:.0f} s",
+                "stderr_tail": tail.decode() if isinstance(tail, bytes) else tail}
+    process_s = time.perf_counter() - t0
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"error": f"exit status {proc.returncode}", "stderr_tail": proc.stderr[-3000:]}
+    result = json.loads(lines[-1])
+    result["process_s"] = process_s  # with python + torch import and the decode
+    return result
+
+
+# -- report ------------------------------------------------------------------------------------------
+
+def markdown(report: dict) -> str:
+    lines = ["# Startup: cold and warm, with and without the kernel precompile pass", "",
+             f"- device: {report['device']}, {report['cpu_count']} CPU cores", f"- date: {report['date']}",
+             f"- commit: {report['commit']}", f"- command: `{report['command']}`",
+             f"- artifact: {report['artifact']}", "",
+             "| start | startup s | load s | precompile s | capture s | compile wait s | kernels compiled "
+             "| Triton compiles in capture | workers | graphs | first generate s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for mode, r in report["runs"].items():
+        name = MODES[mode][0]
+        if "error" in r:
+            lines.append(f"| {name} | {r['error']} | | | | | | | | | |")
+            continue
+        sp, pre = r["split"], r.get("precompile") or {}
+        pre_s = f"{sp['precompile_s']:.1f}" + (f" ({pre['request_s']:.1f} requesting)" if pre else "")
+        lines.append(f"| {name} | {r['startup_s']:.1f} | {sp['load_s']:.1f} | {pre_s} | "
+                     f"{sp['capture_s']:.1f} | {sp.get('compile_wait_s', 0.0):.1f} | {r['kernels_compiled']} | "
+                     f"{r['compile_calls']['capture']} | "
+                     f"{pre.get('workers', '-')} | {r['graphs']} | {r.get('first_generate_s', float('nan')):.1f} |")
+    same = report.get("tokens_identical")
+    lines += ["", f"Tokens (AR and fused, {report['tokens']} each) identical in every run that decoded: {same}.", "",
+              "Startup: `Engine.load` wall time (reads and checks the artifact, builds the model, "
+              "precompiles, captures). Kernels compiled: new entries in the run's Triton cache folder. "
+              "Compile wait: of the load, waiting for compiles still running (inside capture s when "
+              "capture overlaps them). Triton compiles in capture: kernels capture found neither "
+              "compiled in the process nor "
+              "requested by the pass (a warm start without the pass loads them from disk there). "
+              "First generate: AR then fused, including the prefill's own first compiles.", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--artifact", type=Path, help="an artifact folder (default: the 2B shape, made here)")
+    ap.add_argument("--modes", default="cold-on,warm-on,cold-off,cold-wait,cold-proc,cold-1")
+    ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per load (a process each)")
+    ap.add_argument("--budget", type=float, default=0.0, help="seconds for the whole run: each load gets "
+                    "at most what is left (a mode with less than 15 s left is skipped); 0 = no limit")
+    ap.add_argument("--max-context", type=int, default=2048)
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bitmtp-startup")
+    ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results")
+    ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.workers, args.tokens)), flush=True)
+        return
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise SystemExit(f"--modes: unknown {unknown}; choose from {', '.join(MODES)}")
+    for m in modes:
+        reuse = MODES[m][3]
+        if reuse != "fresh" and reuse not in modes[:modes.index(m)]:
+            raise SystemExit(f"--modes: {m} reuses the cache of {reuse}; list {reuse} before it")
+    t_start = time.perf_counter()
+    import torch
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "cpu_count": os.cpu_count(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "commit": _commit(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+              "tokens": args.tokens, "runs": {}}
+    artifact = args.artifact
+    if artifact is None:
+        from tools.bench_e2e import BITNET_2B, export, make_random_bitnet_2b
+
+        log("building the random 2B-shaped checkpoint and exporting it")
+        t0 = time.perf_counter()
+        ckpt = make_random_bitnet_2b(args.work / "bitnet2b-ckpt", dict(BITNET_2B), block_size=8)
+        artifact = export(ckpt, args.work / "bitnet2b-artifact", max_context=args.max_context)
+        report["artifact_build_s"] = time.perf_counter() - t0
+        log(f"artifact in {report['artifact_build_s']:.1f} s")
+    report["artifact"] = str(artifact)
+
+    def save():
+        (args.out / "startup.json").write_text(json.dumps(report, indent=1))
+        (args.out / "startup.md").write_text(markdown(report))
+
+    caches = {}
+    for mode in modes:
+        elapsed = time.perf_counter() - t_start
+        timeout = min(args.timeout, args.budget - elapsed) if args.budget else args.timeout
+        if args.budget and args.budget - elapsed < MIN_LOAD_S:
+            log(f"{mode}: skipped ({elapsed:.0f} s spent, budget {args.budget:.0f} s)")
+            report["runs"][mode] = {"error": "skipped (time budget)"}
+            continue
+        reuse = MODES[mode][3]
+        caches[mode] = caches[reuse] if reuse != "fresh" else Path(tempfile.mkdtemp(prefix=f"triton-{mode}-",
+                                                                                    dir=args.work))
+        log(f"{mode}: loading ({MODES[mode][0]}, cache {caches[mode]})")
+        r = run_child(artifact, mode, caches[mode], args.tokens, timeout)
+        report["runs"][mode] = r
+        if "error" in r:
+            log(f"{mode}: {r['error']}\n{r.get('stderr_tail', '')}")
+        else:
+            sp = r["split"]
+            log(f"{mode}: startup {r['startup_s']:.1f} s (load {sp['load_s']:.1f}, precompile {sp['precompile_s']:.1f}, "
+                f"capture {sp['capture_s']:.1f}), {r['kernels_compiled']} kernels compiled, "
+                f"{r['compile_calls']['capture']} in capture")
+        token_sets = [json.dumps(x["tokens"]) for x in report["runs"].values() if "tokens" in x]
+        report["tokens_identical"] = len(set(token_sets)) <= 1 if token_sets else None
+        save()
+    save()
+    print(markdown(report))
+
+
+def _commit() -> str:
+    if os.environ.get("BITMTP_COMMIT"):
+        return os.environ["BITMTP_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One device call for issue 16 item 3 (cold start), about 150 s: the BitNet-2B shape's
+# startup cold with the kernel precompile pass (threads), warm, cold without it, cold with
+# worker processes, cold on one thread (tools/bench_startup.py: a fresh process and Triton
+# cache folder per load, each load time-limited, the whole run within BUDGET seconds).
+# Results land in $OUT/coldstart.
+#   ARTIFACT=DIR   use this artifact instead of building the 2B shape (a CPU dry run: any test artifact)
+set -uo pipefail
+export PYTHONPATH=. PYTHONUNBUFFERED=1 BITMTP_COMMIT=${BITMTP_COMMIT:-unknown}
+OUT=${OUT:-runs/h200_coldstart}
+mkdir -p "$OUT/coldstart"
+{
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+  python -c "import os, torch, triton; from triton.runtime import _async_compile; print('torch', torch.__version__, \
+'triton', triton.__version__, 'AsyncCompileMode', hasattr(_async_compile, 'AsyncCompileMode'), 'cpus', os.cpu_count())"
+} 2>&1 | tee "$OUT/coldstart/env.txt"
+timeout ${T_TOTAL:-165} python tools/bench_startup.py --modes ${MODES:-cold-on,warm-on,cold-off,cold-wait,cold-proc,cold-1} \
+  --budget ${BUDGET:-148} --timeout ${T_LOAD:-55} --tokens ${TOKENS:-16} --work "${WORK:-/tmp/bitmtp-startup}" \
+  ${ARTIFACT:+--artifact "$ARTIFACT"} --out "$OUT/coldstart" 2>&1 | tee "$OUT/coldstart/log.txt" | tail -40
+find "$OUT/coldstart" -maxdepth 1 -type f | sort
