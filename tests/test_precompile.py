@@ -267,7 +267,7 @@ def _eager_launches(backend, state) -> list[str]:
 def test_each_state_requests_exactly_the_launches_its_body_makes():
     backend = fast_backend(random_model(0, layers=1), block_size=3, max_context=64, smallest=32, kernels=True,
                            head_dtype=torch.float16,
-                           options=RuntimeOptions(graphs=False, kv_dtype=torch.float32))
+                           options=RuntimeOptions(graphs=False, kv_dtype=torch.float32, precompile=True))
     states = backend.states()
     assert {s.role for s in states} == {"verify", "draft", "fused"} and len({s.segment for s in states}) == 2
     before = [t.clone() for t in backend.static.mutable()]

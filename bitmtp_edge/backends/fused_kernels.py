@@ -126,16 +126,6 @@ def _row_finite(x_ptr, stride_x, rows, ok_rows, H, BLOCK_R: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def _flagged_top1(x_ptr, stride_x, top_ptr, conf_ptr, rows, ok_rows, H, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
-    """(top1 [BLOCK_R] with -1 where the row of x or its confidence is not finite, the
-    confidences): ``flag_non_finite`` of a head's output, on the device."""
-    finite = _row_finite(x_ptr, stride_x, rows, ok_rows, H, BLOCK_R, BLOCK_H)
-    conf = tl.load(conf_ptr + rows, mask=ok_rows, other=0.0)
-    finite = finite & (conf == conf) & (tl.abs(conf) != float("inf"))
-    return tl.where(finite, tl.load(top_ptr + rows, mask=ok_rows, other=0), -1), conf
-
-
-@triton.jit
 def _fused_accept_kernel(
     x_ptr, stride_x, H,  # [W, H] float32: the step's hidden rows (the causal ones are checked)
     greedy_ptr, gconf_ptr,  # [N] int64 / float32: the verify head on the causal rows
@@ -153,7 +143,10 @@ def _fused_accept_kernel(
 ):
     i = tl.arange(0, BLOCK_N)
     rows_ok = i < N
-    greedy, gconf = _flagged_top1(x_ptr, stride_x, greedy_ptr, gconf_ptr, i, rows_ok, H, BLOCK_N, BLOCK_H)
+    finite = _row_finite(x_ptr, stride_x, i, rows_ok, H, BLOCK_N, BLOCK_H)
+    gconf = tl.load(gconf_ptr + i, mask=rows_ok, other=0.0)
+    finite = finite & (gconf == gconf) & (tl.abs(gconf) != float("inf"))
+    greedy = tl.where(finite, tl.load(greedy_ptr + i, mask=rows_ok, other=0), -1)
     # a: the leading drafts equal to the greedy token of the row before them
     nxt = tl.load(tokens_ptr + i + 1, mask=i < N - 1, other=0)
     mismatch = (nxt != greedy) & (i < N - 1)
@@ -207,7 +200,10 @@ def _fused_chain_kernel(
 ):
     i = tl.arange(0, BLOCK_R)
     ok = i < R
-    top, conf = _flagged_top1(rows_ptr, stride_x, top_ptr, conf_ptr, i, ok, H, BLOCK_R, BLOCK_H)
+    finite = _row_finite(rows_ptr, stride_x, i, ok, H, BLOCK_R, BLOCK_H)
+    conf = tl.load(conf_ptr + i, mask=ok, other=0.0)
+    finite = finite & (conf == conf) & (tl.abs(conf) != float("inf"))
+    top = tl.where(finite, tl.load(top_ptr + i, mask=ok, other=0), -1)
     tl.store(rb_ptr + RB_NEXT_TOKENS + i, top.to(tl.float64), mask=ok)
     tl.store(rb_ptr + RB_NEXT_CONF + i, conf.to(tl.float64), mask=ok)
     tl.store(causal_ptr + 1 + i, tl.maximum(top, 0), mask=ok)

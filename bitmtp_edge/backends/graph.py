@@ -41,7 +41,7 @@ nothing: a tile's workspace loop ends at its rows' last visible workspace slot.
 **Cold start** (``precompile.py``): before capturing at load, every state's body runs once
 with its Triton launches turned into compile requests that a thread pool compiles in
 parallel; capture takes each state once its own kernels are compiled. The graphs are the
-ones captured without it (``RuntimeOptions.precompile``, ``BITMTP_PRECOMPILE=0``: off).
+ones captured without it. Opt-in (``RuntimeOptions.precompile``, ``BITMTP_PRECOMPILE=1``).
 
 Ablation switches (``RuntimeOptions``): ``specialize`` (M1: width-specialised kernel
 configs and the cheap draft head), ``graphs`` (M2: capture + replay instead of eager
@@ -78,8 +78,11 @@ class RuntimeOptions:
     # candidate counts c whose fused states are captured at load (others: at first use)
     fused_candidates: tuple[int, ...] = (DEFAULT_CANDIDATES,)
     # Compile every Triton kernel the states at load launch, in parallel, before capturing
-    # them (``precompile.py``); BITMTP_PRECOMPILE=0 turns it off, =N sets N threads.
-    precompile: bool = True
+    # them (``precompile.py``); BITMTP_PRECOMPILE=1 turns it on, =N sets N threads, =0 off.
+    # Opt-in: on the H200 (2B shape, one run) a cold start took 26.9 s with it and over 33 s
+    # without, but capture still compiled 48 kernels the pass had not asked for, so it does
+    # not yet do all it should.
+    precompile: bool = False
     precompile_mode: str = "threads"  # or "processes"; BITMTP_PRECOMPILE_MODE overrides it
     # threads: capture a state as soon as its own kernels are compiled (later states' kernels
     # still compiling); False: wait for all first. BITMTP_PRECOMPILE_OVERLAP=0 turns it off.

@@ -38,7 +38,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-ENV = "BITMTP_PRECOMPILE"  # "0": off; a number N > 0: N compile threads; unset/"1": on, automatic count
+ENV = "BITMTP_PRECOMPILE"  # "0": off; "1": on, automatic count; N > 1: N compile threads; unset: the option
 MODE_ENV = "BITMTP_PRECOMPILE_MODE"  # "threads" (default) or "processes"
 MODES = ("threads", "processes")
 OVERLAP_ENV = "BITMTP_PRECOMPILE_OVERLAP"  # "0": wait for every compile before capturing
