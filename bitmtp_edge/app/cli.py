@@ -386,7 +386,7 @@ def tune(models, shapes, widths, weight_only, out, jobs):
     `bitmtp bench` then use (a GPU without one gets defaults sized from its SM count).
 
     Every candidate is checked against its pure-PyTorch twin before it is timed; a model's
-    projections are chosen as a layer. A few minutes per model on an Orin. Needs CUDA.
+    projections are chosen as a layer. Needs CUDA.
     """
     for name in filter(None, models.split(",")):
         if name not in TUNE_MODELS:
