@@ -28,7 +28,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -43,6 +42,7 @@ from bitmtp_edge import Engine  # noqa: E402
 from bitmtp_edge.backends.base import DraftResult  # noqa: E402
 from bitmtp_edge.runtime.decoding import DEFAULT_CANDIDATES, DecodeOptions, DecodeStats, decode  # noqa: E402
 from bitmtp_edge.runtime.replay import ReplayState  # noqa: E402
+from tools.provenance import commit  # noqa: E402
 
 BITNET_2B = dict(vocab_size=128256, hidden_size=2560, intermediate_size=6912, num_hidden_layers=30,
                  num_attention_heads=20, num_key_value_heads=5, max_position_embeddings=4096)
@@ -606,7 +606,7 @@ def main() -> None:
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     report = {"device": torch.cuda.get_device_name(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "commit": _commit(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+              "commit": commit(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
               "torch": torch.__version__, "backend": args.backend}
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -646,16 +646,6 @@ def main() -> None:
         if report.get("2b", {}).get("configs"):
             plot(report, args.out / "e2e.png")
     print(markdown(report))
-
-
-def _commit() -> str:
-    if os.environ.get("BITMTP_COMMIT"):  # a copied tree's .git may be stale: the caller knows best
-        return os.environ["BITMTP_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True).stdout.strip() or os.environ.get("BITMTP_COMMIT", "unknown")
-    except OSError:
-        return os.environ.get("BITMTP_COMMIT", "unknown")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tools.provenance import commit  # noqa: E402
+
 MODEL = "bench"
 
 
@@ -596,7 +598,7 @@ def main() -> None:
     if args.resummarize is not None:
         report = resummarize(args.resummarize)
         report["note"] = (f"summaries recomputed from this run's raw rows by `bench_serve.py --resummarize` at "
-                          f"{_commit()}")
+                          f"{commit()}")
         write_report(report, args.out, args.name)
         print(markdown(report))
         return
@@ -618,7 +620,7 @@ def main() -> None:
     from bitmtp_edge.runtime.engine import Engine
 
     report = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": _commit(),
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit(),
               "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "tokens": args.tokens,
               "short_tokens": args.short_tokens, "repeats": args.repeats, "runtime": args.runtime,
               "modes": modes, "fake_step_us": args.fake_step_us, "http_stack": http_stack(), "policies": {}}
@@ -711,16 +713,6 @@ def write_report(report: dict, out: Path, name: str) -> None:
         tmp = out / f".{name}{suffix}.tmp"
         tmp.write_text(text)
         tmp.replace(out / f"{name}{suffix}")
-
-
-def _commit() -> str:
-    if os.environ.get("BITMTP_COMMIT"):  # a copied tree's .git may be stale: the caller knows best
-        return os.environ["BITMTP_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 if __name__ == "__main__":

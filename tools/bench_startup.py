@@ -40,6 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tools.provenance import commit  # noqa: E402
+
 # mode -> (description, environment, compile workers (0: automatic), cache: "fresh" or the
 # mode whose cache it reuses, decode: whether it decodes the tokens every run must agree on)
 MODES = {
@@ -215,7 +217,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "cpu_count": os.cpu_count(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "commit": _commit(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+              "commit": commit(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
               "tokens": args.tokens, "runs": {}}
     artifact = args.artifact
     if artifact is None:
@@ -259,16 +261,6 @@ def main() -> None:
         save()
     save()
     print(markdown(report))
-
-
-def _commit() -> str:
-    if os.environ.get("BITMTP_COMMIT"):
-        return os.environ["BITMTP_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 if __name__ == "__main__":
