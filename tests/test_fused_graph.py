@@ -14,7 +14,7 @@ import torch
 from bitmtp_edge.backends.fused_graph import FusedInputs, fused_width
 from bitmtp_edge.backends.graph import RuntimeOptions
 from bitmtp_edge.runtime.decoding import DecodeOptions, DecodeStats, decode
-from tests.helpers import fast_backend, random_model, reference_backend, write_test_artifact
+from tests.helpers import fast_backend, needs_gpu, random_model, reference_backend, write_test_artifact
 from tests.test_decoding import run
 
 PROMPT = [3, 14, 15, 92, 65, 35]
@@ -97,11 +97,10 @@ def test_fused_on_the_triton_kernels_chooses_the_twins_tokens():
 # --- on a GPU: capture and replay ---------------------------------------------------------------
 
 gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 @gpu
-@needs_cuda
+@needs_gpu
 @pytest.mark.parametrize("runtime", ["generic", "full"])
 def test_gpu_fused_equals_ar_token_for_token(tmp_path, runtime):
     """GQA group 4 and D = 8 as in BitNet-2B: a fused row shares every float with the AR row."""
@@ -120,18 +119,3 @@ def test_gpu_fused_equals_ar_token_for_token(tmp_path, runtime):
     opts = DecodeOptions("hybrid", 100, block_size=8, tau=1.0, hybrid_fused=True, stop_token_ids=eng.eos_token_ids)
     hyb = [t for chunk in decode(eng.backend, PROMPT, opts, stats) for t in chunk]
     assert hyb == ar.token_ids and stats.fused_calls == stats.iterations
-
-
-@gpu
-@needs_cuda
-def test_gpu_server_backend_fused_equals_ar(tmp_path):
-    from bitmtp_edge import Engine
-    from bitmtp_edge.backends.fp8_head import fp8_supported
-
-    if not fp8_supported(torch.device("cuda")):
-        pytest.skip("no FP8 tensor cores")
-    model = random_model(7, vocab=256, hidden=256)
-    art = write_test_artifact(model, tmp_path / "art", max_context=256, smallest=16)
-    eng = Engine.load(art, backend="server", device="cuda")
-    ar = eng.generate(PROMPT, max_new_tokens=64, policy="ar")
-    assert eng.generate(PROMPT, max_new_tokens=64, policy="fused").token_ids == ar.token_ids

@@ -12,7 +12,7 @@ import torch
 
 from bitmtp_edge.backends.graph import RuntimeOptions
 from bitmtp_edge.runtime.policies import POLICIES
-from tests.helpers import fast_backend, random_model, reference_backend, write_test_artifact
+from tests.helpers import fast_backend, needs_gpu, random_model, reference_backend, write_test_artifact
 from tests.test_decoding import run
 
 PROMPT = [3, 14, 15, 92, 65, 35]
@@ -172,7 +172,6 @@ def test_fast_logits_match_reference():
 # --- on a GPU: Triton kernels, capture and replay ------------------------------------------
 
 gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 def assert_greedy_under_reference(ref_engine, prompt, tokens, slack=0.05):
@@ -185,7 +184,7 @@ def assert_greedy_under_reference(ref_engine, prompt, tokens, slack=0.05):
 
 
 @gpu
-@needs_cuda
+@needs_gpu
 @pytest.mark.parametrize("runtime", RuntimeOptions.PRESETS)
 def test_gpu_backend_is_exact_and_follows_the_reference(tmp_path, runtime):
     """GQA group 4 and D = 8 as in BitNet-2B: a verify has 36 query rows per KV head, an AR
@@ -212,7 +211,7 @@ def test_gpu_backend_is_exact_and_follows_the_reference(tmp_path, runtime):
 
 
 @gpu
-@needs_cuda
+@needs_gpu
 def test_gpu_graphs_replay_the_eager_tokens(tmp_path):
     from bitmtp_edge import Engine
 
@@ -227,8 +226,8 @@ def test_gpu_graphs_replay_the_eager_tokens(tmp_path):
 
 
 @gpu
-@needs_cuda
-def test_gpu_server_backend_speculative_equals_ar(tmp_path):
+@needs_gpu
+def test_gpu_server_backend_speculative_and_fused_equal_ar(tmp_path):
     from bitmtp_edge import Engine
     from bitmtp_edge.backends.fp8_head import fp8_supported
 
@@ -238,5 +237,5 @@ def test_gpu_server_backend_speculative_equals_ar(tmp_path):
     art = write_test_artifact(model, tmp_path / "art", max_context=256, smallest=16)
     eng = Engine.load(art, backend="server", device="cuda")
     ar = eng.generate(PROMPT, max_new_tokens=64, policy="ar")
-    spec = eng.generate(PROMPT, max_new_tokens=64, policy="speculative")
-    assert spec.token_ids == ar.token_ids
+    for policy in ("speculative", "fused"):
+        assert eng.generate(PROMPT, max_new_tokens=64, policy=policy).token_ids == ar.token_ids, policy

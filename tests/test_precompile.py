@@ -21,7 +21,7 @@ import torch
 
 from bitmtp_edge.backends import precompile as pc
 from bitmtp_edge.backends.graph import RuntimeOptions
-from tests.helpers import fast_backend, random_model
+from tests.helpers import fast_backend, needs_gpu, random_model
 
 triton_async = pytest.importorskip("triton.runtime._async_compile")
 knobs = pytest.importorskip("triton").knobs
@@ -381,7 +381,7 @@ def test_the_overlap_switch(monkeypatch, value, expected):
 # -- on the GPU ------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@needs_gpu
 def test_gpu_capture_after_precompile_compiles_nothing_and_decodes_the_same_tokens(tmp_path):
     from triton.runtime.jit import JITFunction
 

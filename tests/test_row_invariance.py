@@ -35,14 +35,13 @@ from kernels_ampere.numerics import quantize_activations, quantize_rows_int8, ro
 from kernels_ampere.rope_cache import rope_qkv_to_cache  # noqa: E402
 from kernels_ampere.w2a8 import w2a8_linear  # noqa: E402
 from bitmtp_edge.runtime.masks import fused_step_spans, history_step_spans  # noqa: E402
-from tests.helpers import DEVICE, ON_GPU  # noqa: E402
+from tests.helpers import DEVICE, ON_GPU, needs_gpu  # noqa: E402
 
 D = 8
 # the widths a row meets: AR, a block, a verify, and fused steps of c = 1..9 (both variants)
 WIDTHS = (1, D, D + 1, 2 * D, 2 * D + 1, 4 * D + 1, 9 * D + D + 1)
 CPU_WIDTHS = (1, D + 1, 2 * D + 1, 4 * D + 1)  # the interpreter is slow: fewer, still past 16 and 32
 gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
 
 
 def widths() -> tuple[int, ...]:
@@ -346,7 +345,7 @@ EMBEDDED = Path(__file__).resolve().parents[1] / "bitmtp_edge" / "embedded" / "m
 
 
 @gpu
-@needs_cuda
+@needs_gpu
 @pytest.mark.parametrize("backend_name", ["ampere", "server"])
 def test_gpu_embedded_model_fused_rows_equal_verify_and_ar_rows(backend_name):
     """The embedded model compiled: causal rows at every fused width vs a verify vs AR steps,

@@ -14,7 +14,7 @@ from bitmtp_edge.runtime.decoding import DecodeOptions, DecodeStats, DecodingErr
 from bitmtp_edge.runtime.sampling import (
     SamplingError, SamplingParams, filtered_probs, inverse_cdf, penalize, speculative_accept,
 )
-from tests.helpers import fast_backend, random_model, reference_backend
+from tests.helpers import fast_backend, needs_gpu, random_model, reference_backend
 
 PROMPT = [1, 5, 7, 9, 11]
 
@@ -304,11 +304,10 @@ def test_speculative_sampling_draws_ar_samplings_distribution(params):
 # --- on a GPU: sampled graphs (captured on first use) ----------------------------------------------
 
 gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 @gpu
-@needs_cuda
+@needs_gpu
 @pytest.mark.parametrize("backend", ["ampere", "server"])
 def test_gpu_sampled_graphs_replay_the_eager_samples_and_leave_greedy_alone(tmp_path, backend):
     """The captured sampled graphs draw what eager launches of the same bodies draw (same

@@ -467,6 +467,19 @@ def create_app(engine: Engine, config: ServerConfig, sampler: Sampler | None = N
             "owned_by": "bitmtp-edge", "max_model_len": engine.backend.max_context,
             "bitmtp": engine_info(engine)}]}
 
+    async def answer(endpoint: str, build, request: Request, body, stream, respond):
+        """Admit the job ``build`` makes, then answer: SSE chunks from ``stream`` or one JSON
+        body from ``respond`` (the endpoint's OpenAI response builder)."""
+        job, refused = admit(endpoint, build)
+        if refused is not None:
+            return refused
+        metrics.request(endpoint, 200)
+        if body.stream:
+            return StreamingResponse(stream(job, config, body), media_type="text/event-stream")
+        return await _collect(job, request, lambda text, stats: respond(
+            job.rid, config.model_name, text, oa.finish_reason(stats.finish_reason),
+            oa.usage(stats.prompt_tokens, stats.new_tokens), job.report(stats)))
+
     @app.post("/v1/completions")
     async def completions(body: oa.CompletionRequest, request: Request):
         endpoint = "/v1/completions"
@@ -476,15 +489,7 @@ def create_app(engine: Engine, config: ServerConfig, sampler: Sampler | None = N
             ids = engine.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
             return _job(engine, config, body, body.max_tokens, ids, endpoint, "cmpl")
 
-        job, refused = admit(endpoint, build)
-        if refused is not None:
-            return refused
-        metrics.request(endpoint, 200)
-        if body.stream:
-            return StreamingResponse(_stream_completion(job, config, body), media_type="text/event-stream")
-        return await _collect(job, request, lambda text, stats: oa.completion(
-            job.rid, config.model_name, text, oa.finish_reason(stats.finish_reason),
-            oa.usage(stats.prompt_tokens, stats.new_tokens), job.report(stats)))
+        return await answer(endpoint, build, request, body, _stream_completion, oa.completion)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: oa.ChatCompletionRequest, request: Request):
@@ -494,15 +499,7 @@ def create_app(engine: Engine, config: ServerConfig, sampler: Sampler | None = N
             text = engine.render_chat([m.template_dict() for m in body.messages], body.add_generation_prompt)
             return _job(engine, config, body, body.token_limit, engine.encode(text), endpoint, "chatcmpl")
 
-        job, refused = admit(endpoint, build)
-        if refused is not None:
-            return refused
-        metrics.request(endpoint, 200)
-        if body.stream:
-            return StreamingResponse(_stream_chat(job, config, body), media_type="text/event-stream")
-        return await _collect(job, request, lambda text, stats: oa.chat_completion(
-            job.rid, config.model_name, text, oa.finish_reason(stats.finish_reason),
-            oa.usage(stats.prompt_tokens, stats.new_tokens), job.report(stats)))
+        return await answer(endpoint, build, request, body, _stream_chat, oa.chat_completion)
 
     return app
 
