@@ -17,6 +17,16 @@ DEVICE = "cuda" if ON_GPU else "cpu"
 needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op torch thread for a module of tiny models: a second one only adds
+    contention on a shared CI runner. Use it with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def random_model(seed: int = 0, family: str = "bitnet", vocab: int = 96, hidden: int = 128, layers: int = 2,
                  quant: QuantConfig | None = None, dtype=torch.float64, tie: bool = False,
                  heads: tuple[int, int] = (4, 2), intermediate: int = 256) -> TernaryLM:

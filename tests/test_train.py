@@ -12,6 +12,7 @@ import torch
 from bitmtp_edge.format.config import QuantConfig
 from bitmtp_edge.runtime.model import LatentTernaryLinear, PackedTernaryLinear
 from kernels_ampere.numerics import ternarize_absmean
+from tests.helpers import one_thread  # noqa: F401 - the fixture pytestmark uses
 from tests.test_corpus_tokenizer import write_tree
 from tools.blocks import BlockLayout, build_rows, clean_mask, sample_anchors
 from tools.corpus import CorpusOptions, SourceRoot, build
@@ -29,13 +30,7 @@ def data(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny models: a second intra-op thread only adds contention on a shared CI runner.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(data: Path, out: Path, **kw) -> TrainConfig:

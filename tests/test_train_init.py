@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from bitmtp_edge.runtime.model import TernaryLM
+from tests.helpers import one_thread  # noqa: F401 - the fixture pytestmark uses
 from tests.test_corpus_tokenizer import write_tree
 from tools import fake_checkpoints as fake
 from tools.blocks import IGNORE, BlockLayout
@@ -25,12 +26,7 @@ from tools.train import TrainConfig, Trainer, joint_loss
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
