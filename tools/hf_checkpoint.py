@@ -78,42 +78,11 @@ def quant_config(cfg: ModelConfig) -> QuantConfig:
 
 
 def hf_config(cfg: ModelConfig, compact: bool) -> dict:
-    if cfg.family == "qwen3":
-        return _qwen3_config(cfg, compact)
     eos = list(cfg.eos_token_ids)
-    return {
-        "architectures": ["BitNetForCausalLM"],
-        "model_type": "bitnet",
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
-        "hidden_act": "relu2",
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-        "tie_word_embeddings": cfg.tie_word_embeddings,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "initializer_range": 0.02,
-        "bos_token_id": cfg.bos_token_id,
-        "eos_token_id": eos[0] if len(eos) == 1 else eos,
-        "pad_token_id": eos[0] if eos else None,
-        "use_cache": True,
-        "torch_dtype": "bfloat16" if compact else "float32",
-        "quantization_config": dict(QUANT_OFFLINE if compact else QUANT_ONLINE),
-    }
-
-
-def _qwen3_config(cfg: ModelConfig, compact: bool) -> dict:
-    eos = list(cfg.eos_token_ids)
+    qwen3 = cfg.family == "qwen3"
     d = {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM" if qwen3 else "BitNetForCausalLM"],
+        "model_type": "qwen3" if qwen3 else "bitnet",
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
@@ -121,7 +90,7 @@ def _qwen3_config(cfg: ModelConfig, compact: bool) -> dict:
         "num_attention_heads": cfg.num_heads,
         "num_key_value_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim,
-        "hidden_act": "silu",
+        "hidden_act": "silu" if qwen3 else "relu2",
         "max_position_embeddings": cfg.max_position_embeddings,
         "rms_norm_eps": cfg.rms_norm_eps,
         "rope_theta": cfg.rope_theta,
@@ -134,8 +103,12 @@ def _qwen3_config(cfg: ModelConfig, compact: bool) -> dict:
         "use_cache": True,
         "torch_dtype": "bfloat16" if compact else "float32",
     }
-    if not compact:
-        d["quantization_config"] = dict(QWEN3_LATENT)
+    if qwen3:  # the compact Qwen3 form carries no quantization_config
+        if not compact:
+            d["quantization_config"] = dict(QWEN3_LATENT)
+        return d
+    d.update(initializer_range=0.02, pad_token_id=eos[0] if eos else None,
+             quantization_config=dict(QUANT_OFFLINE if compact else QUANT_ONLINE))
     return d
 
 
