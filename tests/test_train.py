@@ -280,3 +280,36 @@ def test_quality_report_on_a_tiny_model(data, trained, tmp_path):
     assert dec["d4"]["speculative"]["tokens_per_iteration"] >= 1.0
     assert r["training"]["d4"]["steps"] == 40 and "d4: speculative agreement with AR = 100%" in r["targets"]
     assert "| d4 | hybrid |" in out_md.read_text()
+
+
+def test_quality_decoding_in_chunks_equals_one_task_per_policy(data, trained, tmp_path):
+    """--chunk splits a (model, policy) over several tasks: the same records, the same summary;
+    --policies keeps ar (the agreement's reference); --prompt-file decodes another prompt set."""
+    from tools import eval_quality
+    from tools.prompts import Prompt
+
+    path = str(trained / "compact")
+    prompts = [Prompt(id=f"p{i}", path="", name="", kind="first_lines", prompt=t, reference="")
+               for i, t in enumerate(["def scale(values, factor):", "import os", "class Point:", "x = ["])]
+    args = dict(data=str(data), device="cpu", jobs=1, max_new_tokens=8, tau=0.9, min_prefix=2, log=quiet)
+    whole = eval_quality.evaluate_decoding({"d4": path}, prompts, policies=("speculative",), **args)
+    parts = eval_quality.evaluate_decoding({"d4": path}, prompts, chunk=3, policies=("speculative",), **args)
+    assert set(whole["summary"]["d4"]) == {"ar", "speculative"}
+
+    def counts(rep):  # everything but the wall time
+        return {pol: {k: v for k, v in s.items() if k != "decode_s"} for pol, s in rep["summary"]["d4"].items()}
+
+    assert counts(parts) == counts(whole) and parts["samples"] == whole["samples"]
+    assert whole["summary"]["d4"]["speculative"]["prompts"] == 4
+    pf = tmp_path / "p.jsonl"
+    pf.write_text("".join(json.dumps(p.__dict__) + "\n" for p in prompts[:2]))
+    out_json = tmp_path / "q.json"
+    with pytest.raises(SystemExit) as done:
+        eval_quality.main(["--data", str(data), "--model", f"d4={path}", "--sections", "decoding", "--prompt-file",
+                           str(pf), "--prompts", "9", "--max-new-tokens", "6", "--chunk", "1", "--policies",
+                           "hybrid", "--train-logs", str(tmp_path / "none"), "--json", str(out_json), "--md",
+                           str(tmp_path / "q.md")])
+    assert done.value.code == 0
+    r = json.loads(out_json.read_text())
+    assert r["decoding"]["settings"]["prompts"] == 2 and r["decoding"]["settings"]["prompt_file"] == str(pf)
+    assert set(r["decoding"]["summary"]["d4"]) == {"ar", "hybrid"}

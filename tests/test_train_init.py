@@ -260,6 +260,36 @@ def test_distill_rows_train_the_blocks_on_teacher_tokens(sources, data, tmp_path
     assert all(h["kl"] > 0 for h in log["history"])
 
 
+def test_distill_ntp_targets_follow_the_mode(sources, data, tmp_path):
+    """--distill-ntp: none leaves the distill rows' clean stream unscored, prompt scores the
+    corpus tokens of the prompt only, all scores every next token; the blocks are the same."""
+    from tools.distill import generate, load_rows
+    from tools.train import DistillRows
+
+    generate(str(sources["bitnet-packed"]), str(data), str(tmp_path / "d"), rows=5, prompt_len=10, seq_len=32,
+             batch=5, seed=3, shard=0, device="cpu", precision="fp32", log=lambda m: None)
+    rows = torch.from_numpy(load_rows(tmp_path / "d")[0].astype(np.int64))
+    layout = BlockLayout(32, 4, 4)
+    got = {mode: DistillRows(str(tmp_path / "d"), layout, 0, torch.device("cpu"), 1, 0, ntp=mode).next(4)
+           for mode in ("none", "prompt", "all")}
+    ids = got["all"][0]
+    idx = [next(i for i in range(len(rows)) if torch.equal(rows[i, :32], ids[b, :32])) for b in range(4)]
+    want = rows[idx, 1:33]  # clean position i predicts x_{i+1}
+    assert (got["none"][3][:, :32] == IGNORE).all()
+    assert torch.equal(got["all"][3][:, :32], want)
+    assert torch.equal(got["prompt"][3][:, :9], want[:, :9]) and (got["prompt"][3][:, 9:32] == IGNORE).all()
+    for mode in ("none", "prompt"):  # same generator seed: same rows and anchors, same block targets
+        assert torch.equal(got[mode][0], ids) and torch.equal(got[mode][3][:, 32:], got["all"][3][:, 32:])
+    with pytest.raises(ValueError, match="--distill-ntp"):
+        DistillRows(str(tmp_path / "d"), layout, 0, torch.device("cpu"), 1, 0, ntp="corpus")
+    # in training, the NTP term now averages over the corpus rows and the distill rows' prompts
+    s = Trainer(tiny(data, tmp_path / "run", init=str(sources["bitnet-packed"]), distill=str(tmp_path / "d"),
+                     distill_ntp="prompt", slot_weights=(3.0, 2.0, 1.0, 1.0)), log=lambda m: None).run()
+    log = json.loads((tmp_path / "run" / "train_log.json").read_text())
+    assert s["steps"] == 6 and log["config"]["distill_ntp"] == "prompt"
+    assert all(h["ntp"] > 0 and h["mtp"] > 0 for h in log["history"])
+
+
 # -- torchrun ----------------------------------------------------------------------------------
 
 def _torchrun(args: list[str]) -> None:

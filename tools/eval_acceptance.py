@@ -67,7 +67,8 @@ def prompt_tables(model, prompt: list[int], block_size: int, mask_id: int, max_n
     i-th token a decode can anchor at (the prompt's last token, then each generated one)."""
     from tools.distill import greedy_continue
 
-    ids = torch.tensor([prompt])
+    dev = model.model.embed_tokens.weight.device
+    ids = torch.tensor([prompt], device=dev)
     full = greedy_continue(model, ids, max_new + block_size)[0].tolist()
     cont = full[len(prompt):]
     stop = next((i for i, t in enumerate(cont[:max_new]) if t in eos), None)
@@ -75,8 +76,8 @@ def prompt_tables(model, prompt: list[int], block_size: int, mask_id: int, max_n
     clean = full[: len(prompt) - 1 + n_anchor + block_size]
     L = len(clean) - block_size
     layout = BlockLayout(L, block_size, n_anchor)
-    anchors = torch.arange(len(prompt) - 1, len(prompt) - 1 + n_anchor).unsqueeze(0)
-    x, pos, _, mask = build_rows(torch.tensor([clean]), anchors, layout, mask_id, None)
+    anchors = torch.arange(len(prompt) - 1, len(prompt) - 1 + n_anchor, device=dev).unsqueeze(0)
+    x, pos, _, mask = build_rows(torch.tensor([clean], device=dev), anchors, layout, mask_id, None)
     hidden = model(x, pos, mask)[0, L:]
     probs = torch.softmax(model.draft_logits(hidden.reshape(-1, hidden.shape[-1])), dim=-1)
     conf, top = probs.max(-1)
@@ -111,16 +112,16 @@ def replay(cont, drafts, confs, stop, max_new: int, policy: str, tau: float, min
 
 
 def evaluate(path: str, prompts, tau: float, min_prefix: int, max_new: int, log=print,
-             dtype: torch.dtype = torch.float32) -> dict:
+             dtype: torch.dtype = torch.float32, device: str = "cpu") -> dict:
     with exact_float32_int_matmul():
-        return _evaluate(path, prompts, tau, min_prefix, max_new, log, dtype)
+        return _evaluate(path, prompts, tau, min_prefix, max_new, log, dtype, device)
 
 
-def _evaluate(path, prompts, tau, min_prefix, max_new, log, dtype) -> dict:
+def _evaluate(path, prompts, tau, min_prefix, max_new, log, dtype, device) -> dict:
     from tools.hf_checkpoint import load_runtime_model
     from tools.tokenizer import load_tokenizer
 
-    model, ck = load_runtime_model(path, dtype)
+    model, ck = load_runtime_model(path, dtype, device)
     if ck.mtp is None:
         raise ValueError(f"{path}: an AR-only checkpoint has no drafts to replay")
     tok = load_tokenizer(Path(path))
@@ -157,21 +158,26 @@ def main(argv: list[str] | None = None) -> None:
     @click.option("--tau", default=0.9, show_default=True)
     @click.option("--min-prefix", default=3, show_default=True)
     @click.option("--threads", default=1, show_default=True)
+    @click.option("--device", default="cpu", show_default=True, help="cpu or cuda (float32 exact-integer products "
+                  "either way; TF32 stays off)")
     @click.option("--json", "json_out", required=True)
-    def cli(data, models, n_prompts, skip, prompt_file, max_new_tokens, tau, min_prefix, threads, json_out):
+    def cli(data, models, n_prompts, skip, prompt_file, max_new_tokens, tau, min_prefix, threads, device, json_out):
         """Replay speculative and hybrid decoding of BitMTP checkpoints on held-out prompts."""
         from tools.corpus import CorpusIndex
         from tools.prompts import read_prompts
 
         torch.set_num_threads(threads)
+        torch.backends.cuda.matmul.allow_tf32 = False  # the int products must stay exact
         pf = Path(prompt_file) if prompt_file else Path(data) / CorpusIndex.load(data).prompts
         prompts = read_prompts(pf)[skip:skip + n_prompts]
+        where = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
         report = {"settings": {"prompts": len(prompts), "skip": skip, "prompt_file": str(pf), "max_new_tokens": max_new_tokens,
-                               "tau": tau, "min_prefix": min_prefix}, "models": {}}
+                               "tau": tau, "min_prefix": min_prefix, "device": where,
+                               "when": time.strftime("%Y-%m-%d %H:%M")}, "models": {}}
         for spec in models:
             name, _, path = spec.partition("=")
             report["models"][name] = {"path": path, **evaluate(path, prompts, tau, min_prefix, max_new_tokens,
-                                                                log=click.echo)}
+                                                                log=click.echo, device=device)}
             s = report["models"][name]
             click.echo(f"{name}: speculative {s['speculative']['tokens_per_iteration']:.2f} tok/it "
                        f"{s['speculative']['tokens_per_forward']:.2f} tok/fw; hybrid "

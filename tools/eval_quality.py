@@ -112,7 +112,8 @@ def run_task(task: DecodeTask, prompts: list[Prompt], data: str, device: str, ma
     from bitmtp_edge.runtime.decoding import DecodeOptions, DecodeStats, decode
 
     if device != "cpu":
-        torch.set_num_threads(1)  # several workers share the host; the work is on the GPU
+        torch.set_num_threads(1)
+        torch.cuda.set_device(torch.device(device))  # several workers share the host; the work is on the GPU
     model, ck, backend = runtime(task.path, device)
     tok = load_tokenizer(Path(task.path))
     eos = frozenset(ck.model.eos_token_ids)
@@ -172,19 +173,33 @@ def summarize(records: list[dict], ar_records: list[dict] | None) -> dict:
     return out
 
 
+def task_devices(device: str) -> list[str]:
+    """``cuda`` spreads the tasks over every visible GPU (batch-1 decoding is launch-bound: a
+    GPU serves several worker processes); anything else is used as given."""
+    n = torch.cuda.device_count() if device == "cuda" else 0
+    return [f"cuda:{i}" for i in range(n)] if n > 1 else [device]
+
+
 def evaluate_decoding(models: dict[str, str], prompts: list[Prompt], data: str, device: str, jobs: int,
-                      max_new_tokens: int, tau: float, min_prefix: int, log=print) -> dict:
+                      max_new_tokens: int, tau: float, min_prefix: int, log=print, chunk: int = 0,
+                      policies: tuple[str, ...] = POLICIES) -> dict:
+    """``chunk`` > 0 splits each (model, policy) into tasks of that many prompts, so more
+    workers than tasks can share the work."""
     from tools.hf_checkpoint import read_checkpoint
 
-    idx = tuple(range(len(prompts)))
+    n = len(prompts)
+    step = chunk if chunk > 0 else max(n, 1)
+    slices = [tuple(range(i, min(i + step, n))) for i in range(0, n, step)]
     tasks = []
     for name, path in models.items():
-        policies = POLICIES if read_checkpoint(path).mtp else ("ar",)
-        tasks += [DecodeTask(name, path, pol, idx) for pol in policies]
+        pols = [p for p in POLICIES if p in policies or p == "ar"] if read_checkpoint(path).mtp else ["ar"]
+        tasks += [DecodeTask(name, path, pol, sl) for pol in pols for sl in slices]
     # Longest first, so the pool's tail is short.
     weight = {"ar": 3, "confidence": 2, "speculative": 4, "hybrid": 4, "fused": 4}  # longest first
     tasks.sort(key=lambda t: -weight[t.policy])
-    args = [(t, prompts, data, device, max_new_tokens, tau, min_prefix) for t in tasks]
+    devices = task_devices(device)
+    args = [(t, prompts, data, devices[i % len(devices)], max_new_tokens, tau, min_prefix)
+            for i, t in enumerate(tasks)]
     t0 = time.perf_counter()
     if jobs > 1:
         import multiprocessing as mp
@@ -199,7 +214,11 @@ def evaluate_decoding(models: dict[str, str], prompts: list[Prompt], data: str, 
         for a in args:
             results.append(run_task(*a))
             log(f"  {a[0].model}/{a[0].policy} done ({time.perf_counter() - t0:.0f}s)")
-    by = {(r["model"], r["policy"]): r["records"] for r in results}
+    by: dict[tuple[str, str], list[dict]] = {}
+    for r in results:
+        by.setdefault((r["model"], r["policy"]), []).extend(r["records"])
+    for recs in by.values():
+        recs.sort(key=lambda rec: rec["prompt"])
     out: dict = {}
     for name in models:
         ar = by.get((name, "ar"))
@@ -424,7 +443,12 @@ def main(argv: list[str] | None = None) -> None:
                   help="comma list of heldout, decoding, cpu_bench (none: only re-render a --merge report)")
     @click.option("--device", default="cpu", show_default=True)
     @click.option("--jobs", default=1, show_default=True, help="decoding worker processes")
+    @click.option("--chunk", default=0, show_default=True, help="prompts per decoding task (0: all of them)")
+    @click.option("--policies", default=",".join(POLICIES), show_default=True,
+                  help="comma list of the policies to decode (ar always runs: the others' agreement needs it)")
     @click.option("--prompts", "n_prompts", default=48, show_default=True)
+    @click.option("--prompt-file", default=None, type=click.Path(exists=True, dir_okay=False),
+                  help="decode these prompts (prompts.jsonl form) instead of the corpus' held-out ones")
     @click.option("--max-new-tokens", default=96, show_default=True)
     @click.option("--tau", default=0.9, show_default=True)
     @click.option("--min-prefix", default=3, show_default=True)
@@ -442,7 +466,7 @@ def main(argv: list[str] | None = None) -> None:
                   help="attach a recipes comparison (tools.eval_acceptance JSON + recipe/budget/val_ntp per model)")
     @click.option("--json", "json_out", default="tools/results/quality.json", show_default=True)
     @click.option("--md", "md_out", default="tools/results/quality.md", show_default=True)
-    def cli(data, models, sections, device, jobs, n_prompts, max_new_tokens, tau, min_prefix, window, max_windows,
+    def cli(data, models, sections, device, jobs, chunk, policies, n_prompts, prompt_file, max_new_tokens, tau, min_prefix, window, max_windows,
             bench_prompts, bench_tokens, artifact, merge, train_logs, earlier, recipes, json_out, md_out):
         """Write the SFT vs BitMTP quality report (JSON for machines, Markdown for people)."""
         from tools.hf_checkpoint import read_checkpoint
@@ -459,7 +483,8 @@ def main(argv: list[str] | None = None) -> None:
             named[name] = path
         report = json.loads(Path(merge).read_text()) if merge else {}
         index = CorpusIndex.load(data)
-        prompts = read_prompts(Path(data) / index.prompts)[:n_prompts]
+        prompt_path = Path(prompt_file) if prompt_file else Path(data) / index.prompts
+        prompts = read_prompts(prompt_path)[:n_prompts]
         where = {"device": (torch.cuda.get_device_name() if device == "cuda"
                             else f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"),
                  "torch": torch.__version__, "when": time.strftime("%Y-%m-%d %H:%M")}
@@ -478,8 +503,15 @@ def main(argv: list[str] | None = None) -> None:
             report["heldout"] = {"models": h, "baseline": sft[0] if sft else None, "gap_pct": gaps, **where}
         if "decoding" in wanted:
             click.echo(f"decoding {len(prompts)} prompts x {len(named)} models ...")
-            dec = evaluate_decoding(named, prompts, data, device, jobs, max_new_tokens, tau, min_prefix, log=click.echo)
-            report["decoding"] = {**dec, "settings": {"prompts": len(prompts), "max_new_tokens": max_new_tokens,
+            wanted_pol = tuple(p.strip() for p in policies.split(",") if p.strip())
+            bad = set(wanted_pol) - set(POLICIES)
+            if bad:
+                raise click.BadParameter(f"unknown policies {sorted(bad)}; choose from {', '.join(POLICIES)}",
+                                         param_hint="--policies")
+            dec = evaluate_decoding(named, prompts, data, device, jobs, max_new_tokens, tau, min_prefix, log=click.echo,
+                                    chunk=chunk, policies=wanted_pol)
+            report["decoding"] = {**dec, "settings": {"prompts": len(prompts), "prompt_file": str(prompt_path),
+                                                      "max_new_tokens": max_new_tokens,
                                                       "tau": tau, "min_prefix": min_prefix}, **where}
         if "cpu_bench" in wanted:
             click.echo("CPU decode benchmark of the embedded artifact ...")

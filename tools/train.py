@@ -23,8 +23,10 @@ Fine-tuning and self-distillation (issue 14)::
 
 With ``--distill DIR`` a fraction ``--distill-frac`` of every batch are rows of the model's
 own greedy continuations (``tools.distill``): their blocks are anchored in the generated part,
-so the MTP cross-entropy is on the teacher's greedy tokens; their clean stream carries no NTP
-loss (the NTP term stays on corpus rows). ``--kl-weight`` adds, on every row, the KL from
+so the MTP cross-entropy is on the teacher's greedy tokens. ``--distill-ntp`` says what NTP
+targets their clean stream carries: ``none`` (the NTP term stays on corpus rows), ``prompt``
+(the corpus tokens of the prompt they continue: real text, so the backbone keeps seeing it in
+every row the blocks train on) or ``all`` (the teacher's own tokens too). ``--kl-weight`` adds, on every row, the KL from
 the clean stream's own distribution at the position a block slot predicts (detached: the
 verifier as it is at this step) to the slot's distribution, the calibration signal hybrid
 decoding's confidence test needs. ``--slot-weights`` weights the MTP terms per slot.
@@ -113,6 +115,7 @@ class TrainConfig:
     init: str | None = None
     distill: str | None = None
     distill_frac: float = 0.5
+    distill_ntp: str = "none"  # none | prompt | all: NTP targets on the distill rows' clean stream
     kl_weight: float = 0.0
     slot_weights: tuple[float, ...] | None = None
 
@@ -222,14 +225,22 @@ class Batches:
         self.g_anchor.set_state(s["g_anchor"])
 
 
+DISTILL_NTP = ("none", "prompt", "all")
+
+
 class DistillRows:
     """Rows of a teacher's own greedy continuations (``tools.distill``): prompt_len corpus
     tokens then generated ones. Blocks are anchored in the generated part only, so every
-    block target is a teacher greedy token; the clean stream carries no NTP target."""
+    block target is a teacher greedy token. The clean stream's NTP targets follow ``ntp``:
+    none, the prompt's (corpus text: clean positions 0 .. P - 2 predict x_1 .. x_{P-1}), or all."""
 
-    def __init__(self, folder: str, layout: BlockLayout, seed: int, device, mask_id: int, eos_id: int):
+    def __init__(self, folder: str, layout: BlockLayout, seed: int, device, mask_id: int, eos_id: int,
+                 ntp: str = "none"):
         from tools.distill import load_rows
 
+        if ntp not in DISTILL_NTP:
+            raise ValueError(f"--distill-ntp {ntp!r}: choose one of {', '.join(DISTILL_NTP)}")
+        self.ntp = ntp
         rows, meta = load_rows(folder)
         self.prompt_len = int(meta["prompt_len"])
         L, K = layout.clean_len, layout.num_blocks
@@ -254,7 +265,10 @@ class DistillRows:
         anchors = keys.topk(K, dim=1).indices.sort(dim=1).values.to(self.device)
         window = self.rows[idx.to(self.device)].long()
         ids, pos, tgt, mask = build_rows(window, anchors, self.layout, self.mask_id, self.eos_id)
-        tgt[:, :L] = IGNORE  # NTP stays on the corpus
+        if self.ntp == "none":
+            tgt[:, :L] = IGNORE  # NTP stays on the corpus rows
+        elif self.ntp == "prompt":
+            tgt[:, self.prompt_len - 1:L] = IGNORE  # the last prompt position predicts a generated token
         return ids, pos, mask, tgt, anchors
 
     def state(self) -> dict:
@@ -436,7 +450,8 @@ class Trainer:
         seed = tc.seed + 1000 * self.dist.rank  # each rank its own windows
         self.train_data = Batches(load_split(tc.data, "train"), layout, self.local_batch - self.n_distill, seed,
                                   self.device, *ids)
-        self.distill_data = DistillRows(tc.distill, layout, seed, self.device, *ids) if tc.distill else None
+        self.distill_data = (DistillRows(tc.distill, layout, seed, self.device, *ids, ntp=tc.distill_ntp)
+                             if tc.distill else None)
         self.val_data = Batches(load_split(tc.data, "val"), layout, tc.batch_size, tc.seed, self.device, *ids)
         self.val_offsets, self.val_anchors = fixed_val_rows(load_split(tc.data, "val"), layout,
                                                             tc.eval_batches * tc.batch_size, tc.seed)
@@ -770,6 +785,8 @@ def main(argv: list[str] | None = None) -> None:
                   help="folder of the teacher's greedy continuations (python -m tools.distill)")
     @click.option("--distill-frac", default=defaults["distill_frac"], show_default=True,
                   help="fraction of each batch taken from --distill rows")
+    @click.option("--distill-ntp", type=click.Choice(DISTILL_NTP), default=defaults["distill_ntp"], show_default=True,
+                  help="NTP targets on the distill rows' clean stream: none, the prompt's corpus tokens, or all")
     @click.option("--kl-weight", default=defaults["kl_weight"], show_default=True,
                   help="weight of KL(clean stream ‖ block slot) inside the MTP term")
     @click.option("--slot-weights", default=None, help="comma list of D per-slot MTP weights, e.g. 1,1,1,1,2,2,2,2")
