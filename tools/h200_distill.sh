@@ -1,20 +1,33 @@
 #!/usr/bin/env bash
 # One device call (issue 14), two GPUs of one host: rebuild the corpus with the release
-# tokenizer, record the D = 8 model's own greedy continuations (one generator per GPU), then
-# three DDP trainings at once (torchrun, 2 processes each, sharing both GPUs):
-#   d8sd    bitmtp-d8-27m fine-tuned with self-distillation (distill rows + KL to the clean stream)
-#   d8cont  the same steps on corpus rows only (the control: extra steps without distillation)
-#   sft2mtp sft-27m -> BitMTP D = 8 with --init, half the from-scratch model's 2,778 steps
-# then a quick GPU decode check, and pack checkpoints + logs into $OUT (at most 8 files).
+# tokenizer, record the teacher's own greedy continuations (one generator per GPU), then DDP
+# trainings at once (torchrun, 2 processes each, sharing both GPUs). ROUND picks the recipes:
+#   ROUND=1 (the first round, teacher = the release D = 8 model before self-distillation)
+#     d8sd    the D8 model fine-tuned with self-distillation (distill rows + KL to the clean stream)
+#     d8cont  the same steps on corpus rows only (the control: extra steps without distillation)
+#   ROUND=2 (teacher refreshed from the student: the shipped self-distilled model)
+#     d8sd2   D8 + its own continuations, slot weights $SLOTS, NTP on the distill rows' prompts
+#     d8sd2m  the same with MTP weight $MTP_LOW (less pull on the backbone: the NTP gap)
+#   both    sft2mtp  sft-27m -> BitMTP D = 8 with --init, half the from-scratch model's 2,778
+#           steps (starts as soon as the corpus is built: it needs no distill rows)
+# then the decode check: EVAL=quick, a 10-prompt GPU run; EVAL=full, the report's evaluation on
+# the GPU (float64 reference backend): every policy on $EVAL_PROMPTS held-out prompts and
+# speculative / hybrid on the docstring set, for the release model (run beside the corpus
+# build) and each new one (as soon as it is trained), then held-out NTP loss of all of them
+# and the SFT baseline. Packs checkpoints, logs and eval JSON into $OUT (at most 8 files).
 # Every run saves resume state each SAVE_S seconds: a cut-off run continues with --resume.
 #
-#   bash tools/h200_distill.sh 2>&1 | tee $OUT/session.log   # on the device, from the repo root
+#   bash tools/h200_distill.sh 2>&1 | tee $OUT/session.log                  # on the device, repo root
+#   ROUND=2 EVAL=full BUDGET=555 bash tools/h200_distill.sh 2>&1 | tee $OUT/session.log
 #   NPROC=2 BUDGET=300 SEQ=64 BATCH=8 BLOCKS=4 ROWS=16 GEN_BATCH=8 PROMPT=16 SFT_STEPS=6 \
-#     CORPUS_ARGS="--root a=/some/tree" DEVICE=cpu bash tools/h200_distill.sh      # CPU dry run
+#     EVAL_PROMPTS=2 DOC_PROMPTS=2 MAX_NEW=8 CORPUS_ARGS="--root a=/some/tree" DEVICE=cpu \
+#     bash tools/h200_distill.sh                                              # CPU dry run
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 T0=$(date +%s)
 BUDGET=${BUDGET:-420}          # seconds until everything is packed
+ROUND=${ROUND:-1}
+EVAL=${EVAL:-quick}
 R=${R:-runs/h200d}
 OUT=${OUT:-runs/h200d_out}
 NPROC=${NPROC:-2}
@@ -29,16 +42,60 @@ SFT_STEPS=${SFT_STEPS:-1389}   # half of the from-scratch D = 8 model's 2,778 st
 LR=${LR:-6e-4}                 # fine-tuning the D = 8 model (it ended its schedule at 3e-4)
 LR_SFT=${LR_SFT:-2e-3}         # SFT -> BitMTP: the blocks are new (from scratch: 3e-3)
 KL=${KL:-1.0}
+SLOTS=${SLOTS:-2,2,2,1,1,1,1,1}  # round 2: hybrid's m = 3 test reads slots 0-2
+MTP_LOW=${MTP_LOW:-0.5}
 SAVE_S=${SAVE_S:-60}
-EVAL_PROMPTS=${EVAL_PROMPTS:-10}
+EVAL_PROMPTS=${EVAL_PROMPTS:-40}
+DOC_PROMPTS=${DOC_PROMPTS:-20}
+MAX_NEW=${MAX_NEW:-128}
+EVAL_JOBS=${EVAL_JOBS:-12}
+NTP_WINDOWS=${NTP_WINDOWS:-128}  # held-out NTP loss: 512-token windows of the test split
 CORPUS_ARGS=${CORPUS_ARGS:-}
+BASELINES=${BASELINES:-}       # EVAL=full: more NAME=CKPT evaluated beside the release model
 TRAIN_ARGS=${TRAIN_ARGS:-}
 D8=tools/checkpoints/bitmtp-d8-27m
 SFT=tools/checkpoints/sft-27m
-mkdir -p "$R" "$OUT"
+TEACHER=${TEACHER:-$D8}
+RELEASE_DATA=tools/checkpoints/data   # the release test split and held-out prompts
+DOCS=tools/results/docstring_prompts.jsonl
+case $ROUND in
+  1) RUNS="d8sd d8cont" ;;
+  2) RUNS="d8sd2 d8sd2m" ;;
+  *) echo "ROUND=$ROUND: choose 1 or 2" >&2; exit 2 ;;
+esac
+case $EVAL in quick|full) ;; *) echo "EVAL=$EVAL: choose quick or full" >&2; exit 2 ;; esac
+TAIL_GIVEN=${TAIL_S:-}         # seconds kept after training (EVAL=full: fitted to the release eval unless given)
+if [ "$EVAL" = full ]; then TAIL_S=${TAIL_S:-150}; else TAIL_S=${TAIL_S:-70}; fi
+mkdir -p "$R/eval" "$OUT"
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 (nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no GPU") | tee "$R/device.txt"
 python -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0], 'gpus', torch.cuda.device_count())" | tee -a "$R/device.txt"
+GPUS=$(python -c "import torch; print(torch.cuda.device_count())")
+EVAL_DEVICE=$([ "$GPUS" -gt 0 ] && echo cuda || echo cpu)
+
+# evaluate TAG NAME=CKPT...: every policy on the held-out prompts and, at the same time,
+# speculative / hybrid (and ar, their reference) on the docstring set; each writes its JSON
+# when complete, and TAG's wall time goes to $R/eval/TAG.wall_s.
+evaluate() {
+  local tag=$1 t=$(date +%s); shift
+  local m=""; for spec in "$@"; do m="$m --model $spec"; done
+  local common="--device $EVAL_DEVICE --jobs $EVAL_JOBS --chunk 5 --max-new-tokens $MAX_NEW --train-logs none"
+  timeout $(( $(left) - 12 )) python -m tools.eval_quality --data "$RELEASE_DATA" $m --sections decoding $common \
+    --prompts "$EVAL_PROMPTS" --policies confidence,speculative,hybrid --json "$R/eval/heldout_$tag.json" \
+    --md "$R/eval/heldout_$tag.md" > "$R/eval/heldout_$tag.log" 2>&1 &
+  timeout $(( $(left) - 12 )) python -m tools.eval_quality --data "$RELEASE_DATA" $m --sections decoding $common \
+    --prompts "$DOC_PROMPTS" --prompt-file "$DOCS" --policies speculative,hybrid --json "$R/eval/doc_$tag.json" \
+    --md "$R/eval/doc_$tag.md" > "$R/eval/doc_$tag.log" 2>&1
+  wait
+  echo $(( $(date +%s) - t )) > "$R/eval/$tag.wall_s"
+  echo "eval $tag done after $(( $(date +%s) - T0 ))s ($(cat "$R/eval/$tag.wall_s")s)"
+  grep -hE "^\| [a-z0-9]+ \| (ar|confidence|speculative|hybrid) \|" "$R/eval/heldout_$tag.md" "$R/eval/doc_$tag.md" 2>/dev/null
+}
+if [ "$EVAL" = full ]; then  # the release model needs nothing built: beside the corpus build
+  # shellcheck disable=SC2086
+  evaluate release "d8=$D8" $BASELINES &
+  E0=$!
+fi
 
 if [ ! -f "$R/data/corpus.json" ]; then
   python -m tools.corpus build --out "$R/data" --tokenizer "$D8" $CORPUS_ARGS 2>&1 | tee "$R/corpus.log" || exit 1
@@ -51,52 +108,86 @@ print("corpus sha256", built[:12], "== release" if built == release else f"!= re
 EOF
 echo "corpus ready after $(( $(date +%s) - T0 ))s"
 
-GPUS=$(python -c "import torch; print(torch.cuda.device_count())")
+COMMON="--data $R/data --seq-len $SEQ --batch-size $BATCH --block-size 8 --blocks $BLOCKS --device $DEVICE
+  --save-every-s $SAVE_S --eval-every 0 --log-every 25 --warmup-steps 50 $TRAIN_ARGS"
+run() {  # name args...
+  local name=$1; shift
+  local resume=""; [ -f "$R/$name/resume.pt" ] && resume="--resume"
+  python -m torch.distributed.run --standalone --nproc-per-node "$NPROC" -m tools.train $COMMON --out "$R/$name" \
+    --time-budget-s $(( $(left) - TAIL_S )) $resume "$@" > "$R/$name.log" 2>&1
+}
+# No distill rows needed: it trains while the teacher generates.
+run sft2mtp --init "$SFT" --lr "$LR_SFT" --max-steps "$SFT_STEPS" --warmup-steps 100 &
+P0=$!
+
 if [ ! -f "$R/distill/rows_000.npy" ]; then
+  GEN=""
   for s in $(seq 0 $(( NPROC - 1 ))); do
-    CUDA_VISIBLE_DEVICES=$(( GPUS > 0 ? s % GPUS : 0 )) python -m tools.distill --teacher "$D8" --data "$R/data" \
+    CUDA_VISIBLE_DEVICES=$(( GPUS > 0 ? s % GPUS : 0 )) python -m tools.distill --teacher "$TEACHER" --data "$R/data" \
       --out "$R/distill" --rows "$ROWS" --prompt-len "$PROMPT" --seq-len "$SEQ" --batch "$GEN_BATCH" --shard "$s" \
       --device "$DEVICE" > "$R/distill_$s.log" 2>&1 &
+    GEN="$GEN $!"
   done
-  wait
+  wait $GEN
   tail -n 2 "$R"/distill_*.log
 fi
 echo "distill rows ready after $(( $(date +%s) - T0 ))s"
 
-TRAIN_LEFT=$(( $(left) - ${TAIL_S:-70} ))
-COMMON="--data $R/data --seq-len $SEQ --batch-size $BATCH --block-size 8 --blocks $BLOCKS --device $DEVICE
-  --save-every-s $SAVE_S --eval-every 0 --log-every 25 --warmup-steps 50 --time-budget-s $TRAIN_LEFT $TRAIN_ARGS"
-run() {  # name port args...
-  local name=$1 port=$2; shift 2
-  local resume=""; [ -f "$R/$name/resume.pt" ] && resume="--resume"
-  python -m torch.distributed.run --standalone --nproc-per-node "$NPROC" -m tools.train $COMMON --out "$R/$name" $resume "$@" \
-    > "$R/$name.log" 2>&1
-}
-run d8sd 29511 --init "$D8" --lr "$LR" --max-steps 0 --share-plan "$R/d8sd/plan.json" --distill "$R/distill" --kl-weight "$KL" &
-P1=$!
-run d8cont 29512 --init "$D8" --lr "$LR" --max-steps 0 --steps-from "$R/d8sd/plan.json" &
-P2=$!
-run sft2mtp 29513 --init "$SFT" --lr "$LR_SFT" --max-steps "$SFT_STEPS" --warmup-steps 100 &
-P3=$!
+if [ "$EVAL" = full ] && [ -f "$R/eval/release.wall_s" ] && [ -z "$TAIL_GIVEN" ]; then
+  # The new models' evaluation costs what the release models' did (same count, same work):
+  # leave it that much time after training, plus the held-out loss and packing.
+  TAIL_S=$(( $(cat "$R/eval/release.wall_s") + 35 ))
+  TAIL_S=$(( TAIL_S < 100 ? 100 : TAIL_S > 220 ? 220 : TAIL_S ))
+  echo "evaluation tail: ${TAIL_S}s"
+fi
+if [ "$ROUND" = 1 ]; then
+  run d8sd --init "$D8" --lr "$LR" --max-steps 0 --share-plan "$R/d8sd/plan.json" --distill "$R/distill" --kl-weight "$KL" &
+  P1=$!
+  run d8cont --init "$D8" --lr "$LR" --max-steps 0 --steps-from "$R/d8sd/plan.json" &
+  P2=$!
+else
+  SD="--init $D8 --lr $LR --distill $R/distill --kl-weight $KL --slot-weights $SLOTS --distill-ntp prompt"
+  run d8sd2 $SD --max-steps 0 --share-plan "$R/d8sd2/plan.json" &
+  P1=$!
+  run d8sd2m $SD --mtp-weight "$MTP_LOW" --max-steps 0 --steps-from "$R/d8sd2/plan.json" &
+  P2=$!
+fi
 ( while kill -0 $P1 2>/dev/null; do sleep 60; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null; done ) &
-wait $P1 $P2 $P3
+wait $P0
+echo "sft2mtp done after $(( $(date +%s) - T0 ))s"
+if [ "$EVAL" = full ] && [ -d "$R/sft2mtp/compact" ]; then
+  evaluate sft2mtp "sft2mtp=$R/sft2mtp/compact" &
+  E1=$!
+fi
+wait $P1 $P2
 echo "training done after $(( $(date +%s) - T0 ))s"
-for r in d8sd d8cont sft2mtp; do echo "== $r"; grep -v "it/s\]" "$R/$r.log" | tail -n 4; done
+for r in sft2mtp $RUNS; do echo "== $r"; grep -v "it/s\]" "$R/$r.log" | tail -n 4; done
 
-# Quick GPU decode check (the CPU reference run on the workstation is the report).
-if [ "$(left)" -gt 25 ] && [ "$GPUS" -gt 0 ]; then
-  M=""; for r in d8sd d8cont sft2mtp; do [ -d "$R/$r/compact" ] && M="$M --model $r=$R/$r/compact"; done
-  timeout $(( $(left) - 15 )) python -m tools.eval_quality --data "$R/data" --model "d8=$D8" $M --sections decoding \
-    --device cuda --jobs 8 --prompts "$EVAL_PROMPTS" --max-new-tokens 128 --train-logs none \
-    --json "$OUT/quick_eval.json" --md "$R/quick_eval.md" > "$R/quick_eval.log" 2>&1
-  grep -E "^\| (d8|d8sd|d8cont|sft2mtp) \| (speculative|hybrid)" "$R/quick_eval.md"
+if [ "$EVAL" = full ]; then
+  M=""; for r in $RUNS; do [ -d "$R/$r/compact" ] && M="$M $r=$R/$r/compact"; done
+  # shellcheck disable=SC2086
+  [ -n "$M" ] && evaluate round$ROUND $M &
+  E2=$!
+  H="--model sft=$SFT --model d8=$D8"; for r in sft2mtp $RUNS; do [ -d "$R/$r/compact" ] && H="$H --model $r=$R/$r/compact"; done
+  timeout $(( $(left) - 12 )) python -m tools.eval_quality --data "$RELEASE_DATA" $H --sections heldout \
+    --device "$EVAL_DEVICE" --max-windows "$NTP_WINDOWS" --train-logs none --json "$R/eval/ntp.json" \
+    --md "$R/eval/ntp.md" > "$R/eval/ntp.log" 2>&1
+  grep -E "^\| [a-z0-9]+ \| [0-9.]+ \|" "$R/eval/ntp.md"
+  wait ${E0:-} ${E1:-} $E2
+  echo "evaluation done after $(( $(date +%s) - T0 ))s"
+elif [ "$(left)" -gt 25 ] && [ "$GPUS" -gt 0 ]; then  # quick GPU decode check
+  M="--model d8=$D8"; for r in sft2mtp $RUNS; do [ -d "$R/$r/compact" ] && M="$M --model $r=$R/$r/compact"; done
+  timeout $(( $(left) - 15 )) python -m tools.eval_quality --data "$R/data" $M --sections decoding \
+    --device cuda --jobs 8 --prompts 10 --max-new-tokens 128 --train-logs none \
+    --json "$R/eval/quick_eval.json" --md "$R/eval/quick_eval.md" > "$R/eval/quick_eval.log" 2>&1
+  grep -E "^\| [a-z0-9]+ \| (speculative|hybrid)" "$R/eval/quick_eval.md"
 fi
 
 # What comes back (at most 8 files, each under 16 MiB).
-for r in d8sd d8cont sft2mtp; do
+for r in sft2mtp $RUNS; do
   [ -d "$R/$r/compact" ] && tar czf "$OUT/$r.tgz" -C "$R/$r" compact train_log.json
 done
 cat "$R"/distill/distill_*.json > "$OUT/distill_meta.json" 2>/dev/null
-tar czf "$OUT/logs.tgz" -C "$R" device.txt corpus.log $(cd "$R" && ls distill_*.log d8sd.log d8cont.log sft2mtp.log quick_eval.* 2>/dev/null)
+tar czf "$OUT/logs.tgz" -C "$R" device.txt corpus.log eval $(cd "$R" && ls distill_*.log sft2mtp.log $(for r in $RUNS; do echo "$r.log"; done) 2>/dev/null)
 ls -la "$OUT"
 echo "all done after $(( $(date +%s) - T0 ))s"
