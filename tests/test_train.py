@@ -313,3 +313,43 @@ def test_quality_decoding_in_chunks_equals_one_task_per_policy(data, trained, tm
     r = json.loads(out_json.read_text())
     assert r["decoding"]["settings"]["prompts"] == 2 and r["decoding"]["settings"]["prompt_file"] == str(pf)
     assert set(r["decoding"]["summary"]["d4"]) == {"ar", "hybrid"}
+
+
+def test_recipes_report_collects_a_device_evaluation(data, trained, tmp_path):
+    """tools.recipes_report: the recipes table (and its targets) from eval_quality's outputs."""
+    from tools import eval_quality, recipes_report
+
+    sft = tmp_path / "sft"
+    Trainer(tiny(data, sft, mtp_weight=0.0, max_steps=4), log=quiet).run()
+    ev, d4 = tmp_path / "eval", str(trained / "compact")
+    ev.mkdir()
+    common = ["--data", str(data), "--max-new-tokens", "8", "--train-logs", str(tmp_path / "none")]
+    pf = tmp_path / "docs.jsonl"
+    pf.write_text(json.dumps({"id": "a", "path": "", "name": "", "kind": "docstring", "reference": "",
+                              "prompt": 'def twice(x):\n    """Return x doubled."""\n'}) + "\n")
+    for args in (["--model", f"d4={d4}", "--sections", "decoding", "--prompts", "2", "--policies", "speculative,hybrid",
+                  "--json", str(ev / "heldout_a.json"), "--md", str(ev / "a.md")],
+                 ["--model", f"d4={d4}", "--sections", "decoding", "--prompt-file", str(pf), "--policies", "hybrid,speculative",
+                  "--json", str(ev / "doc_a.json"), "--md", str(ev / "b.md")],
+                 ["--model", f"sft={sft / 'compact'}", "--model", f"d4={d4}", "--sections", "heldout", "--window", "32",
+                  "--max-windows", "2", "--json", str(ev / "ntp.json"), "--md", str(ev / "c.md")]):
+        with pytest.raises(SystemExit) as done:
+            eval_quality.main(common + args)
+        assert done.value.code == 0
+    spec = {"shipped": "d4", "models": {"d4": {"recipe": "tiny", "budget": "40 steps",
+                                               "train_log": str(trained / "train_log.json")},
+                                        "gone": {"recipe": "never evaluated"}}}
+    rc = recipes_report.build(spec, ev)
+    held = json.loads((ev / "heldout_a.json").read_text())["decoding"]["summary"]["d4"]
+    ntp = json.loads((ev / "ntp.json").read_text())["heldout"]
+    m = rc["models"]["d4"]
+    assert rc["missing"] == ["gone"] and rc["settings"]["source"] == "decode" and rc["settings"]["prompts"] == 2
+    assert m["hybrid"] == held["hybrid"] and m["ar"] == held["ar"] and m["heldout_gap_pct"] == ntp["gap_pct"]["d4"]
+    assert m["val_ntp"] == json.loads((trained / "train_log.json").read_text())["summary"]["val_ntp"]
+    assert rc["docstring_prompts"]["d4"]["hybrid"]["prompts"] == 1
+    report = {"recipes": rc}
+    targets = eval_quality.check_targets(report)
+    hy = held["hybrid"]
+    assert targets["d4: hybrid verifier rate <= 0.5 (decoded)"] == {
+        "value": round(hy["verifier_call_rate"], 3), "pass": hy["verifier_call_rate"] <= 0.5}
+    assert "| d4 | tiny | 40 steps |" in eval_quality.to_markdown(report)

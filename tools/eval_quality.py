@@ -50,6 +50,7 @@ TARGET_SPEC_TPI = 6.0
 TARGET_HYBRID_VERIFY = 0.5
 TARGET_HYBRID_TPF = 3.5
 TARGET_DOC_TPF = 2.5
+TARGET_FT_GAP_PCT = 5.0  # SFT -> BitMTP (--init) against the from-scratch model, at <= half its steps
 
 
 @dataclass(frozen=True)
@@ -294,19 +295,33 @@ def check_targets(report: dict) -> dict:
     if shipped and shipped in rc.get("models", {}):
         m = rc["models"][shipped]
         sp, hy = m["speculative"], m["hybrid"]
+        how = "decoded" if rc.get("settings", {}).get("source") == "decode" else "replay"
         for label, value, ok in (
-                (f"{shipped}: speculative >= {TARGET_SPEC_TPI} tokens/iteration (replay)", sp["tokens_per_iteration"],
+                (f"{shipped}: speculative >= {TARGET_SPEC_TPI} tokens/iteration ({how})", sp["tokens_per_iteration"],
                  sp["tokens_per_iteration"] >= TARGET_SPEC_TPI),
-                (f"{shipped}: hybrid verifier rate <= {TARGET_HYBRID_VERIFY} (replay)", hy["verifier_call_rate"],
+                (f"{shipped}: hybrid verifier rate <= {TARGET_HYBRID_VERIFY} ({how})", hy["verifier_call_rate"],
                  hy["verifier_call_rate"] <= TARGET_HYBRID_VERIFY),
-                (f"{shipped}: hybrid >= {TARGET_HYBRID_TPF} tokens/forward (replay)", hy["tokens_per_forward"],
+                (f"{shipped}: hybrid >= {TARGET_HYBRID_TPF} tokens/forward ({how})", hy["tokens_per_forward"],
                  hy["tokens_per_forward"] >= TARGET_HYBRID_TPF)):
             t[label] = {"value": round(value, 3), "pass": ok}
+        if m.get("heldout_gap_pct") is not None:
+            gap = m["heldout_gap_pct"]
+            t[f"{shipped}: held-out NTP loss within {TARGET_NTP_GAP_PCT}% of SFT ({how})"] = {
+                "value": round(gap, 2), "pass": gap <= TARGET_NTP_GAP_PCT}
+        if "ar" in m and "parse_rate" in hy:
+            drop = 100 * (m["ar"]["parse_rate"] - hy["parse_rate"])
+            t[f"{shipped}: hybrid parse rate no more than {TARGET_PARSE_DROP_PTS} points below AR ({how})"] = {
+                "value": round(drop, 2), "pass": drop <= TARGET_PARSE_DROP_PTS}
         doc = rc.get("docstring_prompts", {}).get(shipped)
         if doc:
             v = doc["hybrid"]["tokens_per_forward"]
-            t[f"{shipped}: hybrid >= {TARGET_DOC_TPF} tokens/forward on docstring prompts (replay)"] = {
+            t[f"{shipped}: hybrid >= {TARGET_DOC_TPF} tokens/forward on docstring prompts ({how})"] = {
                 "value": round(v, 3), "pass": v >= TARGET_DOC_TPF}
+        ft, scratch = rc.get("fine_tune_pair") or (None, None)
+        if ft in rc["models"] and scratch in rc["models"]:
+            ratio = rc["models"][ft]["hybrid"]["tokens_per_forward"] / rc["models"][scratch]["hybrid"]["tokens_per_forward"]
+            t[f"{ft}: hybrid tokens/forward within {TARGET_FT_GAP_PCT:.0f}% of {scratch} (from scratch) at half its "
+              f"budget ({how})"] = {"value": round(ratio, 3), "pass": ratio >= 1 - TARGET_FT_GAP_PCT / 100}
     if "d8" in dec and "hybrid" in dec["d8"]:
         v = dec["d8"]["hybrid"]["tokens_per_iteration"]
         t[f"d8: hybrid tokens/iteration >= {TARGET_HYBRID_TPI_D8}"] = {"value": round(v, 3), "pass": v >= TARGET_HYBRID_TPI_D8}
@@ -365,34 +380,9 @@ def to_markdown(r: dict) -> str:
                   f"{c.get('hybrid_tokens_per_iteration', float('nan')):.2f} tokens per iteration and agrees with AR "
                   f"{c['hybrid_agreement_with_ar']:.3f}. The host is shared, so absolute tok/s vary between runs.", ""]
     if r.get("recipes"):
-        rc = r["recipes"]
-        st = rc.get("settings", {})
-        lines += ["## Training recipes (issue 14): drafts the verifier agrees with", "", rc.get("note", ""), "",
-                  f"Decoding replayed by `tools.eval_acceptance` on {st.get('prompts', '?')} held-out prompts, greedy, up "
-                  f"to {st.get('max_new_tokens', '?')} new tokens, hybrid τ = {st.get('tau')}, m = {st.get('min_prefix')} "
-                  "(speculative counts are the real decode's; hybrid's until its first unverified mistake, counted).", "",
-                  "| model | recipe | training budget | val NTP | spec tok/iter | spec tok/forward | hybrid tok/iter | "
-                  "hybrid tok/forward | hybrid verifier rate | hybrid unverified mistakes |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for name, m in rc["models"].items():
-            sp, hy = m["speculative"], m["hybrid"]
-            lines.append(f"| {name} | {m.get('recipe', '')} | {m.get('budget', '')} | {_num(m.get('val_ntp'))} | "
-                         f"{sp['tokens_per_iteration']:.2f} | {sp['tokens_per_forward']:.2f} | "
-                         f"{hy['tokens_per_iteration']:.2f} | {hy['tokens_per_forward']:.2f} | "
-                         f"{hy['verifier_call_rate']:.2f} | {hy['unverified_mistakes']} |")
-        lines.append("")
-        if rc.get("docstring_prompts"):
-            lines += [f"Short docstring-style function prompts unlike the corpus (`{rc.get('docstring_file', '')}`):", "",
-                      "| model | spec tok/iter | spec tok/forward | hybrid tok/iter | hybrid tok/forward | hybrid verifier rate |",
-                      "|---|---|---|---|---|---|"]
-            for name, m in rc["docstring_prompts"].items():
-                sp, hy = m["speculative"], m["hybrid"]
-                lines.append(f"| {name} | {sp['tokens_per_iteration']:.2f} | {sp['tokens_per_forward']:.2f} | "
-                             f"{hy['tokens_per_iteration']:.2f} | {hy['tokens_per_forward']:.2f} | "
-                             f"{hy['verifier_call_rate']:.2f} |")
-            lines.append("")
-        if rc.get("findings"):
-            lines += [rc["findings"], ""]
+        lines += recipes_markdown(r["recipes"], "Training recipes (issue 14): drafts the verifier agrees with")
+    if r.get("recipes_earlier"):
+        lines += recipes_markdown(r["recipes_earlier"], "Training recipes, first round (superseded)")
     for e in r.get("earlier_runs", []):
         lines += [f"## Earlier run: {e['label']}", "", e.get("note", ""), "",
                   "| model | policy | tokens / iteration | agreement with AR | parse rate |", "|---|---|---|---|---|"]
@@ -409,6 +399,55 @@ def to_markdown(r: dict) -> str:
             lines.append(f"| {k} | {v['value']} | {'yes' if v['pass'] else '**no**'} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def recipes_markdown(rc: dict, title: str) -> list[str]:
+    """One recipes table: ``settings.source`` says whether its numbers come from the real decode
+    (``decode``: this module's decoding section) or ``tools.eval_acceptance``'s replay."""
+    st = rc.get("settings", {})
+    decoded = st.get("source") == "decode"
+    lines = [f"## {title}", "", rc.get("note", ""), ""]
+    if decoded:
+        lines += [f"Decoded by `tools.eval_quality` (the runtime's decoding loop, reference backend, float64) on "
+                  f"{st.get('device', '?')}: {st.get('prompts', '?')} held-out prompts, greedy, up to "
+                  f"{st.get('max_new_tokens', '?')} new tokens, hybrid τ = {st.get('tau')}, m = {st.get('min_prefix')}. "
+                  "Held-out NTP gap: test-split loss against sft-27m in the same run.", "",
+                  "| model | recipe | training budget | val NTP | held-out NTP gap | spec tok/iter | spec tok/forward | "
+                  "hybrid tok/iter | hybrid tok/forward | hybrid verifier rate | hybrid agreement with AR | "
+                  "parse rate AR / hybrid |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    else:
+        lines += [f"Decoding replayed by `tools.eval_acceptance` on {st.get('prompts', '?')} held-out prompts, greedy, up "
+                  f"to {st.get('max_new_tokens', '?')} new tokens, hybrid τ = {st.get('tau')}, m = {st.get('min_prefix')} "
+                  "(speculative counts are the real decode's; hybrid's until its first unverified mistake, counted).", "",
+                  "| model | recipe | training budget | val NTP | spec tok/iter | spec tok/forward | hybrid tok/iter | "
+                  "hybrid tok/forward | hybrid verifier rate | hybrid unverified mistakes |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, m in rc["models"].items():
+        sp, hy = m["speculative"], m["hybrid"]
+        row = (f"| {name} | {m.get('recipe', '')} | {m.get('budget', '')} | {_num(m.get('val_ntp'))} | "
+               + (f"{'—' if m.get('heldout_gap_pct') is None else format(m['heldout_gap_pct'], '+.2f') + '%'} | "
+                  if decoded else "")
+               + f"{sp['tokens_per_iteration']:.2f} | {sp['tokens_per_forward']:.2f} | "
+               f"{hy['tokens_per_iteration']:.2f} | {hy['tokens_per_forward']:.2f} | {hy['verifier_call_rate']:.2f} | ")
+        if decoded:
+            row += f"{hy.get('agreement_with_ar', 1.0):.3f} | {m['ar']['parse_rate']:.3f} / {hy['parse_rate']:.3f} |"
+        else:
+            row += f"{hy['unverified_mistakes']} |"
+        lines.append(row)
+    lines.append("")
+    if rc.get("docstring_prompts"):
+        lines += [f"Short docstring-style function prompts unlike the corpus (`{rc.get('docstring_file', '')}`):", "",
+                  "| model | spec tok/iter | spec tok/forward | hybrid tok/iter | hybrid tok/forward | hybrid verifier rate |",
+                  "|---|---|---|---|---|---|"]
+        for name, m in rc["docstring_prompts"].items():
+            sp, hy = m["speculative"], m["hybrid"]
+            lines.append(f"| {name} | {sp['tokens_per_iteration']:.2f} | {sp['tokens_per_forward']:.2f} | "
+                         f"{hy['tokens_per_iteration']:.2f} | {hy['tokens_per_forward']:.2f} | "
+                         f"{hy['verifier_call_rate']:.2f} |")
+        lines.append("")
+    if rc.get("findings"):
+        lines += [rc["findings"], ""]
+    return lines
 
 
 def training_summary(models: dict[str, str], logs_dir: str | None) -> dict:

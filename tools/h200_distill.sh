@@ -168,7 +168,8 @@ if [ "$EVAL" = full ]; then
   # shellcheck disable=SC2086
   [ -n "$M" ] && evaluate round$ROUND $M &
   E2=$!
-  H="--model sft=$SFT --model d8=$D8"; for r in sft2mtp $RUNS; do [ -d "$R/$r/compact" ] && H="$H --model $r=$R/$r/compact"; done
+  H="--model sft=$SFT --model d8=$D8"; for b in $BASELINES; do H="$H --model $b"; done
+  for r in sft2mtp $RUNS; do [ -d "$R/$r/compact" ] && H="$H --model $r=$R/$r/compact"; done
   timeout $(( $(left) - 12 )) python -m tools.eval_quality --data "$RELEASE_DATA" $H --sections heldout \
     --device "$EVAL_DEVICE" --max-windows "$NTP_WINDOWS" --train-logs none --json "$R/eval/ntp.json" \
     --md "$R/eval/ntp.md" > "$R/eval/ntp.log" 2>&1
