@@ -95,9 +95,14 @@ def _forward_cached(model: TernaryLM, ids: torch.Tensor, start: int, cache: list
         kc[:, :, start:end] = k.to(kc.dtype)
         vc[:, :, start:end] = v.to(vc.dtype)
         kk, vv = kc[:, :, :end].to(q.dtype), vc[:, :, :end].to(q.dtype)
-        if groups > 1:
-            kk, vv = kk.repeat_interleave(groups, dim=1), vv.repeat_interleave(groups, dim=1)
-        o = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, scale=1.0 / math.sqrt(cfg.head_dim))
+        if s == 1:
+            # One new token sees the whole cache: no mask, and the KV heads shared in place
+            # (no copies), so the fused attention kernels apply.
+            o = F.scaled_dot_product_attention(q, kk, vv, scale=1.0 / math.sqrt(cfg.head_dim), enable_gqa=groups > 1)
+        else:
+            if groups > 1:
+                kk, vv = kk.repeat_interleave(groups, dim=1), vv.repeat_interleave(groups, dim=1)
+            o = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, scale=1.0 / math.sqrt(cfg.head_dim))
         o = o.transpose(1, 2).reshape(b, s, cfg.num_heads * cfg.head_dim)
         if cfg.has_sub_norms:
             o = at.attn_sub_norm(o)
