@@ -24,6 +24,8 @@
 #     bash tools/h200_distill.sh                                              # CPU dry run
 set -uo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+# NVLink multicast stays off on shared hosts (it can take the host's GPUs down for others).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 T0=$(date +%s)
 BUDGET=${BUDGET:-420}          # seconds until everything is packed
 ROUND=${ROUND:-1}
