@@ -311,7 +311,8 @@ def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool =
                   (MMA, 16, 128, 2, 4, 1, bm, False, True), (MMA, 32, 128, 4, 4, 1, bm, True, True),
                   (MMA, 64, 64, 4, 3, 2, bm, False, True)]
     if m >= 2:
-        tiles += [(DOT, 64, 64, 4, 3, sk, 0, False, False) for sk in (1, 2, 4)] + [(DOT, 128, 64, 8, 3, 1, 0, False, False)]
+        tiles += [(DOT, 64, 64, 4, 3, sk, 0, False, False) for sk in (1, 2, 4)]
+        tiles += [(DOT, 128, 64, 8, 3, 1, 0, False, False)]
     for kind, bn, kb, warps, stages, sk, bm, pf, asum in tiles:
         if grouped and kind == MMA:
             kb = 32  # one chunk per step: its group scale applies to that chunk's exact sum

@@ -17,7 +17,8 @@ pytest.importorskip("triton")  # the interpreter is set up by tests/__init__.py 
 from kernels_ampere import pack_ternary  # noqa: E402
 from kernels_ampere.numerics import int_matmul, quantize_activations  # noqa: E402
 from kernels_ampere.packing import packed_width  # noqa: E402
-from kernels_ampere.tuning import DOT, GEMV, LANES, MMA, ROWS, LinearConfig, default_linear, group_k_slices  # noqa: E402
+from kernels_ampere.tuning import (DOT, GEMV, LANES, MMA, ROWS, LinearConfig, default_linear,  # noqa: E402
+                                   group_k_slices)
 from kernels_ampere.w2a16 import w2a16_linear, w2a16_linear_reference  # noqa: E402
 from kernels_ampere.w2a8 import w2a8_linear, w2a8_linear_reference  # noqa: E402
 from tests.helpers import DEVICE, ON_GPU, needs_gpu  # noqa: E402
@@ -202,7 +203,8 @@ def test_w2a8_real_shapes_exact_on_gpu(n, k, m):
            LinearConfig(MMA, 64, 64, num_stages=3, split_k=3), LinearConfig(DOT, 64, 64, num_stages=3, prefetch=True)]
     if m > 16:  # wide widths in 16- / 32-row tiles, the whole width over 8 warps, a deeper pipeline
         new += [LinearConfig(MMA, 64, 64, num_stages=3, split_k=2, block_m=16),
-                LinearConfig(MMA, 32, 64, num_stages=3, block_m=32), LinearConfig(MMA, 64, 64, num_warps=8, num_stages=3),
+                LinearConfig(MMA, 32, 64, num_stages=3, block_m=32),
+                LinearConfig(MMA, 64, 64, num_warps=8, num_stages=3),
                 LinearConfig(MMA, 64, 64, num_stages=4, split_k=2, block_m=16, prefetch=True)]
     if m > 2:  # no K split, four chunks per step over four stages, the activation sums in the loop
         new += [LinearConfig(MMA, 32, 128, num_stages=4, block_m=16 if m > 16 else 0, asum_by_dot=True),
