@@ -9,7 +9,8 @@ lower-cased with every non-alphanumeric run replaced by ``_`` ("NVIDIA H200" ->
 ``nvidia_h200.json``, a Jetson "Orin" -> ``orin.json``).
 
 Lookup order for one call: the exact shape key in this GPU's table; else the same shape
-at the nearest tuned width M; else the fallback heuristic (``default_*``), which is also
+at the nearest tuned width M of the same padded row tile (16, 32, 64, 128), else at the
+nearest tuned width; else the fallback heuristic (``default_*``), which is also
 what the CPU interpreter and unseen GPUs get (sized by the device's SM count).
 
 Table format (a list of records, so it stays readable in a diff)::
@@ -120,8 +121,22 @@ def lookup(op: str, key: dict[str, Any], device: torch.device):
     return find_config(load_table(_device_name(device)), op, key)
 
 
+LINEAR_OPS = ("w2a8_linear", "w2a16_linear")  # their widths pad to row tiles (the heads' do not)
+
+
+def row_tile(m: int) -> int:
+    """The rows a width pads to in a tensor-core tile (16, 32, 64 or 128): the widths that
+    share one are the same launch, whatever the table's entry was tuned at."""
+    return min(max(16, 1 << max(m - 1, 0).bit_length()), 128)
+
+
 def find_config(entries, op: str, key: dict[str, Any]):
-    """Exact key first; else the entry that differs only in ``M`` with the nearest M (ties: smaller M)."""
+    """Exact key first; else the entry that differs only in ``M`` with the nearest M (ties:
+    smaller M) among the tuned widths of the same row tile (``row_tile``; linears), else among all.
+
+    A launch tuned for one tile height runs another one badly: the 2B stack at M = 33 took
+    M = 27's 32-row ``mma`` entries on 64 padded rows, 1955 µs, against 1591 µs with entries
+    of its own (tools/results/kernels.md); within a tile the nearest width is the same work."""
     entries = [e for e in entries if e["op"] == op]
     for e in entries:
         if e["key"] == key:
@@ -129,8 +144,9 @@ def find_config(entries, op: str, key: dict[str, Any]):
     if "M" in key:
         rest = {k: v for k, v in key.items() if k != "M"}
         same_shape = [e for e in entries if {k: v for k, v in e["key"].items() if k != "M"} == rest]
+        same_tile = [e for e in same_shape if op in LINEAR_OPS and row_tile(e["key"]["M"]) == row_tile(key["M"])]
         if same_shape:
-            best = min(same_shape, key=lambda e: (abs(e["key"]["M"] - key["M"]), e["key"]["M"]))
+            best = min(same_tile or same_shape, key=lambda e: (abs(e["key"]["M"] - key["M"]), e["key"]["M"]))
             return _CONFIG_TYPES[op](**best["config"])
     return None
 
@@ -162,13 +178,16 @@ MMA_MAX_M = 32  # v3: widths on the pipelined tensor-core kernel; wider ones on 
 # "v3" = what the H200 measured fastest per width (tools/results/kernels.md: single large
 # matrices and the whole 2B stack): gemv at M <= 2 (at M = 1 with the weights' L2 prefetch
 # before the programmatic-launch wait), ``mma`` pipelined over three stages for
-# M = 3..MMA_MAX_M (2-2.5x ``dot`` on large matrices there), ``dot`` beyond.
+# M = 3..MMA_MAX_M (2-2.5x ``dot`` on large matrices there), ``dot`` to M = 64 and from
+# M = 65 ``mma`` again in 32-row tiles (``block_m``; the 2B stack's table at M = 80 holds them
+# for three of its four projections, 1.13x faster than ``dot``).
 # "v4" = v3 up to M = 16; wider widths on ``mma`` too, cut into 16-row tiles (``block_m``)
 # that share each weight tile through the L2: every tile costs what an M <= 16 launch costs,
 # where one 32- or 64-row tile doubles the tensor-core work and the registers per program.
 W2A8_GENERATIONS = ("v1", "v2", "v3", "v4")
 W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v3")
-MMA_TILED_MAX_M = 128  # v4: widths on 16-row ``mma`` tiles; wider ones on ``dot``
+MMA_TILED_MAX_M = 128  # v4: widths on 16-row ``mma`` tiles; wider ones as v3
+TILED_MIN_M = 64  # v3: wider widths on 32-row ``mma`` tiles
 WIDE_BLOCK_M = 16
 
 
@@ -196,7 +215,9 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     any size gets ~N/8 programs per row, hundreds of waves on an Orin and a few on an H200;
     from M = 3 the tensor-core tiles are 64 rows wide and K is sliced until the tiles cover
     the SMs once (an H200's 132 SMs slice the 2B shapes 1-4 ways, an Orin's 8-16 never),
-    each slice keeping five chunks at least for the three-stage software pipeline.
+    each slice keeping five chunks at least for the three-stage software pipeline; from
+    M = 65 the width's 32-row tiles multiply the programs, and K is sliced only where they
+    still leave half the SMs idle.
     """
     chunks = _cdiv(k, 128) if k else 0
     sms = sms or 132
@@ -222,7 +243,11 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
             if n and chunks:
                 split = max(1, min(_cdiv(sms, _cdiv(n, 64)), chunks // 5, 8))
             return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split)
-        generation = "v1"  # dot (M > MMA_MAX_M)
+        if m > TILED_MIN_M:  # 32-row tiles side by side; K sliced only where the tiles leave half the SMs idle
+            tiles = _cdiv(n, 64) * _cdiv(m, 32) if n else sms
+            split = max(1, min(_cdiv(sms, tiles), chunks // 5, 8)) if chunks and 2 * tiles < sms else 1
+            return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split, block_m=32)
+        generation = "v1"  # dot (M = 33..64)
     if not weight_only and generation == "v1":
         # gemv with dp4a at M <= 2 (a whole row per step), the int8 dot otherwise; K slices
         # until the N tiles cover the SMs (the previous H200 rule used 128 for every GPU)

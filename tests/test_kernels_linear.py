@@ -410,19 +410,22 @@ def test_untuned_defaults_follow_the_sm_count():
     orin, h200 = (default_linear(9, False, n=2560, k=6912, sms=s, generation="v3") for s in (8, 132))
     assert orin.kernel == h200.kernel == MMA and h200.num_stages == 3 and orin.split_k == 1 < h200.split_k
     assert default_linear(40, False, n=2560, k=2560, sms=132, generation="v3").kernel == DOT
+    wide = default_linear(80, False, n=2560, k=2560, sms=132, generation="v3")  # 32-row tensor-core tiles from M = 65
+    assert wide.kernel == MMA and wide.block_m == 32 and wide.split_k == 1
+    assert default_linear(80, False, n=512, k=6912, sms=132, generation="v3").split_k > 1  # 8 x 3 tiles: sliced
     # v4: v3 to M = 16, then 16-row tensor-core tiles to M = 128 (fewer K slices as the tiles multiply)
     assert default_linear(9, False, n=2560, k=6912, sms=132, generation="v4") == h200
     orin, h200, wide = (default_linear(m, False, n=2560, k=6912, sms=s, generation="v4")
                         for m, s in ((27, 8), (27, 132), (80, 132)))
     assert orin.kernel == h200.kernel == wide.kernel == MMA and orin.block_m == h200.block_m == 16
     assert orin.split_k == 1 < h200.split_k and wide.split_k < h200.split_k
-    assert default_linear(129, False, n=2560, k=2560, sms=132, generation="v4").kernel == DOT
+    assert default_linear(129, False, n=2560, k=2560, sms=132, generation="v4").block_m == 32  # v3's beyond 128
     with pytest.raises(ValueError, match="generation"):
         default_linear(1, False, generation="v9")
 
 
 @pytest.mark.parametrize("generation", ["v1", "v2", "v3", "v4"])
-@pytest.mark.parametrize("m", (1, 2, 9, 21))
+@pytest.mark.parametrize("m", (1, 2, 9, 21, 70))
 def test_w2a8_defaults_of_both_generations_match_the_twin(generation, m):
     n, k = 72, 640
     gen = torch.Generator().manual_seed(40 + m)
