@@ -14,7 +14,8 @@ Five kernels, picked per (N, K, M) by the tuned table (``tuning.py``) or, withou
 ``tuning.default_linear`` from the shape and the SM count. The untuned default ("v3",
 ``BITMTP_W2A8_KERNELS``) is what the H200 measured fastest per width on the whole 2B stack
 (tools/results/kernels.md): ``gemv`` at M <= 2 (with the L2 prefetch below at M = 1),
-``mma`` with three software-pipeline stages at M = 3..32, ``dot`` beyond.
+``mma`` with three software-pipeline stages at M = 3..32, ``dot`` at M = 33..64, ``mma`` in
+32-row tiles beyond.
 
 v1:
 
