@@ -182,8 +182,9 @@ MMA_MAX_M = 32  # v3: widths on the pipelined tensor-core kernel; wider ones on 
 # M = 65 ``mma`` again in 32-row tiles (``block_m``; the 2B stack's table at M = 80 holds them
 # for three of its four projections, 1.13x faster than ``dot``).
 # "v4" = v3 up to M = 16; wider widths on ``mma`` too, cut into 16-row tiles (``block_m``)
-# that share each weight tile through the L2: every tile costs what an M <= 16 launch costs,
-# where one 32- or 64-row tile doubles the tensor-core work and the registers per program.
+# that share each weight tile through the L2. Measured slower than v3 on the 2B stack at
+# M = 27-40 (1551 / 1730 / 1740 against 1310 / 1591 / 1626 µs), faster at M = 80 (2742 vs
+# 2814 with ``dot``); kept as an option, not the default.
 W2A8_GENERATIONS = ("v1", "v2", "v3", "v4")
 W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v3")
 MMA_TILED_MAX_M = 128  # v4: widths on 16-row ``mma`` tiles; wider ones as v3

@@ -74,10 +74,9 @@ no zero-fill.
 
 ``mma`` takes the width in tiles of ``LinearConfig.block_m`` rows (default: the whole width,
 up to 128); the row tiles of one weight tile are neighbours in the grid, so they run at the
-same time and read the tile from DRAM about once. Wide widths (M = 17..128) in 16-row tiles
-cost per tile what an M <= 16 launch costs, where one 32- or 64-row tile doubles or
-quadruples the tensor-core work and the accumulator registers of every program (four int32
-accumulators of ``BLOCK_N x BLOCK_M``: 64 x 64 spills).
+same time and read the tile from DRAM about once. Measured on the 2B stack
+(tools/results/kernels.md, wide steps): 32-row tiles win at M = 80 (three of four
+projections); 16-row tiles lost to one 32-row tile at M = 27 and to ``dot`` at M = 33-40.
 
 The epilogue multiplies in the same order as the twin, ``(float(acc) * a_scale) * w_scale``
 (group scales: ``(sum of float(chunk) * w_scale[g]) * a_scale``), so results in float32 are
