@@ -10,6 +10,7 @@ compiles nothing and decodes the same tokens.
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
 import time
@@ -90,6 +91,142 @@ def test_every_body_requests_and_each_variant_compiles_once_in_the_pool():
 RUN = FakeKernel.__dict__["run"]
 
 
+class Triton36Kernel:
+    """A kernel with Triton 3.6's launch protocol: ``run`` looks the specialisation key up in
+    ``device_caches[device][0]``, else enters ``_do_compile`` (the hook, then a submit to the
+    active ``AsyncCompileMode`` whose future is filed in the cache only when finalised); a
+    launch of a future kernel waits for its result."""
+
+    def __init__(self, name: str, compile_fn=None):
+        self.__name__, self.launched, self.do_compile_calls, self.compile_threads = name, [], 0, []
+        self.device_caches = {0: ({},)}
+        self.compile_fn = compile_fn or (lambda key: f"binary{key}")
+
+    @property
+    def cache(self):
+        return self.device_caches[0][0]
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.run(*args, grid=grid, warmup=False, **kwargs)
+
+    def run(self, *args, grid, warmup, **kwargs):
+        key = (tuple(a.dtype if isinstance(a, torch.Tensor) else a % 16 == 0 for a in args), tuple(sorted(kwargs.items())))
+        kernel = self.cache.get(key)
+        if kernel is None:
+            kernel = self._do_compile(key, "signature", 0, {}, None, {}, warmup)
+            if kernel is None:
+                return None
+        if not warmup:
+            if hasattr(kernel, "result"):
+                kernel = kernel.result()
+            self.launched.append(key)
+        return kernel
+
+    def _do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
+        self.do_compile_calls += 1
+        cache = self.device_caches[device][0]
+        hook = knobs.runtime.jit_cache_hook
+        if hook is not None and hook(key=key, repr=self.__name__,
+                                     fn=SimpleNamespace(module="fake_module", name=self.__name__),
+                                     compile={"key": key, "specialization_data": json.dumps([self.__name__, repr(key)])},
+                                     is_manual_warmup=warmup, already_compiled=False):
+            return None
+
+        def compile_now():
+            self.compile_threads.append(threading.current_thread().name)
+            return self.compile_fn(key)
+
+        mode = triton_async.active_mode.get()
+        if mode is None:
+            cache[key] = compile_now()
+            return cache[key]
+
+        def finalize(kernel):
+            cache[key] = kernel
+
+        extra = (lambda fk: None,) if len(inspect.signature(mode.submit).parameters) == 4 else ()  # newer Triton
+        return mode.submit((self.__name__, key), compile_now, finalize, *extra)
+
+
+def test_repeated_requests_of_a_variant_enter_tritons_compile_once():
+    """Triton 3.6 files a future kernel only when it is finalised: without the pass filing the
+    first request, every repeat (the same kernel in every layer) re-entered ``_do_compile``."""
+    release = threading.Event()
+    a = Triton36Kernel("a", lambda key: release.wait(30) and f"binary{key}")
+    x = torch.zeros(4)
+    bodies = [(f"s{i}", lambda: [a[(1,)](x, n) for n in (1, 16) * 25]) for i in range(3)]  # two variants
+    job = pc.start_precompile(bodies, workers=2, timeout_s=60, classes=[Triton36Kernel])
+    try:
+        assert job.report.requested == 150 and a.do_compile_calls == 2
+        futures = list(a.cache.values())
+        assert len(futures) == 2 and all(isinstance(f, triton_async.FutureKernel) for f in futures)
+        assert all(len(job.needs[f"s{i}"]) == 2 for i in range(3))
+        release.set()
+        a[(1,)](x, 1)  # a launch (capture, overlapped) waits for the future, then finds the kernel
+        report = job.finish()
+    finally:
+        release.set()
+        job.abort()
+    assert report.compiled == 2 and a.do_compile_calls == 2 and len(a.launched) == 1
+    assert sorted(a.cache.values()) == sorted(f"binary{k}" for k in a.cache)  # compiled kernels, no futures left
+    assert Triton36Kernel.__dict__["_do_compile"] is DO_COMPILE  # restored
+
+
+DO_COMPILE = Triton36Kernel.__dict__["_do_compile"]
+
+
+@pytest.mark.parametrize("how", ["fails", "times out"])
+def test_a_failed_or_abandoned_compile_leaves_no_filed_future(how):
+    release = threading.Event()
+
+    def compile_fn(key):
+        if how == "fails":
+            raise RuntimeError("PassManager::run failed")
+        release.wait(30)
+        return "binary"
+
+    bad = Triton36Kernel("bad", compile_fn)
+    try:
+        with pytest.raises(pc.PrecompileError, match="could not compile bad" if how == "fails" else "did not finish"):
+            pc.precompile([("s0", lambda: [bad[(1,)](torch.zeros(2), 1) for _ in range(3)])], workers=1,
+                          timeout_s=30 if how == "fails" else 0.3, classes=[Triton36Kernel])
+    finally:
+        release.set()
+    assert bad.cache == {} and bad.do_compile_calls == 1  # a later launch compiles (and reports) again
+    assert triton_async.active_mode.get() is None
+
+
+def test_each_compiled_kernels_launcher_is_built_in_its_compile_thread(monkeypatch):
+    built = []
+    monkeypatch.setattr(pc, "build_launcher", lambda kernel: built.append((kernel, threading.current_thread().name)))
+    a = Triton36Kernel("a")
+    report = pc.precompile([("s0", lambda: [a[(1,)](torch.zeros(2), n) for n in (1, 16, 1, 16)])], workers=2,
+                           timeout_s=30, classes=[Triton36Kernel])
+    assert report.compiled == 2
+    assert sorted(k for k, _ in built) == sorted(a.cache.values())
+    assert all(name.startswith("triton-precompile") for _, name in built)
+
+
+def test_build_launcher_makes_tritons_launcher_and_never_raises(monkeypatch):
+    import sys
+
+    import triton.runtime.driver  # noqa: F401 - the module (``triton.runtime.driver`` names its object)
+
+    triton_driver = sys.modules["triton.runtime.driver"]
+    made = []
+    kernel = SimpleNamespace(src="src", metadata="metadata", name="k")
+    monkeypatch.setattr(triton_driver, "driver", SimpleNamespace(active=SimpleNamespace(
+        launcher_cls=lambda src, metadata: made.append((src, metadata)))))
+    pc.build_launcher(kernel)
+    assert made == [("src", "metadata")]
+
+    def broken(src, metadata):
+        raise RuntimeError("gcc: not found")
+
+    monkeypatch.setattr(triton_driver, "driver", SimpleNamespace(active=SimpleNamespace(launcher_cls=broken)))
+    pc.build_launcher(kernel)  # left to the kernel's first launch, which reports it
+
+
 def test_requests_do_not_wait_for_compiles():
     """Every body has requested its kernels before the first compile finishes: compiles are
     asynchronous (a request that waited would never see the last body run)."""
@@ -168,6 +305,16 @@ def test_record_variants_collects_each_uncompiled_variant_once_and_compiles_noth
     assert report.requests == {"s1": ["a", "b"], "s2": ["a", "a"]}
     assert a.compile_threads == [] and b.compile_threads == [] and a.launched == []
     assert knobs.runtime.jit_cache_hook is None and FakeKernel.__dict__["run"] is RUN
+
+
+def test_record_variants_asks_the_hook_once_per_variant_and_leaves_no_marker():
+    a = Triton36Kernel("a")
+    x = torch.zeros(4)
+    report = pc.PrecompileReport(mode="processes")
+    variants = pc.record_variants([("s1", lambda: [a[(1,)](x, n) for n in (1, 16) * 20])], report,
+                                  classes=[Triton36Kernel])
+    assert len(variants) == 2 and report.requested == 40 and a.do_compile_calls == 2
+    assert a.cache == {} and a.compile_threads == []  # the SKIPPED markers are gone: capture compiles or loads
 
 
 def write_marker(module: str, kernel: str, data: str) -> None:

@@ -471,9 +471,10 @@ class GraphBackend:
             return str(state), run
 
         t0 = time.perf_counter()
-        bodies, workers = [request(s) for s in states], workers or default_workers()
+        processes = precompile_mode(self.opts.precompile_mode) == "processes"
+        bodies, workers = [request(s) for s in states], workers or default_workers(processes=processes)
         job = None
-        if precompile_mode(self.opts.precompile_mode) == "processes":
+        if processes:
             self.precompile_report = precompile_processes(bodies, workers, self.opts.precompile_timeout_s)
         else:
             job = start_precompile(bodies, workers, self.opts.precompile_timeout_s)

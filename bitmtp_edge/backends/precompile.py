@@ -16,6 +16,19 @@ captures exactly the graphs it captures without this pass. By default capture do
 for all of them: it takes each state as soon as the compiles that state's body requested
 are done (``CompileJob.wait``), while later states' kernels still compile.
 
+Two things the first H200 measurement (Triton 3.6) showed, and what answers them:
+
+* *Every request entered Triton's compile path.* Triton 3.6 files an asynchronous compile in
+  the kernel's cache only when it finishes, so each later launch of the same variant (the
+  same kernel in every layer of every state: 19,632 requests of 48 variants on the 2B
+  shape) missed the cache and re-entered ``_do_compile``, which re-hashes the source before
+  deduplicating: 15 s of requesting. ``filed_requests`` leaves the first request's result in
+  the kernel's cache (what newer Triton does itself), so a repeat stops at the cache lookup.
+* *Launchers were built in capture.* Triton 3.6 builds a C launcher (a C compiler run) per
+  distinct kernel signature at the kernel's first launch, one after another in capture.
+  ``build_launcher`` builds it in the compile thread or process right after the kernel, so
+  capture only loads it from the disk cache.
+
 The bodies' torch ops run for real (cheap); a skipped kernel's output is left as allocated.
 Graph bodies never read a device value on the host, so the launches they
 request do not depend on those values; but a body may index with a kernel's output (the
@@ -43,7 +56,8 @@ MODE_ENV = "BITMTP_PRECOMPILE_MODE"  # "threads" (default) or "processes"
 MODES = ("threads", "processes")
 OVERLAP_ENV = "BITMTP_PRECOMPILE_OVERLAP"  # "0": wait for every compile before capturing
 WORKER_MEMORY = 512 << 20  # what one compile thread may need at its peak (LLVM + a ptxas process)
-MAX_WORKERS = 8  # more threads than this only contend (the MLIR/LLVM passes hold the GIL in places)
+PROCESS_MEMORY = 1 << 30  # a worker process: that, plus its own torch and Triton
+MAX_WORKERS = 8  # more threads than this only contend (a compile holds the GIL about half its time)
 
 
 class PrecompileError(RuntimeError):
@@ -105,10 +119,11 @@ def precompile_overlap(overlap: bool) -> bool:
     return value == "1"
 
 
-def default_workers(cpu_count: int | None = None, available_bytes: int | None = None) -> int:
+def default_workers(cpu_count: int | None = None, available_bytes: int | None = None, processes: bool = False) -> int:
     """Compile threads for this machine: one per CPU core, at most ``MAX_WORKERS``, and no
     more than the available memory holds at ``WORKER_MEMORY`` each (a Jetson shares its
-    memory with the GPU, where the weights and KV already sit)."""
+    memory with the GPU, where the weights and KV already sit). Worker processes share no
+    GIL: one per core, as memory allows at ``PROCESS_MEMORY`` each."""
     cpus = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
     if available_bytes is None:
         try:
@@ -117,6 +132,8 @@ def default_workers(cpu_count: int | None = None, available_bytes: int | None = 
             available_bytes = psutil.virtual_memory().available
         except ImportError:
             available_bytes = MAX_WORKERS * WORKER_MEMORY
+    if processes:
+        return max(1, min(cpus, available_bytes // PROCESS_MEMORY))
     return max(1, min(cpus, MAX_WORKERS, available_bytes // WORKER_MEMORY))
 
 
@@ -185,6 +202,85 @@ def compile_only_launches(on_request: Callable[[object], None], classes: Sequenc
                 cls.run = original
 
 
+class _Skipped:
+    """What ``filed_requests`` files for a variant whose compile the cache hook skipped
+    (processes mode): a marker that makes repeats stop at the cache lookup, removed after."""
+
+
+SKIPPED = _Skipped()
+
+
+@contextlib.contextmanager
+def filed_requests(filed: list, classes: Sequence[type] | None = None) -> Iterator[None]:
+    """Inside: the first request of a kernel variant leaves what Triton's ``_do_compile``
+    returned (a future kernel; ``SKIPPED`` when the cache hook skipped the compile) in the
+    kernel's own cache under Triton's specialisation key, so the variant's later requests
+    stop at Triton's cache lookup. Appends ``(cache, key, value)`` to ``filed`` for each:
+    ``unfile`` takes back what never became a compiled kernel. Classes without
+    ``_do_compile`` and a per-device cache (the interpreter) are left alone."""
+    classes = [cls for cls in (classes if classes is not None else kernel_classes())
+               if callable(getattr(cls, "_do_compile", None))]
+    own = {cls: cls.__dict__.get("_do_compile") for cls in classes}
+
+    def patched(original):
+        def _do_compile(self, key, signature, device, *args, **kwargs):
+            result = original(self, key, signature, device, *args, **kwargs)
+            value = SKIPPED if result is None else result
+            caches = getattr(self, "device_caches", None)
+            if caches is not None:
+                cache = caches[device][0]
+                if key not in cache:  # newer Triton files its future kernel itself
+                    cache[key] = value
+                    filed.append((cache, key, value))
+            return value
+
+        return _do_compile
+
+    for cls in classes:
+        cls._do_compile = patched(getattr(cls, "_do_compile"))
+    try:
+        yield
+    finally:
+        for cls, original in own.items():
+            if original is None:
+                del cls._do_compile
+            else:
+                cls._do_compile = original
+
+
+def unfile(filed: list) -> None:
+    """Remove the ``filed_requests`` entries still in place that are not compiled kernels: the
+    ``SKIPPED`` markers, and future kernels that failed or were abandoned (a finished one was
+    replaced by its kernel when Triton finalised it). A later launch then compiles as usual."""
+    for cache, key, value in filed:
+        if cache.get(key) is value and (value is SKIPPED or getattr(value, "kernel", None) is None):
+            del cache[key]
+    filed.clear()
+
+
+def build_launcher(kernel) -> None:
+    """Build a compiled kernel's launcher now, in this compile thread or process. Triton 3.6
+    builds one (a C compiler run, kept in the disk cache) per distinct kernel signature at the
+    kernel's first launch; capture then finds it on disk. Best effort: a Triton without such a
+    launcher, or a failure here, leaves it to the first launch as before."""
+    try:
+        from triton.runtime.driver import driver
+
+        driver.active.launcher_cls(kernel.src, kernel.metadata)
+    except Exception as e:  # noqa: BLE001 - the first launch builds it (and reports any error) instead
+        log.debug("launcher of %s not prebuilt: %s: %s", getattr(kernel, "name", kernel), type(e).__name__, e)
+
+
+def compiled_with_launcher(compile_fn: Callable[[], object]) -> Callable[[], object]:
+    """``compile_fn``, then ``build_launcher`` on what it returned, in the same worker."""
+    def run():
+        kernel = compile_fn()
+        build_launcher(kernel)
+        return kernel
+
+    return run
+
+
 @contextlib.contextmanager
 def zeroed_allocations() -> Iterator[None]:
     """Inside: ``torch.empty`` / ``torch.empty_like`` return zero-filled tensors (see the module
@@ -214,7 +310,7 @@ class _LabelledPool(ThreadPoolExecutor):
         self._lock = threading.Lock()
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
-        future = super().submit(fn, *args, **kwargs)
+        future = super().submit(compiled_with_launcher(lambda: fn(*args, **kwargs)))
         with self._lock:
             self.jobs.append((future, *self.current))
         return future
@@ -247,6 +343,7 @@ class CompileJob:
     def __init__(self, ac, mode, pool: _LabelledPool, report: PrecompileReport, t0: float, timeout_s: float):
         self.ac, self.mode, self.pool, self.report, self.t0, self.timeout_s = ac, mode, pool, report, t0, timeout_s
         self.needs: dict[str, list[Future]] = {}  # body label -> the compiles its launches wait for
+        self.filed: list = []  # what the requests left in the kernels' caches (``filed_requests``)
         self.wait_s = 0.0  # time spent in wait()
         self.open = True
 
@@ -299,6 +396,7 @@ class CompileJob:
                 self.mode.__exit__(None, None, None)
             except Exception:  # noqa: BLE001 - a Triton that re-raises a failed compile here (reported by _check)
                 pass
+            unfile(self.filed)
             self.pool.shutdown()
 
     def abort(self) -> None:
@@ -306,6 +404,7 @@ class CompileJob:
         if self.open:
             self.open = False
             _deactivate(self.ac)
+            unfile(self.filed)
             self.pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -333,12 +432,14 @@ def start_precompile(bodies: Sequence[tuple[str, Callable[[], None]]], workers: 
 
     def on_result(result) -> None:  # a kernel still compiling: this body's capture waits for it
         future = getattr(result, "future", None) if isinstance(result, ac.FutureKernel) else None
-        if future is not None:
-            job.needs.setdefault(label[0], []).append(future)
+        needs = job.needs.setdefault(label[0], [])
+        if future is not None and future not in needs:
+            needs.append(future)
 
     job.mode.__enter__()
     try:
-        with compile_only_launches(on_request, classes, on_result), zeroed_allocations():
+        with compile_only_launches(on_request, classes, on_result), filed_requests(job.filed, classes), \
+                zeroed_allocations():
             for label[0], body in bodies:
                 try:
                     body()
@@ -385,8 +486,9 @@ def record_variants(bodies: Sequence[tuple[str, Callable[[], None]]], report: Pr
 
     previous = knobs.runtime.jit_cache_hook
     knobs.runtime.jit_cache_hook = hook
+    filed: list = []  # SKIPPED markers: a variant's repeats stop at the cache lookup
     try:
-        with compile_only_launches(on_request, classes), zeroed_allocations():
+        with compile_only_launches(on_request, classes), filed_requests(filed, classes), zeroed_allocations():
             for label[0], body in bodies:
                 try:
                     body()
@@ -395,24 +497,47 @@ def record_variants(bodies: Sequence[tuple[str, Callable[[], None]]], report: Pr
                         f"requesting the kernels of {label[0]} failed: {type(e).__name__}: {e}") from e
     finally:
         knobs.runtime.jit_cache_hook = previous
+        unfile(filed)
     return variants
 
 
 def compile_variant(module: str, kernel: str, specialization: str) -> None:
-    """In a worker process: compile one recorded variant into Triton's disk cache."""
+    """In a worker process: compile one recorded variant, and its launcher, into Triton's disk cache."""
     import importlib
 
-    getattr(importlib.import_module(module), kernel).preload(specialization)
+    compiled = getattr(importlib.import_module(module), kernel).preload(specialization)
+    if compiled is not None:
+        build_launcher(compiled)
+
+
+def prepare_worker() -> None:
+    """A worker process's start, while the main process still records: the imports and the
+    Triton driver every compile needs (seconds of the worker's start-up)."""
+    try:
+        import torch  # noqa: F401 - imported for its start-up cost, before the first compile
+        from triton.runtime.driver import driver
+
+        driver.active.get_current_target()
+    except Exception as e:  # noqa: BLE001 - no GPU here (a dry run): the compiles say what is missing
+        log.debug("worker start: %s: %s", type(e).__name__, e)
+
+
+def start_workers(workers: int):
+    """``workers`` spawned processes, starting (``prepare_worker``) at once."""
+    import multiprocessing as mp
+
+    return mp.get_context("spawn").Pool(workers, initializer=prepare_worker)
 
 
 def compile_in_processes(variants: dict[str, tuple[str, str, str]], workers: int, timeout_s: float,
-                         compile_fn: Callable[[str, str, str], None] = compile_variant) -> None:
+                         compile_fn: Callable[[str, str, str], None] = compile_variant, pool=None) -> None:
     """Compile ``variants`` (``record_variants``) in ``workers`` spawned processes sharing the
-    disk cache; a failure or the timeout stops every worker and raises ``PrecompileError``."""
+    disk cache (or in ``pool``, from ``start_workers``); a failure or the timeout stops every
+    worker and raises ``PrecompileError``. The pool is closed either way."""
     import multiprocessing as mp
 
     t0 = time.perf_counter()
-    pool = mp.get_context("spawn").Pool(workers)
+    pool = pool if pool is not None else mp.get_context("spawn").Pool(workers)
     try:
         jobs = [(pool.apply_async(compile_fn, (module, kernel, data)), kernel, label)
                 for data, (module, kernel, label) in variants.items()]
@@ -443,10 +568,15 @@ def precompile_processes(bodies: Sequence[tuple[str, Callable[[], None]]], worke
     guard (the workers are spawned)."""
     t0 = time.perf_counter()
     report = PrecompileReport(workers=max(1, workers), mode="processes")
-    variants = record_variants(bodies, report, classes)
+    pool = start_workers(report.workers)  # they import while the bodies are recorded here
+    try:
+        variants = record_variants(bodies, report, classes)
+    except BaseException:
+        pool.terminate()
+        pool.join()
+        raise
     report.request_s = time.perf_counter() - t0
-    if variants:
-        compile_in_processes(variants, min(report.workers, len(variants)), timeout_s)
+    compile_in_processes(variants, report.workers, timeout_s, pool=pool)
     report.compiled = len(variants)
     for _, kernel, _ in variants.values():
         report.kernels[kernel] = report.kernels.get(kernel, 0) + 1
@@ -458,4 +588,5 @@ def precompile_processes(bodies: Sequence[tuple[str, Callable[[], None]]], worke
 __all__ = ["ENV", "MODES", "MODE_ENV", "NOT_LAUNCHED", "OVERLAP_ENV", "CompileJob", "PrecompileError",
            "PrecompileReport", "compile_in_processes", "compile_only_launches", "default_workers", "kernel_classes",
            "precompile", "precompile_mode", "precompile_overlap", "precompile_processes", "precompile_setting",
-           "record_variants", "start_precompile", "zeroed_allocations"]
+           "SKIPPED", "build_launcher", "filed_requests", "record_variants", "start_precompile", "start_workers",
+           "unfile", "zeroed_allocations"]
