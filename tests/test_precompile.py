@@ -328,8 +328,9 @@ def write_marker(module: str, kernel: str, data: str) -> None:
 
 def test_worker_processes_compile_every_variant(tmp_path):
     variants = {json.dumps(i): (str(tmp_path), f"k{i % 2}", f"s{i}") for i in range(4)}
-    pc.compile_in_processes(variants, workers=2, timeout_s=120, compile_fn=write_marker)
+    results = pc.compile_in_processes(variants, workers=2, timeout_s=120, compile_fn=write_marker)
     assert sorted(f.name for f in tmp_path.iterdir()) == ["k0-0", "k0-2", "k1-1", "k1-3"]
+    assert results == [("k0", None), ("k1", None), ("k0", None), ("k1", None)]  # in the variants' order
 
 
 def test_a_failing_worker_compile_names_the_kernel_and_the_state(tmp_path):

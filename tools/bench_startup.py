@@ -133,7 +133,8 @@ def child(artifact: Path, workers: int, tokens: int) -> dict:
                "requested": report.requested, "compiled": report.compiled, "workers": report.workers,
                "parallel": report.parallel, "mode": report.mode, "seconds": report.seconds,
                "request_s": report.request_s,
-               "kernels": report.kernels}}
+               "kernels": report.kernels, "timings": getattr(report, "timings", [])}}
+    out["variants"]["requested_keys"] = [f"{name} {key[:400]}" for name, key in sorted(keys["precompile"])]
     if tokens:
         t0 = time.perf_counter()
         out["tokens"] = {p: eng.generate(PROMPT, max_new_tokens=tokens, policy=p).token_ids for p in ("ar", "fused")}

@@ -75,6 +75,8 @@ class PrecompileReport:
     mode: str = "threads"
     kernels: dict[str, int] = field(default_factory=dict)  # kernel name -> variants compiled
     requests: dict[str, list[str]] = field(default_factory=dict)  # body label -> kernels it requested, in order
+    # processes: (kernel, compile s, launcher s) of each variant, as its worker measured it
+    timings: list[tuple[str, float, float]] = field(default_factory=list)
 
     def summary(self) -> str:
         if not self.parallel:
@@ -501,13 +503,17 @@ def record_variants(bodies: Sequence[tuple[str, Callable[[], None]]], report: Pr
     return variants
 
 
-def compile_variant(module: str, kernel: str, specialization: str) -> None:
-    """In a worker process: compile one recorded variant, and its launcher, into Triton's disk cache."""
+def compile_variant(module: str, kernel: str, specialization: str) -> tuple[float, float]:
+    """In a worker process: compile one recorded variant, and its launcher, into Triton's disk
+    cache -> (compile s, launcher s)."""
     import importlib
 
+    t0 = time.perf_counter()
     compiled = getattr(importlib.import_module(module), kernel).preload(specialization)
+    t1 = time.perf_counter()
     if compiled is not None:
         build_launcher(compiled)
+    return t1 - t0, time.perf_counter() - t1
 
 
 def prepare_worker() -> None:
@@ -530,10 +536,11 @@ def start_workers(workers: int):
 
 
 def compile_in_processes(variants: dict[str, tuple[str, str, str]], workers: int, timeout_s: float,
-                         compile_fn: Callable[[str, str, str], None] = compile_variant, pool=None) -> None:
+                         compile_fn: Callable[[str, str, str], object] = compile_variant, pool=None) -> list:
     """Compile ``variants`` (``record_variants``) in ``workers`` spawned processes sharing the
-    disk cache (or in ``pool``, from ``start_workers``); a failure or the timeout stops every
-    worker and raises ``PrecompileError``. The pool is closed either way."""
+    disk cache (or in ``pool``, from ``start_workers``) -> [(kernel, what ``compile_fn``
+    returned)]; a failure or the timeout stops every worker and raises ``PrecompileError``.
+    The pool is closed either way."""
     import multiprocessing as mp
 
     t0 = time.perf_counter()
@@ -541,10 +548,11 @@ def compile_in_processes(variants: dict[str, tuple[str, str, str]], workers: int
     try:
         jobs = [(pool.apply_async(compile_fn, (module, kernel, data)), kernel, label)
                 for data, (module, kernel, label) in variants.items()]
+        results = []
         for job, kernel, label in jobs:
             remaining = max(timeout_s - (time.perf_counter() - t0), 0.0)
             try:
-                job.get(remaining)
+                results.append((kernel, job.get(remaining)))
             except mp.TimeoutError:
                 waiting = sorted({f"{k} for {lb}" for j, k, lb in jobs if not j.ready()})
                 raise PrecompileError(
@@ -554,6 +562,7 @@ def compile_in_processes(variants: dict[str, tuple[str, str, str]], workers: int
             except Exception as e:  # noqa: BLE001 - the worker's compile error, re-raised here
                 raise PrecompileError(f"Triton could not compile {kernel} (requested by {label}) in a worker "
                                       f"process: {type(e).__name__}: {str(e)[:1500]}") from e
+        return results
     finally:
         pool.terminate()
         pool.join()
@@ -576,7 +585,8 @@ def precompile_processes(bodies: Sequence[tuple[str, Callable[[], None]]], worke
         pool.join()
         raise
     report.request_s = time.perf_counter() - t0
-    compile_in_processes(variants, report.workers, timeout_s, pool=pool)
+    for kernel, (compile_s, launcher_s) in compile_in_processes(variants, report.workers, timeout_s, pool=pool):
+        report.timings.append((kernel, compile_s, launcher_s))
     report.compiled = len(variants)
     for _, kernel, _ in variants.values():
         report.kernels[kernel] = report.kernels.get(kernel, 0) + 1
