@@ -530,13 +530,14 @@ def test_the_overlap_switch(monkeypatch, value, expected):
 
 @pytest.mark.gpu
 @needs_gpu
-def test_gpu_capture_after_precompile_compiles_nothing_and_decodes_the_same_tokens(tmp_path):
+def test_gpu_capture_after_precompile_compiles_nothing_and_decodes_the_same_tokens(tmp_path, monkeypatch):
     from triton.runtime.jit import JITFunction
 
     from bitmtp_edge import Engine
     from bitmtp_edge.backends.graph import GraphBackend
     from tests.helpers import write_test_artifact
 
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))  # no earlier load's warm marker
     model = random_model(9, vocab=256, hidden=256, heads=(8, 2))
     art = write_test_artifact(model, tmp_path / "art", block_size=8, max_context=256, smallest=16)
     prompt = [3, 14, 15, 92, 65, 35]
@@ -576,3 +577,82 @@ def test_engine_reports_the_startup_split(tmp_path):
     assert set(split) == {"total_s", "load_s", "precompile_s", "capture_s", "kernels_precompiled", "compile_wait_s"}
     assert split["total_s"] > 0 and split["load_s"] == split["total_s"]  # no graphs, no pass on the reference
     assert split["precompile_s"] == split["capture_s"] == 0.0 and split["kernels_precompiled"] == 0
+
+
+# -- a warm cache skips the pass ---------------------------------------------------------------
+
+def test_the_identity_follows_sources_switches_and_fields_not_the_precompile_switches(monkeypatch, tmp_path):
+    src = tmp_path / "kernels"
+    src.mkdir()
+    (src / "k.py").write_text("BLOCK = 16\n")
+    (src / "tuned.json").write_text("{}")
+    (src / "notes.txt").write_text("not code")
+    for name in [k for k in __import__("os").environ if k.startswith(("BITMTP_", "TRITON_"))]:
+        monkeypatch.delenv(name)
+    base = pc.warm_marker(pc.load_identity({"states": ["(M=1, σ=0, verify)"]}, [src]), tmp_path)
+    assert base.parent == tmp_path / pc.MARKER_FOLDER
+    monkeypatch.setenv(pc.ENV, "4")  # how the pass runs changes no kernel
+    monkeypatch.setenv(pc.MODE_ENV, "processes")
+    assert pc.warm_marker(pc.load_identity({"states": ["(M=1, σ=0, verify)"]}, [src]), tmp_path) == base
+    (src / "notes.txt").write_text("edited")  # neither .py nor .json
+    assert pc.warm_marker(pc.load_identity({"states": ["(M=1, σ=0, verify)"]}, [src]), tmp_path) == base
+    changed = []
+    monkeypatch.setenv("BITMTP_PDL", "0")
+    changed.append(pc.load_identity({"states": ["(M=1, σ=0, verify)"]}, [src]))
+    monkeypatch.delenv("BITMTP_PDL")
+    (src / "tuned.json").write_text('{"h200": 1}')
+    changed.append(pc.load_identity({"states": ["(M=1, σ=0, verify)"]}, [src]))
+    changed.append(pc.load_identity({"states": ["(M=9, σ=0, verify)"]}, [src]))
+    markers = {pc.warm_marker(identity, tmp_path) for identity in changed}
+    assert len(markers) == 3 and base not in markers
+
+
+def test_mark_warm_writes_atomically_and_survives_a_read_only_cache(tmp_path, caplog):
+    marker = tmp_path / pc.MARKER_FOLDER / "abc.json"
+    pc.mark_warm(marker, {"states": ["s"], "env": {}})
+    assert json.loads(marker.read_text())["states"] == ["s"]
+    assert [p.name for p in marker.parent.iterdir()] == ["abc.json"]  # no temporary left
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    pc.mark_warm(blocked / "sub" / "m.json", {})  # cannot create the folder: logged, not raised
+    assert "could not record the warm Triton cache" in caplog.text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter path (CPU)")
+def test_a_load_after_a_completed_one_skips_the_pass_until_something_changes(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+
+    def backend():
+        b = fast_backend(random_model(0, layers=1), block_size=3, max_context=32, smallest=32, kernels=True,
+                         head_dtype=torch.float16,
+                         options=RuntimeOptions(graphs=False, kv_dtype=torch.float32, precompile=True))
+        monkeypatch.setattr(b, "_capture", lambda state: None)  # capture itself needs CUDA
+        return b
+
+    first = backend()
+    first.capture_all()
+    assert first.precompile_report is not None and not first.precompile_warm
+    assert len(list((tmp_path / "triton" / pc.MARKER_FOLDER).iterdir())) == 1
+    second = backend()
+    second.capture_all()
+    assert second.precompile_warm and second.precompile_report is None and second.precompile_s == 0.0
+    monkeypatch.setenv("BITMTP_SMEM_CARVEOUT", "50")  # a switch that may change the launches
+    third = backend()
+    third.capture_all()
+    assert not third.precompile_warm and third.precompile_report is not None
+    assert len(list((tmp_path / "triton" / pc.MARKER_FOLDER).iterdir())) == 2
+
+
+def test_a_failed_capture_leaves_no_marker(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    b = fast_backend(random_model(0), block_size=3, max_context=64, smallest=32)
+    b._warm_marker = (pc.warm_marker({"x": 1}), {"x": 1})  # as a pass that ran would leave it
+    monkeypatch.setattr(b, "precompile", lambda states: None)
+
+    def capture(state):
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(b, "_capture", capture)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        b.capture_all()
+    assert not (tmp_path / "triton" / pc.MARKER_FOLDER).exists()

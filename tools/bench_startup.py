@@ -7,7 +7,7 @@ memory) with its own ``TRITON_CACHE_DIR``:
 * ``cold-on``: an empty cache, the default pass (compile threads: automatic; capture takes
   each state as soon as its own kernels are compiled);
 * ``cold-wait``: the same, all kernels compiled before capture starts;
-* ``warm-on``: the cache ``cold-on`` filled;
+* ``warm-on``: the cache ``cold-on`` filled (the pass finds cold-on's warm marker and skips);
 * ``cold-off``: an empty cache, ``BITMTP_PRECOMPILE=0`` (capture compiles, as before the pass);
 * ``cold-proc``: an empty cache, the pass with worker processes (``BITMTP_PRECOMPILE_MODE``);
 * ``cold-1``: an empty cache, the pass on one thread (what the threads buy);
@@ -123,6 +123,7 @@ def child(artifact: Path, workers: int, tokens: int) -> dict:
     report = getattr(eng.backend, "precompile_report", None)
     unrequested = sorted(keys["capture"] - keys["precompile"])
     out = {"startup_s": wall, "split": eng.startup, "graphs": len(getattr(eng.backend, "graphs", {})),
+           "precompile_warm": getattr(eng.backend, "precompile_warm", False),
            "kernels_compiled": cache_entries(cache) - before, "compile_calls": compiles,
            "launchers_built": len(list(cache.glob("*/__triton_launcher*"))) - launchers_before,
            "variants": {"requested": len(keys["precompile"]), "capture": len(keys["capture"]),
@@ -190,6 +191,8 @@ def markdown(report: dict) -> str:
             continue
         sp, pre = r["split"], r.get("precompile") or {}
         pre_s = f"{sp['precompile_s']:.1f}" + (f" ({pre['request_s']:.1f} requesting)" if pre else "")
+        if r.get("precompile_warm"):
+            pre_s = "skipped (warm cache)"
         v = r.get("variants") or {}
         lines.append(f"| {name} | {r['startup_s']:.1f} | {sp['load_s']:.1f} | {pre_s} | "
                      f"{sp['capture_s']:.1f} | {sp.get('compile_wait_s', 0.0):.1f} | {r['kernels_compiled']} "

@@ -29,6 +29,14 @@ Two things the first H200 measurement (Triton 3.6) showed, and what answers them
   ``build_launcher`` builds it in the compile thread or process right after the kernel, so
   capture only loads it from the disk cache.
 
+A warm cache skips the pass: running the bodies costs a start that compiles nothing about
+2.5 s (H200, 2B shape). After a load's capture succeeds, ``mark_warm`` leaves a marker in
+Triton's cache folder named by the load's identity (``load_identity``: Triton, torch, GPU,
+model, plan, options, replay states, the BITMTP_/TRITON_ switches, and a digest of the
+kernels' and launchers' sources and tuned tables); a later load with that identity skips the
+pass and capture loads every kernel from disk. Anything else that changed a launch would
+only make capture compile that kernel itself, as without the pass.
+
 The bodies' torch ops run for real (cheap); a skipped kernel's output is left as allocated.
 Graph bodies never read a device value on the host, so the launches they
 request do not depend on those values; but a body may index with a kernel's output (the
@@ -39,6 +47,8 @@ are zero-filled during the pass: index 0 is always in range.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import threading
@@ -46,6 +56,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -57,7 +68,7 @@ MODES = ("threads", "processes")
 OVERLAP_ENV = "BITMTP_PRECOMPILE_OVERLAP"  # "0": wait for every compile before capturing
 WORKER_MEMORY = 512 << 20  # what one compile thread may need at its peak (LLVM + a ptxas process)
 PROCESS_MEMORY = 1 << 30  # a worker process: that, plus its own torch and Triton
-MAX_WORKERS = 8  # more threads than this only contend (a compile holds the GIL about half its time)
+MAX_WORKERS = 8  # more threads than this only contend (a compile's Python front end holds the GIL)
 
 
 class PrecompileError(RuntimeError):
@@ -466,6 +477,61 @@ def precompile(bodies: Sequence[tuple[str, Callable[[], None]]], workers: int, t
     return job.finish()
 
 
+# -- a warm cache: skip the pass -------------------------------------------------------------------
+
+MARKER_FOLDER = "bitmtp-precompiled"  # in Triton's cache folder: a file per load whose kernels the cache holds
+IDENTITY_ENV_PREFIXES = ("BITMTP_", "TRITON_")  # switches that may change which kernels a load launches
+IDENTITY_ENV_IGNORED = (ENV, MODE_ENV, OVERLAP_ENV, "TRITON_CACHE_DIR")
+
+
+def triton_cache_dir() -> Path:
+    """Triton's disk cache folder (``TRITON_CACHE_DIR``, default ``~/.triton/cache``)."""
+    try:
+        from triton import knobs
+
+        folder = knobs.cache.dir
+    except (ImportError, AttributeError):
+        folder = None
+    return Path(folder or os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+
+
+def source_digest(folders: Sequence[Path]) -> str:
+    """sha256 over every ``.py`` and ``.json`` file under ``folders`` (path and content): the
+    kernels and the code that chooses their launches (tuned tables included)."""
+    h = hashlib.sha256()
+    for folder in folders:
+        for path in sorted(p for p in Path(folder).rglob("*") if p.suffix in (".py", ".json") and p.is_file()):
+            h.update(str(path.relative_to(folder)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def load_identity(fields: dict, folders: Sequence[Path]) -> dict:
+    """What decides the kernel variants a load launches: ``fields`` (versions, GPU, model,
+    plan, options, states), the switches in the environment, and the source digest."""
+    env = {k: v for k, v in sorted(os.environ.items())
+           if k.startswith(IDENTITY_ENV_PREFIXES) and k not in IDENTITY_ENV_IGNORED}
+    return {**fields, "env": env, "source": source_digest(folders)}
+
+
+def warm_marker(identity: dict, cache_dir: Path | None = None) -> Path:
+    """The file whose presence says a load with ``identity`` has compiled every kernel it
+    launches into this Triton cache (``mark_warm`` writes it after capture)."""
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    return (cache_dir or triton_cache_dir()) / MARKER_FOLDER / f"{digest}.json"
+
+
+def mark_warm(marker: Path, identity: dict) -> None:
+    """Write ``marker`` atomically (best effort: a read-only cache just keeps running the pass)."""
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        tmp = marker.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(identity, sort_keys=True, indent=1, default=str))
+        os.replace(tmp, marker)
+    except OSError as e:
+        log.warning("could not record the warm Triton cache in %s: %s", marker, e)
+
+
 # -- processes: record the variants, compile them in worker processes -----------------------------
 
 def record_variants(bodies: Sequence[tuple[str, Callable[[], None]]], report: PrecompileReport,
@@ -598,5 +664,6 @@ def precompile_processes(bodies: Sequence[tuple[str, Callable[[], None]]], worke
 __all__ = ["ENV", "MODES", "MODE_ENV", "NOT_LAUNCHED", "OVERLAP_ENV", "CompileJob", "PrecompileError",
            "PrecompileReport", "compile_in_processes", "compile_only_launches", "default_workers", "kernel_classes",
            "precompile", "precompile_mode", "precompile_overlap", "precompile_processes", "precompile_setting",
-           "SKIPPED", "build_launcher", "filed_requests", "record_variants", "start_precompile", "start_workers",
-           "unfile", "zeroed_allocations"]
+           "SKIPPED", "build_launcher", "filed_requests", "load_identity", "mark_warm", "record_variants",
+           "source_digest", "start_precompile", "start_workers", "triton_cache_dir", "unfile", "warm_marker",
+           "zeroed_allocations"]
