@@ -97,9 +97,9 @@ class Triton36Kernel:
     active ``AsyncCompileMode`` whose future is filed in the cache only when finalised); a
     launch of a future kernel waits for its result."""
 
-    def __init__(self, name: str, compile_fn=None):
+    def __init__(self, name: str, compile_fn=None, module: str = "fake_module"):
         self.__name__, self.launched, self.do_compile_calls, self.compile_threads = name, [], 0, []
-        self.device_caches = {0: ({},)}
+        self.device_caches, self.module = {0: ({},)}, module
         self.compile_fn = compile_fn or (lambda key: f"binary{key}")
 
     @property
@@ -127,7 +127,7 @@ class Triton36Kernel:
         cache = self.device_caches[device][0]
         hook = knobs.runtime.jit_cache_hook
         if hook is not None and hook(key=key, repr=self.__name__,
-                                     fn=SimpleNamespace(module="fake_module", name=self.__name__),
+                                     fn=SimpleNamespace(module=self.module, name=self.__name__),
                                      compile={"key": key, "specialization_data": json.dumps([self.__name__, repr(key)])},
                                      is_manual_warmup=warmup, already_compiled=False):
             return None
@@ -324,6 +324,50 @@ def write_marker(module: str, kernel: str, data: str) -> None:
     if kernel == "slow":
         time.sleep(60)
     Path(module, f"{kernel}-{json.loads(data)}").write_text("compiled")
+
+
+def touch_variant(module: str, kernel: str, data: str) -> tuple[float, float]:
+    """A stand-in worker compile: a file per variant in the folder named as the module."""
+    import hashlib
+
+    if kernel == "broken":
+        raise RuntimeError("ptxas fatal: Unresolved extern function")
+    Path(module, f"{kernel}-{hashlib.sha1(data.encode()).hexdigest()[:8]}").write_text(data)
+    return 0.25, 0.125
+
+
+def test_processes_compile_each_variant_as_it_is_recorded_and_each_state_waits_for_its_own(tmp_path):
+    a, b = Triton36Kernel("a", module=str(tmp_path)), Triton36Kernel("b", module=str(tmp_path))
+    x = torch.zeros(4)
+    bodies = [("s1", lambda: [a[(1,)](x, n) for n in (1, 16) * 10]),
+              ("s2", lambda: [(a[(1,)](x, 16), b[(1,)](x, 3)) for _ in range(10)])]  # a(16) again, b new
+    job = pc.start_precompile_processes(bodies, workers=2, timeout_s=120, classes=[Triton36Kernel],
+                                        compile_fn=touch_variant)
+    try:
+        assert job.report.requested == 40 and a.do_compile_calls == 2 and b.do_compile_calls == 1
+        assert len(job.jobs) == 3 and [len(job.needs[s]) for s in ("s1", "s2")] == [2, 2]
+        assert a.cache == {} and b.cache == {}  # markers gone before capture: capture loads from disk
+        job.wait("s2")
+        assert all(r.ready() for r in job.needs["s2"])
+        report = job.finish()
+    finally:
+        job.abort()
+    assert report.compiled == 3 and report.kernels == {"a": 2, "b": 1} and report.mode == "processes"
+    assert report.timings == [("a", 0.25, 0.125), ("a", 0.25, 0.125), ("b", 0.25, 0.125)]
+    assert len(list(tmp_path.iterdir())) == 3
+
+
+def test_a_failing_worker_compile_fails_the_state_that_waits_for_it(tmp_path):
+    good, bad = Triton36Kernel("good", module=str(tmp_path)), Triton36Kernel("broken", module=str(tmp_path))
+    bodies = [("(M=1, σ=0, verify)", lambda: good[(1,)](torch.zeros(2), 1)),
+              ("(M=9, σ=0, draft)", lambda: bad[(1,)](torch.zeros(2), 1))]
+    job = pc.start_precompile_processes(bodies, workers=1, timeout_s=120, classes=[Triton36Kernel],
+                                        compile_fn=touch_variant)
+    job.wait("(M=1, σ=0, verify)")
+    with pytest.raises(pc.PrecompileError, match=r"could not compile broken \(requested by \(M=9, σ=0, draft\)\) "
+                                                 r"in a worker process: RuntimeError: ptxas fatal"):
+        job.wait("(M=9, σ=0, draft)")
+    assert not job.open  # the workers are stopped
 
 
 def test_worker_processes_compile_every_variant(tmp_path):

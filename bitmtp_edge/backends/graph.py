@@ -461,10 +461,11 @@ class GraphBackend:
         """Compile the Triton kernels ``states`` launch, in parallel, so that capture finds
         them compiled (``precompile.py``). Each body runs as ``_capture``'s warm-up runs it
         (L >= 1 at load), its Triton launches turned into compile requests, and the static
-        inputs it changes are restored after it. -> the running ``CompileJob`` when capture
-        overlaps the compiles (it waits per state), else None (all compiled)."""
-        from .precompile import (default_workers, precompile_mode, precompile_overlap, precompile_processes,
-                                 precompile_setting, start_precompile, warm_marker)
+        inputs it changes are restored after it. -> the running ``CompileJob`` (threads) or
+        ``ProcessJob`` (processes) when capture overlaps the compiles (it waits per state),
+        else None (all compiled, or nothing to compile)."""
+        from .precompile import (default_workers, precompile_mode, precompile_overlap, precompile_setting,
+                                 start_precompile, start_precompile_processes, warm_marker)
 
         on, workers = precompile_setting(self.opts.precompile, self.opts.precompile_workers)
         if not on or self.fast.ops.twin:  # the twins launch no kernel
@@ -494,18 +495,15 @@ class GraphBackend:
         t0 = time.perf_counter()
         processes = precompile_mode(self.opts.precompile_mode) == "processes"
         bodies, workers = [request(s) for s in states], workers or default_workers(processes=processes)
-        job = None
-        if processes:
-            self.precompile_report = precompile_processes(bodies, workers, self.opts.precompile_timeout_s)
-        else:
-            job = start_precompile(bodies, workers, self.opts.precompile_timeout_s)
-            if job is not None:
-                self.precompile_report = job.report
-                if not precompile_overlap(self.opts.precompile_overlap):
-                    t1 = time.perf_counter()
-                    self.precompile_report = job.finish()
-                    self.compile_wait_s = time.perf_counter() - t1
-                    job = None
+        start = start_precompile_processes if processes else start_precompile
+        job = start(bodies, workers, self.opts.precompile_timeout_s)
+        if job is not None:
+            self.precompile_report = job.report
+            if not precompile_overlap(self.opts.precompile_overlap):
+                t1 = time.perf_counter()
+                self.precompile_report = job.finish()
+                self.compile_wait_s = time.perf_counter() - t1
+                job = None
         self.precompile_s = time.perf_counter() - t0
         return job
 

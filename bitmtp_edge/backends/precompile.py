@@ -224,11 +224,12 @@ SKIPPED = _Skipped()
 
 
 @contextlib.contextmanager
-def filed_requests(filed: list, classes: Sequence[type] | None = None) -> Iterator[None]:
+def filed_requests(filed: list, classes: Sequence[type] | None = None,
+                   skipped: Callable[[], object] = lambda: SKIPPED) -> Iterator[None]:
     """Inside: the first request of a kernel variant leaves what Triton's ``_do_compile``
-    returned (a future kernel; ``SKIPPED`` when the cache hook skipped the compile) in the
-    kernel's own cache under Triton's specialisation key, so the variant's later requests
-    stop at Triton's cache lookup. Appends ``(cache, key, value)`` to ``filed`` for each:
+    returned (a future kernel; ``skipped()``, by default ``SKIPPED``, when the cache hook
+    skipped the compile) in the kernel's own cache under Triton's specialisation key, so the
+    variant's later requests stop at Triton's cache lookup. Appends ``(cache, key, value)`` to ``filed`` for each:
     ``unfile`` takes back what never became a compiled kernel. Classes without
     ``_do_compile`` and a per-device cache (the interpreter) are left alone."""
     classes = [cls for cls in (classes if classes is not None else kernel_classes())
@@ -238,7 +239,7 @@ def filed_requests(filed: list, classes: Sequence[type] | None = None) -> Iterat
     def patched(original):
         def _do_compile(self, key, signature, device, *args, **kwargs):
             result = original(self, key, signature, device, *args, **kwargs)
-            value = SKIPPED if result is None else result
+            value = skipped() if result is None else result
             caches = getattr(self, "device_caches", None)
             if caches is not None:
                 cache = caches[device][0]
@@ -266,7 +267,7 @@ def unfile(filed: list) -> None:
     ``SKIPPED`` markers, and future kernels that failed or were abandoned (a finished one was
     replaced by its kernel when Triton finalised it). A later launch then compiles as usual."""
     for cache, key, value in filed:
-        if cache.get(key) is value and (value is SKIPPED or getattr(value, "kernel", None) is None):
+        if cache.get(key) is value and (isinstance(value, _Skipped) or getattr(value, "kernel", None) is None):
             del cache[key]
     filed.clear()
 
@@ -534,29 +535,53 @@ def mark_warm(marker: Path, identity: dict) -> None:
 
 # -- processes: record the variants, compile them in worker processes -----------------------------
 
+class _Recorded(_Skipped):
+    """``filed_requests``' entry for a variant recorded for a worker process: the handle of its
+    compile, so that every body launching the variant waits for it (``needs``)."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+
 def record_variants(bodies: Sequence[tuple[str, Callable[[], None]]], report: PrecompileReport,
-                    classes: Sequence[type] | None = None) -> dict[str, tuple[str, str, str]]:
+                    classes: Sequence[type] | None = None, submit: Callable[[str, str, str, str], object] | None = None,
+                    needs: dict[str, list] | None = None) -> dict[str, tuple[str, str, str]]:
     """Run the bodies with their launches as compile requests that Triton's ``jit_cache_hook``
     answers "skip": -> {specialisation data (Triton's JSON): (module, kernel, body label)}
-    for every variant this process has not compiled."""
+    for every variant this process has not compiled. ``submit(module, kernel, data, label)``,
+    when given, is called at each variant's first request (a worker starts compiling it while
+    the bodies still run) and returns a handle; ``needs`` then gets, per body label, the
+    handles of every variant that body launches."""
     from triton import knobs
 
     variants: dict[str, tuple[str, str, str]] = {}
-    label = [""]
+    handles: dict[str, object] = {}
+    label, current = [""], [None]
 
     def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
-        variants.setdefault(compile["specialization_data"], (fn.module, fn.name, label[0]))
+        data = compile["specialization_data"]
+        if data not in variants:
+            variants[data] = (fn.module, fn.name, label[0])
+            handles[data] = submit(fn.module, fn.name, data, label[0]) if submit is not None else None
+        current[0] = handles[data]
         return True  # skip the compile here: a worker process compiles it
 
     def on_request(kernel) -> None:
         report.requested += 1
         report.requests.setdefault(label[0], []).append(kernel_name(kernel))
 
+    def on_result(result) -> None:
+        if needs is not None and isinstance(result, _Recorded) and result.handle is not None:
+            wanted = needs.setdefault(label[0], [])
+            if result.handle not in wanted:
+                wanted.append(result.handle)
+
     previous = knobs.runtime.jit_cache_hook
     knobs.runtime.jit_cache_hook = hook
-    filed: list = []  # SKIPPED markers: a variant's repeats stop at the cache lookup
+    filed: list = []  # a variant's repeats stop at the cache lookup; removed before capture
     try:
-        with compile_only_launches(on_request, classes), filed_requests(filed, classes), zeroed_allocations():
+        with compile_only_launches(on_request, classes, on_result), \
+                filed_requests(filed, classes, skipped=lambda: _Recorded(current[0])), zeroed_allocations():
             for label[0], body in bodies:
                 try:
                     body()
@@ -601,6 +626,73 @@ def start_workers(workers: int):
     return mp.get_context("spawn").Pool(workers, initializer=prepare_worker)
 
 
+class ProcessJob:
+    """Compiles running in worker processes: ``CompileJob``'s interface (``wait(label)``,
+    ``finish()``, ``abort()``) over a process pool. Capture loads each kernel from the disk
+    cache, where its worker wrote it."""
+
+    def __init__(self, pool, report: PrecompileReport, t0: float, timeout_s: float,
+                 compile_fn: Callable[[str, str, str], object] = compile_variant):
+        self.pool, self.report, self.t0, self.timeout_s, self.compile_fn = pool, report, t0, timeout_s, compile_fn
+        self.jobs: list[tuple[object, str, str]] = []  # (AsyncResult, kernel, body label)
+        self.needs: dict[str, list] = {}  # body label -> the compiles its launches wait for
+        self.wait_s = 0.0
+        self.open = True
+
+    def submit(self, module: str, kernel: str, data: str, label: str):
+        result = self.pool.apply_async(self.compile_fn, (module, kernel, data))
+        self.jobs.append((result, kernel, label))
+        return result
+
+    def _check(self, results: list) -> list:
+        import multiprocessing as mp
+
+        t0, values = time.perf_counter(), []
+        try:
+            for result in results:
+                remaining = max(self.timeout_s - (time.perf_counter() - self.t0), 0.0)
+                kernel, label = next((k, lb) for r, k, lb in self.jobs if r is result)
+                try:
+                    values.append((kernel, result.get(remaining)))
+                except mp.TimeoutError:
+                    waiting = sorted({f"{k} for {lb}" for r, k, lb in self.jobs if not r.ready()})
+                    self.abort()
+                    raise PrecompileError(
+                        f"compiling the Triton kernels did not finish within {self.timeout_s:.0f} s; still compiling "
+                        f"{len(waiting)}: {', '.join(waiting[:6])}{' ...' if len(waiting) > 6 else ''}. Raise "
+                        f"RuntimeOptions.precompile_timeout_s, or set {ENV}=0 to compile during capture "
+                        f"instead") from None
+                except Exception as e:  # noqa: BLE001 - the worker's compile error, re-raised here
+                    self.abort()
+                    raise PrecompileError(f"Triton could not compile {kernel} (requested by {label}) in a worker "
+                                          f"process: {type(e).__name__}: {str(e)[:1500]}") from e
+        finally:
+            self.wait_s += time.perf_counter() - t0
+        return values
+
+    def wait(self, label: str) -> None:
+        self._check(self.needs.get(label, []))
+
+    def finish(self) -> PrecompileReport:
+        values = self._check([r for r, _, _ in self.jobs])
+        self.abort()  # all done: stop the workers
+        report = self.report
+        report.compiled = len(self.jobs)
+        for kernel, value in values:
+            report.kernels[kernel] = report.kernels.get(kernel, 0) + 1
+            if isinstance(value, tuple) and len(value) == 2:
+                report.timings.append((kernel, *value))
+        report.seconds = time.perf_counter() - self.t0
+        log.info(report.summary())
+        return report
+
+    def abort(self) -> None:
+        if self.open:
+            self.open = False
+            self.pool.terminate()
+            self.pool.join()
+
+
 def compile_in_processes(variants: dict[str, tuple[str, str, str]], workers: int, timeout_s: float,
                          compile_fn: Callable[[str, str, str], object] = compile_variant, pool=None) -> list:
     """Compile ``variants`` (``record_variants``) in ``workers`` spawned processes sharing the
@@ -609,61 +701,47 @@ def compile_in_processes(variants: dict[str, tuple[str, str, str]], workers: int
     The pool is closed either way."""
     import multiprocessing as mp
 
-    t0 = time.perf_counter()
     pool = pool if pool is not None else mp.get_context("spawn").Pool(workers)
+    job = ProcessJob(pool, PrecompileReport(workers=workers, mode="processes"), time.perf_counter(), timeout_s,
+                     compile_fn)
     try:
-        jobs = [(pool.apply_async(compile_fn, (module, kernel, data)), kernel, label)
-                for data, (module, kernel, label) in variants.items()]
-        results = []
-        for job, kernel, label in jobs:
-            remaining = max(timeout_s - (time.perf_counter() - t0), 0.0)
-            try:
-                results.append((kernel, job.get(remaining)))
-            except mp.TimeoutError:
-                waiting = sorted({f"{k} for {lb}" for j, k, lb in jobs if not j.ready()})
-                raise PrecompileError(
-                    f"compiling the Triton kernels did not finish within {timeout_s:.0f} s; still compiling "
-                    f"{len(waiting)}: {', '.join(waiting[:6])}{' ...' if len(waiting) > 6 else ''}. Raise "
-                    f"RuntimeOptions.precompile_timeout_s, or set {ENV}=0 to compile during capture instead") from None
-            except Exception as e:  # noqa: BLE001 - the worker's compile error, re-raised here
-                raise PrecompileError(f"Triton could not compile {kernel} (requested by {label}) in a worker "
-                                      f"process: {type(e).__name__}: {str(e)[:1500]}") from e
-        return results
+        for data, (module, kernel, label) in variants.items():
+            job.submit(module, kernel, data, label)
+        return job._check([r for r, _, _ in job.jobs])
     finally:
-        pool.terminate()
-        pool.join()
+        job.abort()
+
+
+def start_precompile_processes(bodies: Sequence[tuple[str, Callable[[], None]]], workers: int, timeout_s: float,
+                               classes: Sequence[type] | None = None,
+                               compile_fn: Callable[[str, str, str], object] = compile_variant) -> ProcessJob:
+    """``start_precompile`` with worker processes instead of threads: each variant is handed
+    to a worker at its first request (nothing compiles in this process) -> the running job;
+    capture waits per state (``ProcessJob.wait``) and loads the kernels from the disk cache.
+    The workers start before the bodies run, so their imports (Python, torch, Triton:
+    seconds; no model) overlap the recording. A script that loads an engine this way needs
+    the ``if __name__ == "__main__":`` guard (the workers are spawned)."""
+    t0 = time.perf_counter()
+    report = PrecompileReport(workers=max(1, workers), mode="processes")
+    job = ProcessJob(start_workers(report.workers), report, t0, timeout_s, compile_fn)
+    try:
+        record_variants(bodies, report, classes, submit=job.submit, needs=job.needs)
+    except BaseException:
+        job.abort()
+        raise
+    report.request_s = time.perf_counter() - t0
+    return job
 
 
 def precompile_processes(bodies: Sequence[tuple[str, Callable[[], None]]], workers: int, timeout_s: float,
                          classes: Sequence[type] | None = None) -> PrecompileReport:
-    """``precompile`` with worker processes instead of threads: the variants are recorded here
-    (nothing compiles in this process), compiled into the disk cache by the workers, and
-    capture loads them from there. Each worker imports torch and Triton (seconds), needs no
-    model; a script that loads an engine this way needs the ``if __name__ == "__main__":``
-    guard (the workers are spawned)."""
-    t0 = time.perf_counter()
-    report = PrecompileReport(workers=max(1, workers), mode="processes")
-    pool = start_workers(report.workers)  # they import while the bodies are recorded here
-    try:
-        variants = record_variants(bodies, report, classes)
-    except BaseException:
-        pool.terminate()
-        pool.join()
-        raise
-    report.request_s = time.perf_counter() - t0
-    for kernel, (compile_s, launcher_s) in compile_in_processes(variants, report.workers, timeout_s, pool=pool):
-        report.timings.append((kernel, compile_s, launcher_s))
-    report.compiled = len(variants)
-    for _, kernel, _ in variants.values():
-        report.kernels[kernel] = report.kernels.get(kernel, 0) + 1
-    report.seconds = time.perf_counter() - t0
-    log.info(report.summary())
-    return report
+    """``start_precompile_processes``, then wait until every variant is compiled."""
+    return start_precompile_processes(bodies, workers, timeout_s, classes).finish()
 
 
 __all__ = ["ENV", "MODES", "MODE_ENV", "NOT_LAUNCHED", "OVERLAP_ENV", "CompileJob", "PrecompileError",
-           "PrecompileReport", "compile_in_processes", "compile_only_launches", "default_workers", "kernel_classes",
+           "PrecompileReport", "ProcessJob", "compile_in_processes", "compile_only_launches", "default_workers", "kernel_classes",
            "precompile", "precompile_mode", "precompile_overlap", "precompile_processes", "precompile_setting",
            "SKIPPED", "build_launcher", "filed_requests", "load_identity", "mark_warm", "record_variants",
-           "source_digest", "start_precompile", "start_workers", "triton_cache_dir", "unfile", "warm_marker",
+           "source_digest", "start_precompile", "start_precompile_processes", "start_workers", "triton_cache_dir", "unfile", "warm_marker",
            "zeroed_allocations"]
