@@ -7,16 +7,19 @@ memory) with its own ``TRITON_CACHE_DIR``:
 * ``cold-on``: an empty cache, the default pass (compile threads: automatic; capture takes
   each state as soon as its own kernels are compiled);
 * ``cold-wait``: the same, all kernels compiled before capture starts;
-* ``warm-on``: the cache ``cold-on`` filled;
+* ``warm-on``: the cache ``cold-on`` filled (the pass finds cold-on's warm marker and skips);
 * ``cold-off``: an empty cache, ``BITMTP_PRECOMPILE=0`` (capture compiles, as before the pass);
 * ``cold-proc``: an empty cache, the pass with worker processes (``BITMTP_PRECOMPILE_MODE``);
 * ``cold-1``: an empty cache, the pass on one thread (what the threads buy);
-* ``warm-off``: the cache ``cold-off`` filled, no pass.
+* ``warm-off``: the cache ``cold-off`` filled, no pass;
+* ``warm-off-on``: the cache ``cold-on`` filled, no pass (captures as without the pass; a
+  kernel the pass had not compiled would show as a new cache entry).
 
 Each load reports its split (load / precompile / capture, ``Engine.startup``), the kernel
-variants compiled (new entries in its cache folder) and how many of them capture still
-had to compile; cold-on, warm-on and cold-off decode a few tokens (AR and fused) that must
-be the same in each.
+variants compiled (new entries in its cache folder, launchers among them) and the variants
+capture entered Triton's compile path for (by specialisation key: those the pass had not
+requested are listed); the modes that decode (AR and fused) must give the same tokens,
+and time an AR decode after the first (replays: the same kernels must run as fast).
 The artifact: BitNet-2B shape with random weights and a D = 8 MTP block (``bench_e2e``'s
 ``make_random_bitnet_2b``), or ``--artifact``.
 
@@ -52,7 +55,8 @@ MODES = {
     "cold-off": ("cold, precompile off", {"BITMTP_PRECOMPILE": "0"}, 0, "fresh", True),
     "warm-off": ("warm, precompile off", {"BITMTP_PRECOMPILE": "0"}, 0, "cold-off", False),
     "cold-proc": ("cold, precompile on (processes)", {"BITMTP_PRECOMPILE": "1", "BITMTP_PRECOMPILE_MODE": "processes"},
-                  0, "fresh", False),
+                  0, "fresh", True),
+    "warm-off-on": ("warm (cache of cold-on), precompile off", {"BITMTP_PRECOMPILE": "0"}, 0, "cold-on", True),
     "cold-1": ("cold, precompile on 1 thread", {"BITMTP_PRECOMPILE": "1"}, 1, "fresh", False),
 }
 PROMPT = list(range(10, 42))
@@ -79,13 +83,15 @@ def child(artifact: Path, workers: int, tokens: int) -> dict:
     from bitmtp_edge.backends.graph import GraphBackend, RuntimeOptions
 
     compiles = {"precompile": 0, "capture": 0}
+    keys = {"precompile": set(), "capture": set()}  # (kernel, specialisation key) entering the compile path
     phase = ["capture"]
     # counted where Triton compiles a variant new to the process (None: a Triton without it)
     do_compile, precompile = getattr(JITFunction, "_do_compile", None), GraphBackend.precompile
 
-    def counting(self, *args, **kwargs):
+    def counting(self, key, *args, **kwargs):
         compiles[phase[0]] += 1
-        return do_compile(self, *args, **kwargs)
+        keys[phase[0]].add((self.fn.__name__, str(key)))
+        return do_compile(self, key, *args, **kwargs)
 
     def marked(self, states):
         phase[0] = "precompile"
@@ -101,6 +107,7 @@ def child(artifact: Path, workers: int, tokens: int) -> dict:
         compiles = {"precompile": None, "capture": None}
     cache = Path(os.environ["TRITON_CACHE_DIR"])
     before = cache_entries(cache)
+    launchers_before = len(list(cache.glob("*/__triton_launcher*")))
     opts = RuntimeOptions(precompile_workers=workers) if workers else RuntimeOptions()
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -114,17 +121,31 @@ def child(artifact: Path, workers: int, tokens: int) -> dict:
     if do_compile is not None:
         JITFunction._do_compile = do_compile
     report = getattr(eng.backend, "precompile_report", None)
+    unrequested = sorted(keys["capture"] - keys["precompile"])
     out = {"startup_s": wall, "split": eng.startup, "graphs": len(getattr(eng.backend, "graphs", {})),
+           "precompile_warm": getattr(eng.backend, "precompile_warm", False),
            "kernels_compiled": cache_entries(cache) - before, "compile_calls": compiles,
+           "launchers_built": len(list(cache.glob("*/__triton_launcher*"))) - launchers_before,
+           "variants": {"requested": len(keys["precompile"]), "capture": len(keys["capture"]),
+                        "capture_unrequested": len(unrequested),
+                        "unrequested_examples": [f"{name} {key[:300]}" for name, key in unrequested[:8]]},
+           "cache_names": sorted(p.name for p in cache.iterdir()) if cache.is_dir() else [],
            "precompile": None if report is None else {
                "requested": report.requested, "compiled": report.compiled, "workers": report.workers,
                "parallel": report.parallel, "mode": report.mode, "seconds": report.seconds,
                "request_s": report.request_s,
-               "kernels": report.kernels}}
+               "kernels": report.kernels, "timings": getattr(report, "timings", [])}}
+    out["variants"]["requested_keys"] = [f"{name} {key[:400]}" for name, key in sorted(keys["precompile"])]
     if tokens:
         t0 = time.perf_counter()
         out["tokens"] = {p: eng.generate(PROMPT, max_new_tokens=tokens, policy=p).token_ids for p in ("ar", "fused")}
         out["first_generate_s"] = time.perf_counter() - t0  # includes the prefill's own first compiles
+        n = 128
+        sync()
+        t0 = time.perf_counter()
+        steps = eng.generate(PROMPT, max_new_tokens=n, policy="ar")
+        sync()
+        out["ar_tok_s"] = len(steps.token_ids) / (time.perf_counter() - t0)  # with the prefill: for comparing runs
     return out
 
 
@@ -160,28 +181,40 @@ def markdown(report: dict) -> str:
              f"- commit: {report['commit']}", f"- command: `{report['command']}`",
              f"- artifact: {report['artifact']}", "",
              "| start | startup s | load s | precompile s | capture s | compile wait s | kernels compiled "
-             "| Triton compiles in capture | workers | graphs | first generate s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "(launchers) | variants requested / entered in capture / not requested | workers | graphs "
+             "| first generate s | AR tok/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode, r in report["runs"].items():
         name = MODES[mode][0]
         if "error" in r:
-            lines.append(f"| {name} | {r['error']} | | | | | | | | | |")
+            lines.append(f"| {name} | {r['error']} | | | | | | | | | | |")
             continue
         sp, pre = r["split"], r.get("precompile") or {}
         pre_s = f"{sp['precompile_s']:.1f}" + (f" ({pre['request_s']:.1f} requesting)" if pre else "")
+        if r.get("precompile_warm"):
+            pre_s = "skipped (warm cache)"
+        v = r.get("variants") or {}
         lines.append(f"| {name} | {r['startup_s']:.1f} | {sp['load_s']:.1f} | {pre_s} | "
-                     f"{sp['capture_s']:.1f} | {sp.get('compile_wait_s', 0.0):.1f} | {r['kernels_compiled']} | "
-                     f"{r['compile_calls']['capture']} | "
-                     f"{pre.get('workers', '-')} | {r['graphs']} | {r.get('first_generate_s', float('nan')):.1f} |")
+                     f"{sp['capture_s']:.1f} | {sp.get('compile_wait_s', 0.0):.1f} | {r['kernels_compiled']} "
+                     f"({r.get('launchers_built', '-')}) | {v.get('requested', '-')} / {v.get('capture', '-')} / "
+                     f"{v.get('capture_unrequested', '-')} | "
+                     f"{pre.get('workers', '-')} | {r['graphs']} | {r.get('first_generate_s', float('nan')):.1f} | "
+                     f"{r.get('ar_tok_s', float('nan')):.0f} |")
     same = report.get("tokens_identical")
-    lines += ["", f"Tokens (AR and fused, {report['tokens']} each) identical in every run that decoded: {same}.", "",
+    lines += ["", f"Tokens (AR and fused, {report['tokens']} each) identical in every run that decoded: {same}.",
+              f"Kernel binaries (cache entries by hash) identical in every run that started cold: "
+              f"{report.get('binaries_identical')}.", "",
               "Startup: `Engine.load` wall time (reads and checks the artifact, builds the model, "
               "precompiles, captures). Kernels compiled: new entries in the run's Triton cache folder. "
               "Compile wait: of the load, waiting for compiles still running (inside capture s when "
               "capture overlaps them). Triton compiles in capture: kernels capture found neither "
               "compiled in the process nor "
               "requested by the pass (a warm start without the pass loads them from disk there). "
-              "First generate: AR then fused, including the prefill's own first compiles.", ""]
+              "Variants: distinct (kernel, specialisation key) pairs entering Triton's compile path "
+              "in the pass, in capture, and in capture without having been requested (processes: "
+              "capture loads the workers' kernels from disk through that path). "
+              "First generate: AR then fused, including the prefill's own first compiles. AR tok/s: "
+              "a second AR decode (128 tokens with its prefill), the same replays in every run.", ""]
     return "\n".join(lines)
 
 
@@ -258,6 +291,9 @@ def main() -> None:
                 f"{r['compile_calls']['capture']} in capture")
         token_sets = [json.dumps(x["tokens"]) for x in report["runs"].values() if "tokens" in x]
         report["tokens_identical"] = len(set(token_sets)) <= 1 if token_sets else None
+        binaries = [json.dumps(x["cache_names"]) for m, x in report["runs"].items()
+                    if "cache_names" in x and MODES[m][3] == "fresh"]
+        report["binaries_identical"] = len(set(binaries)) <= 1 if binaries else None
         save()
     save()
     print(markdown(report))
