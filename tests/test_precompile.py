@@ -520,7 +520,7 @@ def test_capture_all_precompiles_every_state_before_capturing_it(monkeypatch, ov
         return RecordingJob(events) if overlap else None
 
     monkeypatch.setattr(backend, "precompile", precompile)
-    monkeypatch.setattr(backend, "_capture", lambda state: events.append(("capture", state)))
+    monkeypatch.setattr(backend, "_capture", lambda state, warmups: events.append(("capture", state)))
     backend.capture_all()
     states = backend.states()
     if overlap:  # each state waits for its own kernels, then is captured; the job finishes last
@@ -530,11 +530,36 @@ def test_capture_all_precompiles_every_state_before_capturing_it(monkeypatch, ov
     assert events == [("precompile", states)] + expected
 
 
+@pytest.mark.parametrize("pass_ran, warm, expected", [(True, False, 1), (False, True, 1), (False, False, 2)])
+def test_a_state_whose_kernels_were_precompiled_is_captured_after_one_warm_up_run(monkeypatch, pass_ran, warm,
+                                                                                  expected):
+    """Two runs before capture only where capture itself compiles (the pass off, or it could
+    not run): the pass's load, or a load a warm cache let skip it, takes one (``_capture``)."""
+    backend = fast_backend(random_model(0), block_size=3, max_context=64, smallest=32)
+    captured = []
+
+    def precompile(states):
+        backend.precompile_report = pc.PrecompileReport() if pass_ran else None
+        backend.precompile_warm = warm
+        return None
+
+    monkeypatch.setattr(backend, "precompile", precompile)
+    monkeypatch.setattr(backend, "_capture", lambda state, warmups: captured.append(warmups))
+    backend.capture_all()
+    assert captured == [expected] * len(backend.states()) and backend.capture_warmups == expected
+
+
+def test_capture_refuses_to_capture_a_first_launch():
+    backend = fast_backend(random_model(0), block_size=3, max_context=64, smallest=32)
+    with pytest.raises(ValueError, match="warmups must be >= 1"):
+        backend._capture(backend.states()[0], warmups=0)
+
+
 def test_a_compile_failing_during_an_overlapped_capture_aborts_the_job(monkeypatch):
     backend = fast_backend(random_model(0), block_size=3, max_context=64, smallest=32)
     states, events = backend.states(), []
     monkeypatch.setattr(backend, "precompile", lambda _: RecordingJob(events, fail_at=str(states[2])))
-    monkeypatch.setattr(backend, "_capture", lambda state: events.append(("capture", state)))
+    monkeypatch.setattr(backend, "_capture", lambda state, warmups: events.append(("capture", state)))
     with pytest.raises(pc.PrecompileError, match=r"could not compile k \(requested by \(M="):
         backend.capture_all()
     assert events[-2:] == [("wait", str(states[2])), ("abort",)]
@@ -670,7 +695,7 @@ def test_a_load_after_a_completed_one_skips_the_pass_until_something_changes(mon
         b = fast_backend(random_model(0, layers=1), block_size=3, max_context=32, smallest=32, kernels=True,
                          head_dtype=torch.float16,
                          options=RuntimeOptions(graphs=False, kv_dtype=torch.float32, precompile=True))
-        monkeypatch.setattr(b, "_capture", lambda state: None)  # capture itself needs CUDA
+        monkeypatch.setattr(b, "_capture", lambda state, warmups: None)  # capture itself needs CUDA
         return b
 
     first = backend()
@@ -693,7 +718,7 @@ def test_a_failed_capture_leaves_no_marker(monkeypatch, tmp_path):
     b._warm_marker = (pc.warm_marker({"x": 1}), {"x": 1})  # as a pass that ran would leave it
     monkeypatch.setattr(b, "precompile", lambda states: None)
 
-    def capture(state):
+    def capture(state, warmups):
         raise RuntimeError("CUDA error: out of memory")
 
     monkeypatch.setattr(b, "_capture", capture)

@@ -246,6 +246,7 @@ class GraphBackend:
         self.precompile_report = None  # precompile.PrecompileReport of the load, when it ran
         self.precompile_warm = False  # the pass was skipped: an earlier load left every kernel in the cache
         self._warm_marker = None  # (marker, identity) to write once capture succeeds
+        self.capture_warmups = 0  # eager runs of each state's body before capturing it at load (``_capture``)
         self.graph_pool_bytes = 0
         if options.graphs and options.capture == "load":
             self.capture_all(progress)
@@ -388,18 +389,32 @@ class GraphBackend:
         return lambda: self._draft_body(state.segment, state.width - d, sampled)
 
     # -- capture / replay ------------------------------------------------------------------
-    def _capture(self, state: ReplayState, sampled: bool | None = None) -> None:
-        """Capture one state. Warm-up runs mutate L and the chained inputs, so those are
-        restored afterwards. Their KV writes land at or past slot L - 1; mid-stream (lazy
-        capture) the step's inputs are already staged, so slot L - 1 gets the very row the
-        real step writes, and everything past L is invisible."""
+    def _capture(self, state: ReplayState, sampled: bool | None = None, warmups: int = 2) -> None:
+        """Capture one state after ``warmups`` eager runs of its body on a side stream.
+
+        What must not happen inside capture happens in the first run: each Triton kernel's
+        first launch compiles it (or loads it from the disk cache), loads its module, builds
+        its launcher and sets its attributes (``common.apply_carveout``); tuning-table lookups
+        and the PDL check are cached; the torch ops allocate from the caching allocator (the
+        graph's own allocations come from its private pool either way). Nothing here tunes
+        at run time or counts calls, and the inputs are restored after each run, so a second
+        run repeats the first exactly: ``capture_all`` asks for one when the precompile pass
+        ran (or a warm cache vouches for) the states' kernels; two stay where capture also
+        compiles (the pass off, sampled graphs at first use), the path measured before.
+
+        Warm-up runs mutate L and the chained inputs, so those are restored afterwards. Their
+        KV writes land at or past slot L - 1; mid-stream (lazy capture) the step's inputs are
+        already staged, so slot L - 1 gets the very row the real step writes, and everything
+        past L is invisible."""
+        if warmups < 1:
+            raise ValueError(f"_capture: warmups must be >= 1 (the first launch must not be captured), got {warmups}")
         mutable = self.static.mutable()
         saved = [t.clone() for t in mutable]
         body = self._body(state, sampled)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            for _ in range(2):  # compiles Triton kernels and settles the allocator outside capture
+            for _ in range(warmups):
                 if self.kv.length == 0:  # at load: a verify recomputes slot L - 1, so L must be >= 1
                     self.static.history_len.fill_(1)
                 body()
@@ -435,12 +450,15 @@ class GraphBackend:
         gc.collect()  # free unreachable graphs now, not while capturing (see ``_capture``)
         states = self.states()
         job = self.precompile(states)  # compiles still running (overlap), or None
+        # the pass requested every state's kernels, or an earlier load's did: one warm-up run
+        # loads them (``_capture``); 48 states x 30 ms of host Python a run on the 2B shape
+        self.capture_warmups = 1 if self.precompile_warm or self.precompile_report is not None else 2
         t0 = time.perf_counter()
         try:
             for i, state in enumerate(states):
                 if job is not None:
                     job.wait(str(state))  # this state's kernels compiled (bounded, errors named)
-                self._capture(state)
+                self._capture(state, warmups=self.capture_warmups)
                 if progress is not None:
                     progress(i + 1, len(states))
             if job is not None:
