@@ -595,6 +595,39 @@ def test_the_overlap_switch(monkeypatch, value, expected):
         pc.precompile_overlap(True)
 
 
+# -- fewer variants ----------------------------------------------------------------------------
+
+def _specialization(kernel, **ints):
+    """The specialisation key Triton's launch path computes for ``kernel`` (every integer
+    argument 7 unless given, constexprs 4): the binder every launch runs, with no GPU."""
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    if not isinstance(kernel, JITFunction):  # the interpreter keeps the jit options aside
+        kernel = JITFunction(kernel.fn, **{n: v for n, v in kernel.kwargs.items()
+                                           if n.startswith("do_not_specialize") and v})
+    args = {p.name: 4 if p.is_constexpr else ints.get(p.name, 7) for p in kernel.params}
+    return create_function_from_signature(kernel.signature, kernel.params, None)(**args)[1]
+
+
+@pytest.mark.parametrize("module, kernel, rows, other", [
+    ("attention", "_attention_combine_kernel", "MH", "HD"),
+    ("attention", "_attention_split_kernel", "M", "HD"),
+    ("common", "_split_k_reduce_kernel", "M", "N"),
+])
+def test_row_counts_compile_one_variant_divisible_by_16_or_not(module, kernel, rows, other):
+    """Widths 12 and 16 (M·Hq = 240, 320 at Hq = 20) used to compile a variant of their own
+    for the divisibility alone; width 1 stays specialised, other integers keep the hint."""
+    import triton
+
+    if "do_not_specialize_on_alignment" not in inspect.signature(triton.jit).parameters:
+        pytest.skip("this Triton has no do_not_specialize_on_alignment (before 3.2)")
+    fn = getattr(__import__(f"kernels_ampere.{module}", fromlist=[kernel]), kernel)
+    plain = _specialization(fn, **{rows: 20})
+    assert all(_specialization(fn, **{rows: m}) == plain for m in (16, 21, 48, 240, 320))
+    assert _specialization(fn, **{rows: 1}) != plain  # the value 1 is still a variant of its own
+    assert _specialization(fn, **{rows: 20, other: 128}) != plain  # an unmarked integer still specialises
+
+
 # -- on the GPU ------------------------------------------------------------------------------
 
 @pytest.mark.gpu
