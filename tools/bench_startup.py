@@ -24,8 +24,10 @@ The artifact: BitNet-2B shape with random weights and a D = 8 MTP block (``bench
 ``make_random_bitnet_2b``), or ``--artifact``.
 
     python tools/bench_startup.py [--artifact DIR] [--modes cold-on,warm-on,cold-off,cold-wait,cold-proc,cold-1] [--out DIR]
+    python tools/bench_startup.py --out DIR --before BEFORE/startup.json   # add an earlier checkout's run
 
 Writes ``startup.json`` and ``startup.md`` under ``--out`` (default ``tools/results``).
+``tools/h200_coldstart.sh`` runs the modes that decide the open questions in one device call.
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ def child(artifact: Path, workers: int, tokens: int) -> dict:
     unrequested = sorted(keys["capture"] - keys["precompile"])
     out = {"startup_s": wall, "split": eng.startup, "graphs": len(getattr(eng.backend, "graphs", {})),
            "precompile_warm": getattr(eng.backend, "precompile_warm", False),
+           "capture_warmups": getattr(eng.backend, "capture_warmups", None),  # runs of each body before capture
            "kernels_compiled": cache_entries(cache) - before, "compile_calls": compiles,
            "launchers_built": len(list(cache.glob("*/__triton_launcher*"))) - launchers_before,
            "variants": {"requested": len(keys["precompile"]), "capture": len(keys["capture"]),
@@ -177,15 +180,20 @@ def run_child(artifact: Path, mode: str, cache: Path, tokens: int, timeout_s: fl
 
 def markdown(report: dict) -> str:
     lines = ["# Startup: cold and warm, with and without the kernel precompile pass", "",
-             f"- device: {report['device']}, {report['cpu_count']} CPU cores", f"- date: {report['date']}",
+             f"- device: {report['device']}, {report['cpu_count']} CPU cores; torch {report.get('torch', '?')}, "
+             f"Triton {report.get('triton', '?')}", f"- date: {report['date']}",
              f"- commit: {report['commit']}", f"- command: `{report['command']}`",
              f"- artifact: {report['artifact']}", "",
-             "| start | startup s | load s | precompile s | capture s | compile wait s | kernels compiled "
-             "(launchers) | variants requested / entered in capture / not requested | workers | graphs "
+             "| start | startup s | load s | precompile s | capture s (warm-up runs) | compile wait s | kernels "
+             "compiled (launchers) | variants requested / entered in capture / not requested | workers | graphs "
              "| first generate s | AR tok/s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for mode, r in report["runs"].items():
-        name = MODES[mode][0]
+    rows = [(MODES[mode][0], r) for mode, r in report["runs"].items()]
+    before = report.get("before")
+    if before:
+        rows += [(f"before ({before['commit']}): {MODES[mode][0] if mode in MODES else mode}", r)
+                 for mode, r in before["runs"].items()]
+    for name, r in rows:
         if "error" in r:
             lines.append(f"| {name} | {r['error']} | | | | | | | | | | |")
             continue
@@ -195,12 +203,16 @@ def markdown(report: dict) -> str:
             pre_s = "skipped (warm cache)"
         v = r.get("variants") or {}
         lines.append(f"| {name} | {r['startup_s']:.1f} | {sp['load_s']:.1f} | {pre_s} | "
-                     f"{sp['capture_s']:.1f} | {sp.get('compile_wait_s', 0.0):.1f} | {r['kernels_compiled']} "
+                     f"{sp['capture_s']:.1f} ({r.get('capture_warmups') or '-'}) | {sp.get('compile_wait_s', 0.0):.1f} | "
+                     f"{r['kernels_compiled']} "
                      f"({r.get('launchers_built', '-')}) | {v.get('requested', '-')} / {v.get('capture', '-')} / "
                      f"{v.get('capture_unrequested', '-')} | "
                      f"{pre.get('workers', '-')} | {r['graphs']} | {r.get('first_generate_s', float('nan')):.1f} | "
                      f"{r.get('ar_tok_s', float('nan')):.0f} |")
     same = report.get("tokens_identical")
+    if before:
+        lines += ["", f"Before: `{before['command']}` (commit {before['commit']}, same artifact, run after the "
+                  f"rows above); its tokens equal these: {report.get('tokens_match_before')}."]
     lines += ["", f"Tokens (AR and fused, {report['tokens']} each) identical in every run that decoded: {same}.",
               f"Kernel binaries (cache entries by hash) identical in every run that started cold: "
               f"{report.get('binaries_identical')}.", "",
@@ -214,8 +226,30 @@ def markdown(report: dict) -> str:
               "in the pass, in capture, and in capture without having been requested (processes: "
               "capture loads the workers' kernels from disk through that path). "
               "First generate: AR then fused, including the prefill's own first compiles. AR tok/s: "
-              "a second AR decode (128 tokens with its prefill), the same replays in every run.", ""]
+              "a second AR decode (128 tokens with its prefill), the same replays in every run. Warm-up "
+              "runs: eager runs of each state's body before capturing it (one once the pass compiled, or a "
+              "warm cache holds, its kernels).", ""]
     return "\n".join(lines)
+
+
+def token_sets(runs: dict) -> set[str]:
+    return {json.dumps(r["tokens"]) for r in runs.values() if "tokens" in r}
+
+
+def attach_before(out: Path, before_json: Path) -> dict:
+    """Add the report a BEFORE checkout wrote (same artifact, its own modes) to ``out``'s
+    startup.json and .md, and whether its tokens equal this run's."""
+    files = {"this run": out / "startup.json", "--before": before_json}
+    try:
+        report, before = (json.loads(f.read_text()) for f in files.values())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"bench_startup --before: cannot read {' / '.join(map(str, files.values()))}: {e}") from None
+    report["before"] = before
+    mine, theirs = token_sets(report["runs"]), token_sets(before["runs"])
+    report["tokens_match_before"] = (mine == theirs and len(mine) == 1) if mine and theirs else None
+    (out / "startup.json").write_text(json.dumps(report, indent=1))
+    (out / "startup.md").write_text(markdown(report))
+    return report
 
 
 def main() -> None:
@@ -229,11 +263,16 @@ def main() -> None:
     ap.add_argument("--max-context", type=int, default=2048)
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bitmtp-startup")
     ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results")
+    ap.add_argument("--before", type=Path, help="only add this startup.json (a BEFORE checkout's run on the same "
+                    "artifact) to the report already in --out, and compare the tokens; loads nothing")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.workers, args.tokens)), flush=True)
+        return
+    if args.before:
+        print(markdown(attach_before(args.out, args.before)))
         return
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
@@ -248,8 +287,10 @@ def main() -> None:
 
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
+    import triton
+
     report = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-              "cpu_count": os.cpu_count(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "torch": torch.__version__, "triton": triton.__version__, "cpu_count": os.cpu_count(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "commit": commit(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
               "tokens": args.tokens, "runs": {}}
     artifact = args.artifact
@@ -289,8 +330,8 @@ def main() -> None:
             log(f"{mode}: startup {r['startup_s']:.1f} s (load {sp['load_s']:.1f}, precompile {sp['precompile_s']:.1f}, "
                 f"capture {sp['capture_s']:.1f}), {r['kernels_compiled']} kernels compiled, "
                 f"{r['compile_calls']['capture']} in capture")
-        token_sets = [json.dumps(x["tokens"]) for x in report["runs"].values() if "tokens" in x]
-        report["tokens_identical"] = len(set(token_sets)) <= 1 if token_sets else None
+        decoded = token_sets(report["runs"])
+        report["tokens_identical"] = len(decoded) == 1 if decoded else None
         binaries = [json.dumps(x["cache_names"]) for m, x in report["runs"].items()
                     if "cache_names" in x and MODES[m][3] == "fresh"]
         report["binaries_identical"] = len(set(binaries)) <= 1 if binaries else None
