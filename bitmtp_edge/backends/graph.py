@@ -42,8 +42,8 @@ nothing: a tile's workspace loop ends at its rows' last visible workspace slot.
 with its Triton launches turned into compile requests that a thread pool compiles in
 parallel (each kernel's launcher too); capture takes each state once its own kernels are
 compiled. The graphs are the ones captured without it; a load whose kernels an earlier
-load left in the Triton cache skips it. Opt-in (``RuntimeOptions.precompile``,
-``BITMTP_PRECOMPILE=1``).
+load left in the Triton cache skips it. On by default (``RuntimeOptions(precompile=False)``
+or ``BITMTP_PRECOMPILE=0`` turns it off).
 
 Ablation switches (``RuntimeOptions``): ``specialize`` (M1: width-specialised kernel
 configs and the cheap draft head), ``graphs`` (M2: capture + replay instead of eager
@@ -85,11 +85,11 @@ class RuntimeOptions:
     # candidate counts c whose fused states are captured at load (others: at first use)
     fused_candidates: tuple[int, ...] = (DEFAULT_CANDIDATES,)
     # Compile every Triton kernel the states at load launch, in parallel, before capturing
-    # them (``precompile.py``); BITMTP_PRECOMPILE=1 turns it on, =N sets N threads, =0 off.
-    # Opt-in: on the H200 (2B shape, one run) a cold start takes 15.4 s with it (over 33 s
-    # without); a warm one took 9.4 s with it against 7.0 s without, before a warm cache
-    # skipped the pass (tools/results/startup.md).
-    precompile: bool = False
+    # them (``precompile.py``); BITMTP_PRECOMPILE=0 turns it off, =N sets N threads. On by
+    # default: on the H200 (2B shape) a cold start took 15.4 s with it (over 33 s without),
+    # and a warm start skips it (the warm marker) and captures after one warm-up run instead
+    # of two (tools/results/startup.md).
+    precompile: bool = True
     precompile_mode: str = "threads"  # or "processes"; BITMTP_PRECOMPILE_MODE overrides it
     # threads: capture a state as soon as its own kernels are compiled (later states' kernels
     # still compiling); False: wait for all first. BITMTP_PRECOMPILE_OVERLAP=0 turns it off.
