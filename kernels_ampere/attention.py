@@ -44,7 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import bf16_dot_upcast, check_dtype, check_launchable, gdc_prologue, next_pow2, pdl_options
+from .common import (alignment_blind, bf16_dot_upcast, check_dtype, check_launchable, gdc_prologue, next_pow2,
+                     pdl_options)
 from .tuning import AttentionConfig, default_attention, lookup, sm_count
 
 LOG2E = 1.4426950408889634
@@ -96,7 +97,7 @@ def _attend_range(acc, m_i, l_i, q, k_ptr, v_ptr, mask_ptr, row_m, row_ok,
     return acc, m_i, l_i
 
 
-@triton.jit
+@triton.jit(**alignment_blind("M"))  # M bounds and indexes rows only (no extra variant at width 16)
 def _attention_split_kernel(
     q_ptr,  # [M, Hq, hd]
     k_ptr, v_ptr,  # [Hkv, S, hd]
@@ -170,7 +171,7 @@ def _attention_split_kernel(
         tl.store(pl_ptr + part, l_i, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(**alignment_blind("MH"))  # MH = M * Hq strides the splits (no extra variant at widths 16 | MH)
 def _attention_combine_kernel(
     pacc_ptr, pm_ptr, pl_ptr,  # partials, as above
     out_ptr,  # [M, Hq, hd]

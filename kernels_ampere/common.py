@@ -23,6 +23,7 @@ kernels are unchanged.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 
 import torch
@@ -30,6 +31,18 @@ import triton
 import triton.language as tl
 
 from .packing import CHUNK_K, LANES, packed_width
+
+def alignment_blind(*names: str) -> dict:
+    """``triton.jit`` options under which the integer arguments ``names`` compile one variant
+    whether or not they are divisible by 16. Triton otherwise compiles a second variant for
+    the divisible values (a hint for vectorised access), one more compile at a cold start per
+    such width: for row counts that only bound or index rows, where no access is vectorised
+    along them, the hint buys nothing. The value 1 is still specialised. On a Triton without
+    the option (before 3.2): {}, i.e. Triton's usual variants."""
+    if "do_not_specialize_on_alignment" not in inspect.signature(triton.jit).parameters:
+        return {}
+    return {"do_not_specialize_on_alignment": list(names)}
+
 
 # 1.5 * 2**23: float32 has no fraction bits left at this magnitude, so the add rounds.
 _RINT_MAGIC = tl.constexpr(12582912.0)
@@ -299,7 +312,7 @@ def scale_strides(w_scale: torch.Tensor, grouped: bool) -> tuple[int, int]:
 
 # --- split-K: partial sums per K slice, then one ordered reduction ----------------------------
 
-@triton.jit
+@triton.jit(**alignment_blind("M"))  # M: the row index's bound and stride (one variant at width 16 too)
 def _split_k_reduce_kernel(
     part_ptr,  # [S, M, N] int32 or float32 partial sums
     a_scale_ptr,  # [M] float32 (HAS_A_SCALE)

@@ -9,7 +9,8 @@ lower-cased with every non-alphanumeric run replaced by ``_`` ("NVIDIA H200" ->
 ``nvidia_h200.json``, a Jetson "Orin" -> ``orin.json``).
 
 Lookup order for one call: the exact shape key in this GPU's table; else the same shape
-at the nearest tuned width M; else the fallback heuristic (``default_*``), which is also
+at the nearest tuned width M of the same padded row tile (16, 32, 64, 128), else at the
+nearest tuned width; else the fallback heuristic (``default_*``), which is also
 what the CPU interpreter and unseen GPUs get (sized by the device's SM count).
 
 Table format (a list of records, so it stays readable in a diff)::
@@ -52,12 +53,16 @@ class LinearConfig:
     num_stages: int = 1
     split_k: int = 1  # K slices run by separate programs, summed in order by a second launch
     prefetch: bool = False  # W2A8: each program asks the L2 for its weights before waiting (PDL)
+    block_m: int = 0  # W2A8 ``mma``: activation rows per tile (16, 32, 64, 128); 0 = the whole width (<= 128)
+    asum_by_dot: bool = False  # W2A8 ``mma``: the activation sums on the tensor cores in the loop, no pass after it
 
     def __post_init__(self):
         if self.kernel not in (GEMV, DOT, ROWS, LANES, MMA):
             raise ValueError(f"LinearConfig.kernel must be one of {(GEMV, DOT, ROWS, LANES, MMA)}, got {self.kernel!r}")
         if self.block_kb % 32 or self.block_kb & (self.block_kb - 1):
             raise ValueError(f"LinearConfig.block_kb={self.block_kb}: need a power of two >= 32")
+        if self.block_m not in (0, 16, 32, 64, 128):
+            raise ValueError(f"LinearConfig.block_m={self.block_m}: need 0 (the whole width) or 16, 32, 64, 128")
 
 
 @dataclass(frozen=True)
@@ -116,8 +121,22 @@ def lookup(op: str, key: dict[str, Any], device: torch.device):
     return find_config(load_table(_device_name(device)), op, key)
 
 
+LINEAR_OPS = ("w2a8_linear", "w2a16_linear")  # their widths pad to row tiles (the heads' do not)
+
+
+def row_tile(m: int) -> int:
+    """The rows a width pads to in a tensor-core tile (16, 32, 64 or 128): the widths that
+    share one are the same launch, whatever the table's entry was tuned at."""
+    return min(max(16, 1 << max(m - 1, 0).bit_length()), 128)
+
+
 def find_config(entries, op: str, key: dict[str, Any]):
-    """Exact key first; else the entry that differs only in ``M`` with the nearest M (ties: smaller M)."""
+    """Exact key first; else the entry that differs only in ``M`` with the nearest M (ties:
+    smaller M) among the tuned widths of the same row tile (``row_tile``; linears), else among all.
+
+    A launch tuned for one tile height runs another one badly: the 2B stack at M = 33 took
+    M = 27's 32-row ``mma`` entries on 64 padded rows, 1955 µs, against 1591 µs with entries
+    of its own (tools/results/kernels.md); within a tile the nearest width is the same work."""
     entries = [e for e in entries if e["op"] == op]
     for e in entries:
         if e["key"] == key:
@@ -125,8 +144,9 @@ def find_config(entries, op: str, key: dict[str, Any]):
     if "M" in key:
         rest = {k: v for k, v in key.items() if k != "M"}
         same_shape = [e for e in entries if {k: v for k, v in e["key"].items() if k != "M"} == rest]
+        same_tile = [e for e in same_shape if op in LINEAR_OPS and row_tile(e["key"]["M"]) == row_tile(key["M"])]
         if same_shape:
-            best = min(same_shape, key=lambda e: (abs(e["key"]["M"] - key["M"]), e["key"]["M"]))
+            best = min(same_tile or same_shape, key=lambda e: (abs(e["key"]["M"] - key["M"]), e["key"]["M"]))
             return _CONFIG_TYPES[op](**best["config"])
     return None
 
@@ -158,9 +178,30 @@ MMA_MAX_M = 32  # v3: widths on the pipelined tensor-core kernel; wider ones on 
 # "v3" = what the H200 measured fastest per width (tools/results/kernels.md: single large
 # matrices and the whole 2B stack): gemv at M <= 2 (at M = 1 with the weights' L2 prefetch
 # before the programmatic-launch wait), ``mma`` pipelined over three stages for
-# M = 3..MMA_MAX_M (2-2.5x ``dot`` on large matrices there), ``dot`` beyond.
-W2A8_GENERATIONS = ("v1", "v2", "v3")
+# M = 3..MMA_MAX_M (2-2.5x ``dot`` on large matrices there), ``dot`` to M = 64 and from
+# M = 65 ``mma`` again in 32-row tiles (``block_m``; the 2B stack's table at M = 80 holds them
+# for three of its four projections, 1.13x faster than ``dot``).
+# "v4" = v3 up to M = 16; wider widths on ``mma`` too, cut into 16-row tiles (``block_m``)
+# that share each weight tile through the L2. Measured slower than v3 on the 2B stack at
+# M = 27-40 (1551 / 1730 / 1740 against 1310 / 1591 / 1626 µs), faster at M = 80 (2742 vs
+# 2814 with ``dot``); kept as an option, not the default.
+W2A8_GENERATIONS = ("v1", "v2", "v3", "v4")
 W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v3")
+MMA_TILED_MAX_M = 128  # v4: widths on 16-row ``mma`` tiles; wider ones as v3
+TILED_MIN_M = 64  # v3: wider widths on 32-row ``mma`` tiles
+WIDE_BLOCK_M = 16
+
+
+def group_k_slices(k: int) -> int:
+    """The number of K slices (split-K) of a group-128 linear, from K alone and whatever the
+    launch configuration: the float32 sum over the groups then runs in the same order at
+    every width and on every kernel (one 128-chunk at a time, in K order, within a slice;
+    slices added in order), which is what makes a row's bits independent of its call's width
+    (``w2a8_linear_reference`` follows the same slices). From 32 chunks (K > 3968) on, one
+    slice per 16 chunks (2048 inputs), at most 4: long-K projections (a Qwen3 down_proj)
+    still spread over a large GPU's SMs, while K <= 3968 pays no reduction launch."""
+    chunks = _cdiv(k, 128)
+    return max(1, min(chunks // 16, 4)) if chunks >= 32 else 1
 
 
 def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int | None = None,
@@ -175,7 +216,9 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     any size gets ~N/8 programs per row, hundreds of waves on an Orin and a few on an H200;
     from M = 3 the tensor-core tiles are 64 rows wide and K is sliced until the tiles cover
     the SMs once (an H200's 132 SMs slice the 2B shapes 1-4 ways, an Orin's 8-16 never),
-    each slice keeping five chunks at least for the three-stage software pipeline.
+    each slice keeping five chunks at least for the three-stage software pipeline; from
+    M = 65 the width's 32-row tiles multiply the programs, and K is sliced only where they
+    still leave half the SMs idle.
     """
     chunks = _cdiv(k, 128) if k else 0
     sms = sms or 132
@@ -183,7 +226,15 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     if generation not in W2A8_GENERATIONS:
         raise ValueError(f"W2A8 kernel generation must be one of {W2A8_GENERATIONS} (BITMTP_W2A8_KERNELS), "
                          f"got {generation!r}")
-    if not weight_only and generation == "v3":
+    if not weight_only and generation == "v4" and MMA_MAX_M // 2 < m <= MMA_TILED_MAX_M:
+        # 16-row tiles side by side: K slices until the tiles of all rows cover the SMs once
+        m_tiles = _cdiv(m, WIDE_BLOCK_M)
+        split = 1
+        if n and chunks:
+            split = max(1, min(_cdiv(sms, _cdiv(n, 64) * m_tiles), chunks // 5, 8))
+        return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split,
+                            block_m=WIDE_BLOCK_M)
+    if not weight_only and generation in ("v3", "v4"):
         if m <= 2:  # a whole row per step; the weights' L2 prefetch (at M = 1 only: it measured slower
             # at M = 2, where two programs ask for the same rows) runs only under programmatic launch
             step = min(32, max(8, 1 << (chunks - 1).bit_length())) if chunks else 16
@@ -193,7 +244,11 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
             if n and chunks:
                 split = max(1, min(_cdiv(sms, _cdiv(n, 64)), chunks // 5, 8))
             return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split)
-        generation = "v1"  # dot (M > MMA_MAX_M)
+        if m > TILED_MIN_M:  # 32-row tiles side by side; K sliced only where the tiles leave half the SMs idle
+            tiles = _cdiv(n, 64) * _cdiv(m, 32) if n else sms
+            split = max(1, min(_cdiv(sms, tiles), chunks // 5, 8)) if chunks and 2 * tiles < sms else 1
+            return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split, block_m=32)
+        generation = "v1"  # dot (M = 33..64)
     if not weight_only and generation == "v1":
         # gemv with dp4a at M <= 2 (a whole row per step), the int8 dot otherwise; K slices
         # until the N tiles cover the SMs (the previous H200 rule used 128 for every GPU)
@@ -233,8 +288,9 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
 
 def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool = False) -> list[LinearConfig]:
     """What the tuner times for one (N, K, M). W2A8: gemv (with and without the L2
-    prefetch) and ``lanes`` up to M = 2, the pipelined ``mma`` up to M = 48, ``dot`` from
-    M = 2; W2A16: gemv at M <= 2, the 16-bit dot always."""
+    prefetch) and ``lanes`` up to M = 2, the pipelined ``mma`` over the whole width up to
+    M = 48 and in 16- / 32-row tiles for M = 17..128, ``dot`` from M = 2; W2A16: gemv at
+    M <= 2, the 16-bit dot always."""
     chunks = _cdiv(k, 128)
     out = []
     if weight_only:
@@ -261,16 +317,37 @@ def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool =
                 LinearConfig(GEMV, 8, 32 * step, prefetch=True), LinearConfig(LANES, 16, 256)]
     tiles = []
     if m <= 48:  # the pipelined tensor-core kernel (three stages), each weight tile decoded once for the width
-        tiles += [(MMA, 64, 64, 4, 3, sk) for sk in (1, 2, 3, 4)] + [(MMA, 32, 64, 4, 3, 1), (MMA, 32, 64, 4, 3, 2),
-                                                                      (MMA, 64, 128, 4, 2, 1)]
+        tiles += [(MMA, 64, 64, 4, 3, sk, 0, False) for sk in (1, 2, 3, 4)] + [
+            (MMA, 32, 64, 4, 3, 1, 0, False), (MMA, 32, 64, 4, 3, 2, 0, False), (MMA, 64, 128, 4, 2, 1, 0, False)]
+    if 3 <= m <= 16:  # more of the weights in flight: a deeper pipeline, the L2 prefetch before the wait
+        tiles += [(MMA, 64, 64, 4, 4, sk, 0, False) for sk in (2, 4)] + [(MMA, 64, 64, 4, 3, 4, 0, True)]
+    if 16 < m <= 128:  # wide: the width in 16- or 32-row tiles that share each weight tile through the L2
+        for bm in (16, 32):
+            if bm < m:
+                tiles += [(MMA, 64, 64, 4, 3, sk, bm, False) for sk in (1, 2, 4)] + [(MMA, 32, 64, 4, 3, 1, bm, False)]
+        if m <= 64:  # the whole width in one tile over 8 warps: half the accumulator registers per thread
+            tiles += [(MMA, 64, 64, 8, 3, sk, 0, False) for sk in (1, 2)]
+        # deeper pipeline / the weights' L2 prefetch before the wait: more of the weights in flight
+        tiles += [(MMA, 64, 64, 4, 4, 2, 16, False), (MMA, 64, 64, 4, 3, 2, 16, True)]
+    tiles = [t + (False,) for t in tiles]
+    if 3 <= m <= 128:  # no K split (no reduction launch) and no pass over the activations after the loop:
+        # narrow weight tiles for parallelism, four chunks per step over four stages for bytes in flight
+        bm = 0 if m <= 16 else 16
+        tiles += [(MMA, 32, 128, 4, 4, 1, bm, False, False), (MMA, 32, 128, 4, 4, 1, bm, False, True),
+                  (MMA, 16, 128, 2, 4, 1, bm, False, True), (MMA, 32, 128, 4, 4, 1, bm, True, True),
+                  (MMA, 64, 64, 4, 3, 2, bm, False, True)]
     if m >= 2:
-        tiles += [(DOT, 64, 64, 4, 3, sk) for sk in (1, 2, 4)] + [(DOT, 128, 64, 8, 3, 1)]
-    for kind, bn, kb, warps, stages, sk in tiles:
+        tiles += [(DOT, 64, 64, 4, 3, sk, 0, False, False) for sk in (1, 2, 4)]
+        tiles += [(DOT, 128, 64, 8, 3, 1, 0, False, False)]
+    for kind, bn, kb, warps, stages, sk, bm, pf, asum in tiles:
         if grouped and kind == MMA:
             kb = 32  # one chunk per step: its group scale applies to that chunk's exact sum
+        if grouped:  # the launcher's slices for group scales whatever the config; sums on the tensor cores anyway
+            sk, asum = group_k_slices(k), False
         if sk > 1 and chunks / sk < 2 * kb // 32:  # slices of at least two steps
             continue
-        cfg = LinearConfig(kind, bn, kb, num_warps=warps, num_stages=stages, split_k=sk)
+        cfg = LinearConfig(kind, bn, kb, num_warps=warps, num_stages=stages, split_k=sk, prefetch=pf, block_m=bm,
+                           asum_by_dot=asum)
         if cfg not in out:
             out.append(cfg)
     return out

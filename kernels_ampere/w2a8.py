@@ -14,7 +14,8 @@ Five kernels, picked per (N, K, M) by the tuned table (``tuning.py``) or, withou
 ``tuning.default_linear`` from the shape and the SM count. The untuned default ("v3",
 ``BITMTP_W2A8_KERNELS``) is what the H200 measured fastest per width on the whole 2B stack
 (tools/results/kernels.md): ``gemv`` at M <= 2 (with the L2 prefetch below at M = 1),
-``mma`` with three software-pipeline stages at M = 3..32, ``dot`` beyond.
+``mma`` with three software-pipeline stages at M = 3..32, ``dot`` at M = 33..64, ``mma`` in
+32-row tiles beyond.
 
 v1:
 
@@ -61,13 +62,25 @@ large matrices; only the M = 1 default uses it.
 K need not be a multiple of 128: packed rows end in zero-weight padding (``packing.py``),
 and every kernel reads the activations beyond K as 0.
 
-Group-128 scales are applied per chunk after its exact int32 sum. ``split_k > 1`` gives
-each program a slice of the chunks; slices write int32 (per-row scales: still exact) or
-float32 (group scales applied) partials that ``common.split_k_reduce`` adds in slice order
--- deterministic, no atomics, no zero-fill.
+Group-128 scales are applied per chunk after its exact int32 sum, one chunk at a time in K
+order in every kernel (a step of several chunks adds them one by one, not as a tree), and
+the K slices of a grouped call come from K alone (``tuning.group_k_slices``), not from the
+launch configuration: the float32 sum over the groups then has one order at every width,
+so a row's bits do not depend on how many rows share its call, and the twin (which sums in
+the same order) is matched bit for bit. ``split_k > 1`` gives each program a slice of the
+chunks; slices write int32 (per-row scales: still exact) or float32 (group scales applied)
+partials that ``common.split_k_reduce`` adds in slice order -- deterministic, no atomics,
+no zero-fill.
 
-The epilogue multiplies in the same order as the twin, ``(float(acc) * a_scale) * w_scale``,
-so per-row results in float32 are bit-identical to ``w2a8_linear_reference``.
+``mma`` takes the width in tiles of ``LinearConfig.block_m`` rows (default: the whole width,
+up to 128); the row tiles of one weight tile are neighbours in the grid, so they run at the
+same time and read the tile from DRAM about once. Measured on the 2B stack
+(tools/results/kernels.md, wide steps): 32-row tiles win at M = 80 (three of four
+projections); 16-row tiles lost to one 32-row tile at M = 27 and to ``dot`` at M = 33-40.
+
+The epilogue multiplies in the same order as the twin, ``(float(acc) * a_scale) * w_scale``
+(group scales: ``(sum of float(chunk) * w_scale[g]) * a_scale``), so results in float32 are
+bit-identical to ``w2a8_linear_reference``.
 """
 
 from __future__ import annotations
@@ -82,7 +95,8 @@ from .common import (apply_carveout, check_dtype, check_launchable, check_packed
                      dp4a_unsigned, gdc_prologue, is_interpreted, next_pow2, pdl_options, prefetch_rows_l2,
                      scale_strides, split_k_chunks, split_k_reduce)
 from .packing import BYTES_PER_CHUNK, CHUNK_K, unpack_ternary
-from .tuning import DOT, GEMV, LANES, MMA, ROWS, LinearConfig, default_linear, linear_key, lookup, sm_count
+from .tuning import (DOT, GEMV, LANES, MMA, ROWS, LinearConfig, default_linear, group_k_slices, linear_key, lookup,
+                     sm_count)
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ROWS_MAX_BLOCK_M = 16  # activation rows one ``rows`` program multiplies (registers: BLOCK_N·BLOCK_M·words)
@@ -144,8 +158,9 @@ def _w2a8_gemv_kernel(
         if GROUPED:
             s = tl.load(w_scale_ptr + rn[:, None] * stride_sn + c[None, :] * stride_sg,
                         mask=mask_n[:, None] & mask_c[None, :], other=0.0)  # [BLOCK_N, CHUNKS]
-            chunk = tl.sum(acc, axis=2) - tl.sum(asum, axis=1)[None, :]
-            facc += tl.sum(chunk.to(tl.float32) * s, axis=1)
+            part = (tl.sum(acc, axis=2) - tl.sum(asum, axis=1)[None, :]).to(tl.float32) * s  # [BLOCK_N, CHUNKS]
+            for cc in tl.static_range(CHUNKS):  # one chunk at a time, in K order: the sum's order is the width's
+                facc += tl.sum(tl.where(rc[None, :] == cc, part, 0.0), axis=1)
 
     if GROUPED:
         y = facc
@@ -241,7 +256,9 @@ def _w2a8_rows_kernel(
             s = tl.load(w_scale_ptr + rn[:, None] * stride_sn + c[None, :] * stride_sg,
                         mask=mask_n[:, None] & mask_c[None, :], other=0.0)  # [BLOCK_N, CHUNKS]
             chunk = tl.sum(acc, axis=3) - tl.sum(asum, axis=2)[None, :, :]  # [BLOCK_N, BLOCK_M, CHUNKS]
-            facc += tl.sum(chunk.to(tl.float32) * s[:, None, :], axis=2)
+            part = chunk.to(tl.float32) * s[:, None, :]
+            for cc in tl.static_range(CHUNKS):  # one chunk at a time, in K order
+                facc += tl.sum(tl.where(rc[None, None, :] == cc, part, 0.0), axis=2)
 
     if GROUPED:
         y = facc
@@ -397,7 +414,9 @@ def _w2a8_lanes_kernel(
                         mask=mask_n[:, None] & mask_c[None, :], other=0.0)  # [BLOCK_N, CHUNKS]
             words = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6)  # exact: lane i's sums are multiples of 4^i
             chunk = tl.sum(words, axis=3) - tl.sum(asum, axis=2)[None, :, :]  # [BLOCK_N, BLOCK_M, CHUNKS]
-            facc += tl.sum(chunk.to(tl.float32) * s[:, None, :], axis=2)
+            part = chunk.to(tl.float32) * s[:, None, :]
+            for cc in tl.static_range(CHUNKS):  # one chunk at a time, in K order
+                facc += tl.sum(tl.where(rc[None, None, :] == cc, part, 0.0), axis=2)
         wt = wt_next
 
     if GROUPED:
@@ -468,7 +487,7 @@ def _w2a8_mma_kernel(
     GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
     USE_ASM: tl.constexpr,
-    ASUM_BY_DOT: tl.constexpr,  # group scales, or activation rows that are not whole aligned int32 words
+    ASUM_BY_DOT: tl.constexpr,  # group scales, rows that are not whole aligned int32 words, or asked (config)
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
     PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
 ):
@@ -483,12 +502,15 @@ def _w2a8_mma_kernel(
     packed bytes at once, so the compiler keeps them 32-bit. With ``w = c - 1``:
     ``sum w·a = acc0 + acc1/4 + acc2/16 + acc3/64 - (a-sums of lanes 0..2) + (a-sum of lane 3)``,
     the a-sums (row scales, word-aligned activations) from one dp4a pass over the activations after the loop,
-    else (group scales, or K % 4 != 0) from the tensor cores (a -1 / +1 tile times the same
-    activations). Exact: every lane sum is a multiple of its scale; |acc3| <= 128·128·K/4 < 2**31.
+    else (group scales, K % 4 != 0, or ``LinearConfig.asum_by_dot``: no serial pass after the
+    loop, at the price of a 16-row MMA per lane) from the tensor cores (a -1 / +1 tile times
+    the same activations). Exact: every lane sum is a multiple of its scale; |acc3| <= 128·128·K/4 < 2**31.
     The first weight chunk is loaded before waiting for the previous kernel (constants)."""
     N_CHUNKS: tl.constexpr = (K + 127) // 128
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    # the row tiles of one weight tile are neighbours in the grid: they run together and
+    # share the tile's DRAM traffic through the L2
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     c_lo = tl.program_id(2) * chunks_per_split
     c_hi = tl.minimum(c_lo + chunks_per_split, N_CHUNKS)
     rb = tl.arange(0, 32)  # byte j of a chunk: inputs 32i + j of lane i
@@ -590,7 +612,10 @@ def w2a8_linear(
         return out
     stride_sn, stride_sg = scale_strides(w_scale, grouped)
     chunks = 1 if (grouped and config.kernel == MMA) else config.block_kb // BYTES_PER_CHUNK
-    per_split, n_split = split_k_chunks(triton.cdiv(k, CHUNK_K), config.split_k, chunks)
+    if grouped:  # the slices from K alone: one order of the float sum over the groups at every width
+        per_split, n_split = split_k_chunks(triton.cdiv(k, CHUNK_K), group_k_slices(k), 1)
+    else:
+        per_split, n_split = split_k_chunks(triton.cdiv(k, CHUNK_K), config.split_k, chunks)
     split = n_split > 1
     # split-K slices write int32 (per-row: still exact) or float32 (group scales applied) partials
     target = torch.empty((n_split, m, n), dtype=torch.float32 if grouped else torch.int32,
@@ -610,18 +635,20 @@ def w2a8_linear(
             cap = ROWS_MAX_BLOCK_M if config.kernel == ROWS else LANES_MAX_BLOCK_M
             rows = {"BLOCK_M": min(next_pow2(m), cap)}
             grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, rows["BLOCK_M"]), n_split)
-    else:
-        kernel = _w2a8_dot_kernel if config.kernel == DOT else _w2a8_mma_kernel
-        a_in, w_in = a_int8, packed
-        cap = 64 if config.kernel == DOT else MMA_MAX_BLOCK_M
-        rows = {"BLOCK_M": max(16, min(next_pow2(m), cap))}  # tl.dot needs 16 rows at least
+    elif config.kernel == DOT:
+        kernel, a_in, w_in = _w2a8_dot_kernel, a_int8, packed
+        rows = {"BLOCK_M": max(16, min(next_pow2(m), 64))}  # tl.dot needs 16 rows at least
         grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, rows["BLOCK_M"]), n_split)
+    else:  # mma: the row tiles of one weight tile first in the grid (neighbours share it through the L2)
+        kernel, a_in, w_in = _w2a8_mma_kernel, a_int8, packed
+        rows = {"BLOCK_M": max(16, min(next_pow2(m), config.block_m or MMA_MAX_BLOCK_M))}
+        grid = (triton.cdiv(m, rows["BLOCK_M"]), triton.cdiv(n, config.block_n), n_split)
     check_launchable(kernel, a_int8, a_scale, packed, w_scale)
     pdl = pdl_options(kernel)
     # the prefetch overlaps the previous kernel: only worth its instructions under programmatic launch
     asm = {"USE_ASM": not is_interpreted(kernel), "PREFETCH": config.prefetch and pdl["USE_GDC"]}
     if kernel is _w2a8_mma_kernel:
-        asm["ASUM_BY_DOT"] = grouped or not words
+        asm["ASUM_BY_DOT"] = grouped or not words or config.asum_by_dot
     compiled = kernel[grid](
         a_in, a_scale, w_in, w_scale, target, res, m, n, per_split,
         a_in.stride(0), w_in.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),
@@ -654,7 +681,17 @@ def w2a8_linear_reference(
         codes = torch.nn.functional.pad(codes, (0, kp - k))
         acc = torch.einsum("mgk,ngk->mng", a_int8.double().view(m, g, CHUNK_K),
                            codes.double().view(n, g, CHUNK_K))  # [M, N, G], exact integers
-        y = (acc.float() * w_scale[None]).sum(-1) * a_scale[:, None]
+        part = acc.float() * w_scale[None]  # each group's product rounded once to float32
+        # the kernels' order: one group at a time in K order within each K slice, then the
+        # slices in order (tuning.group_k_slices: from K alone, whatever the launch)
+        per, slices = split_k_chunks(g, group_k_slices(k), 1)
+        y = None
+        for s in range(slices):
+            total = torch.zeros(m, n, dtype=torch.float32, device=part.device)
+            for j in range(s * per, min((s + 1) * per, g)):
+                total = total + part[:, :, j]
+            y = total if y is None else y + total
+        y = y * a_scale[:, None]
     else:
         acc = int_matmul(a_int8, codes).float()  # [M, N]
         y = acc * a_scale[:, None] * w_scale.expand(n)[None, :]

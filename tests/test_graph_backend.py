@@ -239,3 +239,43 @@ def test_gpu_server_backend_speculative_and_fused_equal_ar(tmp_path):
     ar = eng.generate(PROMPT, max_new_tokens=64, policy="ar")
     for policy in ("speculative", "fused"):
         assert eng.generate(PROMPT, max_new_tokens=64, policy=policy).token_ids == ar.token_ids, policy
+
+
+@gpu
+@needs_gpu
+def test_gpu_a_graph_captured_after_one_warm_up_run_replays_what_two_give(tmp_path):
+    """A precompiled load captures each state after one warm-up run instead of two: every
+    replay state's graph then writes the same outputs, chained inputs and KV, bit for bit."""
+    from bitmtp_edge import Engine
+
+    model = random_model(11, vocab=256, hidden=256, heads=(8, 2))
+    art = write_test_artifact(model, tmp_path / "art", block_size=8, max_context=256, smallest=16)
+    eng = Engine.load(art, backend="ampere", device="cuda", runtime=RuntimeOptions(capture="lazy"))
+    eng.generate(PROMPT, max_new_tokens=24, policy="fused")  # real values in every chained input and the KV
+    b = eng.backend
+    st, kv = b.static, b.kv
+
+    def snapshot():
+        return [t.clone() for t in (*st.mutable(), st.attn_rows, kv.k, kv.v)]
+
+    def restore(saved):
+        for t, s in zip((*st.mutable(), st.attn_rows, kv.k, kv.v), saved):
+            t.copy_(s)
+
+    start = snapshot()
+    last = len(b.plan.segments) - 1  # room after the history for every width
+    states = [s for s in b.states() if s.segment == last]
+    assert {s.role for s in states} == {"verify", "draft", "fused"} and kv.length > len(PROMPT)
+    for state in states:
+        after = {}
+        for warmups in (1, 2):
+            restore(start)
+            b._capture(state, warmups=warmups)
+            graph = b.graphs.pop(state)
+            restore(start)
+            graph.replay()
+            torch.cuda.synchronize()
+            after[warmups] = snapshot()
+        assert all(torch.equal(x, y) for x, y in zip(after[1], after[2])), state
+        assert not all(torch.equal(x, y) for x, y in zip(after[1], start)), state  # the step wrote something
+    restore(start)

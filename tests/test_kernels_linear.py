@@ -2,9 +2,9 @@
 
 Integer accumulation is checked exactly: per-row scales reproduce the twin's float32
 epilogue bit for bit, and unit scales turn the output into the raw int32 accumulator.
-Group-128 results differ from the twin only by float32 summation order over the groups
-(rtol 1e-5). Weight-only results accumulate in float32 in a different order than the
-twin's matmul (rtol 1e-5 of the output's scale).
+Group-128 results too: every kernel adds the groups' float32 terms one chunk at a time in
+K order, in K slices set by K alone, as the twin does. Weight-only results accumulate in
+float32 in a different order than the twin's matmul (rtol 1e-5 of the output's scale).
 
 Without CUDA the kernels run in Triton's interpreter, on small shapes.
 """
@@ -17,7 +17,8 @@ pytest.importorskip("triton")  # the interpreter is set up by tests/__init__.py 
 from kernels_ampere import pack_ternary  # noqa: E402
 from kernels_ampere.numerics import int_matmul, quantize_activations  # noqa: E402
 from kernels_ampere.packing import packed_width  # noqa: E402
-from kernels_ampere.tuning import DOT, GEMV, LANES, MMA, ROWS, LinearConfig, default_linear  # noqa: E402
+from kernels_ampere.tuning import (DOT, GEMV, LANES, MMA, ROWS, LinearConfig, default_linear,  # noqa: E402
+                                   group_k_slices)
 from kernels_ampere.w2a16 import w2a16_linear, w2a16_linear_reference  # noqa: E402
 from kernels_ampere.w2a8 import w2a8_linear, w2a8_linear_reference  # noqa: E402
 from tests.helpers import DEVICE, ON_GPU, needs_gpu  # noqa: E402
@@ -45,6 +46,9 @@ def w2a8_configs(grouped: bool, m: int = 1) -> list[LinearConfig]:
     rows = [LinearConfig(ROWS, 8, 64, num_warps=4), LinearConfig(ROWS, 16, 64, num_warps=2, split_k=3)]
     lanes = [LinearConfig(LANES, 8, 64, num_warps=2), LinearConfig(LANES, 16, 64, num_warps=2, split_k=3)]
     mma = [LinearConfig(MMA, 32, 64, num_warps=4), LinearConfig(MMA, 16, 64, num_warps=4, split_k=2, prefetch=True)]
+    mma.append(LinearConfig(MMA, 16, 128, num_warps=2, num_stages=2, asum_by_dot=True))  # sums in the loop
+    if m > 16:  # the width in 16-row tiles (the last one partial), side by side in the grid
+        mma.append(LinearConfig(MMA, 32, 64, num_warps=4, num_stages=2, split_k=2, block_m=16))
     return configs(grouped, m) + rows + lanes + mma
 
 
@@ -77,11 +81,7 @@ def test_w2a8_matches_twin(m, n, k, grouped):
     ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32)
     for cfg in w2a8_configs(grouped, m):
         out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
-        if grouped:
-            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item(),
-                                       msg=lambda s: f"{cfg.kernel}: {s}")
-        else:
-            assert_exact(out, ref, f"{cfg.kernel} M={m} N={n} K={k}")
+        assert_exact(out, ref, f"{cfg} M={m} N={n} K={k}")
 
 
 @pytest.mark.parametrize("m", (1, 5, 17))
@@ -178,12 +178,9 @@ def test_w2a8_fused_residual_equals_the_unfused_sum(m, n, k, grouped):
         assert_exact(ref, residual + w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32), "twin")
     for cfg in w2a8_configs(grouped, m):
         fused = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg, residual=residual)
-        if grouped:  # group sums in float32 in the kernel's order: compare with the kernel's own unfused output
-            unfused = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
-            assert_exact(fused, residual + unfused, f"{cfg}")
-            torch.testing.assert_close(fused, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
-        else:
-            assert_exact(fused, ref, f"{cfg}")
+        unfused = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
+        assert_exact(fused, residual + unfused, f"{cfg} fused vs unfused")
+        assert_exact(fused, ref, f"{cfg}")
     with pytest.raises(TypeError, match="float32"):
         w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float16, residual=residual)
     with pytest.raises(ValueError, match="residual must be"):
@@ -195,7 +192,7 @@ def test_w2a8_fused_residual_equals_the_unfused_sum(m, n, k, grouped):
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("n,k", [(3840, 2560), (13824, 2560), (2560, 6912), (3200, 8640)])
-@pytest.mark.parametrize("m", (1, 9, 80))
+@pytest.mark.parametrize("m", (1, 9, 33, 80))
 def test_w2a8_real_shapes_exact_on_gpu(n, k, m):
     """The shipped kernels on BitNet-2B / 1bitLLM-3B shapes (8640 = 67.5 chunks: padded)."""
     gen = torch.Generator().manual_seed(n + m)
@@ -204,8 +201,16 @@ def test_w2a8_real_shapes_exact_on_gpu(n, k, m):
     w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
     new = [LinearConfig(MMA, 64, 64), LinearConfig(MMA, 32, 128, split_k=2),
            LinearConfig(MMA, 64, 64, num_stages=3, split_k=3), LinearConfig(DOT, 64, 64, num_stages=3, prefetch=True)]
+    if m > 16:  # wide widths in 16- / 32-row tiles, the whole width over 8 warps, a deeper pipeline
+        new += [LinearConfig(MMA, 64, 64, num_stages=3, split_k=2, block_m=16),
+                LinearConfig(MMA, 32, 64, num_stages=3, block_m=32),
+                LinearConfig(MMA, 64, 64, num_warps=8, num_stages=3),
+                LinearConfig(MMA, 64, 64, num_stages=4, split_k=2, block_m=16, prefetch=True)]
+    if m > 2:  # no K split, four chunks per step over four stages, the activation sums in the loop
+        new += [LinearConfig(MMA, 32, 128, num_stages=4, block_m=16 if m > 16 else 0, asum_by_dot=True),
+                LinearConfig(MMA, 16, 128, num_warps=2, num_stages=4, block_m=16 if m > 16 else 0, asum_by_dot=True)]
     defaults = [default_linear(m, False, n=n, k=k, sms=torch.cuda.get_device_properties(0).multi_processor_count,
-                               generation=g) for g in ("v1", "v3")]
+                               generation=g) for g in ("v1", "v3", "v4")]
     for cfg in [None, *defaults, *([LinearConfig(LANES, 8, 256, prefetch=True)] if m <= 4 else []), *new]:
         out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
         assert_exact(out, w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32),
@@ -246,6 +251,50 @@ def test_shared_carveout_switch_checks_its_argument():
     finally:
         shared_carveout(before)
     assert shared_carveout() == before
+
+
+@pytest.mark.parametrize("m", (1, 3, 17))
+def test_w2a8_group_scales_follow_k_slices_set_by_k_alone(m):
+    """K = 4096: 32 chunks, two K slices whatever the configuration asks (its split_k is
+    overridden), every kernel equal to the twin bit for bit; the twin itself within float32
+    rounding of float64 arithmetic."""
+    n, k = 24, 4096
+    assert group_k_slices(k) == 2 and group_k_slices(3968) == 1 and group_k_slices(6144) == 3
+    gen = torch.Generator().manual_seed(91 + m)
+    codes, packed = random_weight(n, k, gen)
+    a, a_s = random_activations(m, k, gen)
+    w_s = (0.5 + torch.rand(n, k // 128, generator=gen)).to(DEVICE)
+    ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32)
+    exact = torch.einsum("mgk,ngk->mng", a.cpu().double().view(m, -1, 128), codes.double().view(n, -1, 128))
+    exact = (exact * w_s.cpu().double()[None]).sum(-1) * a_s.cpu().double()[:, None]
+    torch.testing.assert_close(ref.cpu().double(), exact, rtol=1e-5, atol=1e-5 * exact.abs().max().item())
+    picks = [LinearConfig(GEMV, 8, 256, num_warps=2), LinearConfig(GEMV, 8, 128, num_warps=2, split_k=4),
+             LinearConfig(MMA, 16, 64, num_warps=4, num_stages=2, split_k=3),
+             LinearConfig(DOT, 16, 128, num_warps=4, num_stages=2, split_k=1)]
+    if m > 1:
+        picks.append(LinearConfig(LANES, 8, 128, num_warps=2))
+    for cfg in picks:
+        assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg), ref, f"{cfg} M={m}")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("m", (1, 2, 9, 27, 80))
+def test_w2a8_group128_real_shapes_exact_on_gpu(m):
+    """Qwen3-1.7B's down projection (K = 6144: three K slices) and gate+up: every default,
+    the tuned launch and the kernels the tuner may pick equal the twin bit for bit."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for n, k in ((2048, 6144), (12288, 2048)):
+        gen = torch.Generator().manual_seed(n + k + m)
+        _, packed = random_weight(n, k, gen)
+        a, a_s = random_activations(m, k, gen)
+        w_s = (0.5 + torch.rand(n, k // 128, generator=gen)).to(DEVICE)
+        ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32)
+        cfgs = [None, *(default_linear(m, True, n=n, k=k, sms=sms, generation=g) for g in ("v1", "v3", "v4"))]
+        cfgs += [LinearConfig(MMA, 64, 32, num_stages=3, block_m=16), LinearConfig(DOT, 64, 64, num_stages=3)]
+        for cfg in cfgs:
+            assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg), ref,
+                         f"{cfg} N={n} K={k} M={m}")
 
 
 @pytest.mark.gpu
@@ -302,10 +351,7 @@ def test_w2a8_k_padded_to_whole_chunks(m, n, k, grouped):
         picks.append(LinearConfig(GEMV, 8, 64, num_warps=2))
     for cfg in picks:
         out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
-        if grouped:
-            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
-        else:
-            assert_exact(out, ref, f"{cfg} K={k}")
+        assert_exact(out, ref, f"{cfg} K={k}")
 
 
 def test_w2a8_k_not_a_multiple_of_four_runs_on_the_tensor_core_kernel():
@@ -364,12 +410,22 @@ def test_untuned_defaults_follow_the_sm_count():
     orin, h200 = (default_linear(9, False, n=2560, k=6912, sms=s, generation="v3") for s in (8, 132))
     assert orin.kernel == h200.kernel == MMA and h200.num_stages == 3 and orin.split_k == 1 < h200.split_k
     assert default_linear(40, False, n=2560, k=2560, sms=132, generation="v3").kernel == DOT
+    wide = default_linear(80, False, n=2560, k=2560, sms=132, generation="v3")  # 32-row tensor-core tiles from M = 65
+    assert wide.kernel == MMA and wide.block_m == 32 and wide.split_k == 1
+    assert default_linear(80, False, n=512, k=6912, sms=132, generation="v3").split_k > 1  # 8 x 3 tiles: sliced
+    # v4: v3 to M = 16, then 16-row tensor-core tiles to M = 128 (fewer K slices as the tiles multiply)
+    assert default_linear(9, False, n=2560, k=6912, sms=132, generation="v4") == h200
+    orin, h200, wide = (default_linear(m, False, n=2560, k=6912, sms=s, generation="v4")
+                        for m, s in ((27, 8), (27, 132), (80, 132)))
+    assert orin.kernel == h200.kernel == wide.kernel == MMA and orin.block_m == h200.block_m == 16
+    assert orin.split_k == 1 < h200.split_k and wide.split_k < h200.split_k
+    assert default_linear(129, False, n=2560, k=2560, sms=132, generation="v4").block_m == 32  # v3's beyond 128
     with pytest.raises(ValueError, match="generation"):
         default_linear(1, False, generation="v9")
 
 
-@pytest.mark.parametrize("generation", ["v1", "v2", "v3"])
-@pytest.mark.parametrize("m", (1, 2, 9))
+@pytest.mark.parametrize("generation", ["v1", "v2", "v3", "v4"])
+@pytest.mark.parametrize("m", (1, 2, 9, 21, 70))
 def test_w2a8_defaults_of_both_generations_match_the_twin(generation, m):
     n, k = 72, 640
     gen = torch.Generator().manual_seed(40 + m)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kernels_ampere import tuning
-from kernels_ampere.tuning import DOT, GEMV, HeadConfig, LinearConfig
+from kernels_ampere.tuning import DOT, GEMV, MMA, HeadConfig, LinearConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,6 +52,19 @@ def test_lookup_prefers_the_exact_key_then_the_nearest_tuned_width():
     assert nearest == LinearConfig(DOT, 64, 128, 4, 3)
     tie = tuning.find_config(ENTRIES, "w2a8_linear", tuning.linear_key(2560, 2560, 5, False))
     assert tie.kernel == GEMV  # |5-1| == |5-9|: the smaller width wins
+
+
+def test_lookup_stays_within_the_row_tile_of_the_width():
+    """M = 31 pads to the 32 rows of M = 27's entry, not to the 64 of M = 33's, although 33
+    is nearer; M = 17 also takes M = 27's (32 rows), not M = 16's; M = 41 and 64 M = 33's."""
+    entries = [{"op": "w2a8_linear", "key": tuning.linear_key(2560, 2560, m, False),
+                "config": {"kernel": kind, "block_n": 64, "block_kb": 64, "split_k": sk}}
+               for m, kind, sk in ((16, MMA, 4), (27, MMA, 2), (33, DOT, 1), (80, MMA, 1))]
+    pick = lambda m: tuning.find_config(entries, "w2a8_linear", tuning.linear_key(2560, 2560, m, False))  # noqa: E731
+    assert [tuning.row_tile(m) for m in (1, 16, 17, 32, 33, 64, 65, 200)] == [16, 16, 32, 32, 64, 64, 128, 128]
+    assert pick(31) == pick(17) == pick(27) == LinearConfig(MMA, 64, 64, split_k=2)
+    assert pick(33) == pick(41) == pick(64) == LinearConfig(DOT, 64, 64)
+    assert pick(9) == pick(16) == LinearConfig(MMA, 64, 64, split_k=4) and pick(120) == pick(80)
 
 
 def test_lookup_misses_other_shapes_ops_and_scale_kinds():

@@ -10,6 +10,7 @@ compiles nothing and decodes the same tokens.
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
 import time
@@ -88,6 +89,142 @@ def test_every_body_requests_and_each_variant_compiles_once_in_the_pool():
 
 
 RUN = FakeKernel.__dict__["run"]
+
+
+class Triton36Kernel:
+    """A kernel with Triton 3.6's launch protocol: ``run`` looks the specialisation key up in
+    ``device_caches[device][0]``, else enters ``_do_compile`` (the hook, then a submit to the
+    active ``AsyncCompileMode`` whose future is filed in the cache only when finalised); a
+    launch of a future kernel waits for its result."""
+
+    def __init__(self, name: str, compile_fn=None, module: str = "fake_module"):
+        self.__name__, self.launched, self.do_compile_calls, self.compile_threads = name, [], 0, []
+        self.device_caches, self.module = {0: ({},)}, module
+        self.compile_fn = compile_fn or (lambda key: f"binary{key}")
+
+    @property
+    def cache(self):
+        return self.device_caches[0][0]
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.run(*args, grid=grid, warmup=False, **kwargs)
+
+    def run(self, *args, grid, warmup, **kwargs):
+        key = (tuple(a.dtype if isinstance(a, torch.Tensor) else a % 16 == 0 for a in args), tuple(sorted(kwargs.items())))
+        kernel = self.cache.get(key)
+        if kernel is None:
+            kernel = self._do_compile(key, "signature", 0, {}, None, {}, warmup)
+            if kernel is None:
+                return None
+        if not warmup:
+            if hasattr(kernel, "result"):
+                kernel = kernel.result()
+            self.launched.append(key)
+        return kernel
+
+    def _do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
+        self.do_compile_calls += 1
+        cache = self.device_caches[device][0]
+        hook = knobs.runtime.jit_cache_hook
+        if hook is not None and hook(key=key, repr=self.__name__,
+                                     fn=SimpleNamespace(module=self.module, name=self.__name__),
+                                     compile={"key": key, "specialization_data": json.dumps([self.__name__, repr(key)])},
+                                     is_manual_warmup=warmup, already_compiled=False):
+            return None
+
+        def compile_now():
+            self.compile_threads.append(threading.current_thread().name)
+            return self.compile_fn(key)
+
+        mode = triton_async.active_mode.get()
+        if mode is None:
+            cache[key] = compile_now()
+            return cache[key]
+
+        def finalize(kernel):
+            cache[key] = kernel
+
+        extra = (lambda fk: None,) if len(inspect.signature(mode.submit).parameters) == 4 else ()  # newer Triton
+        return mode.submit((self.__name__, key), compile_now, finalize, *extra)
+
+
+def test_repeated_requests_of_a_variant_enter_tritons_compile_once():
+    """Triton 3.6 files a future kernel only when it is finalised: without the pass filing the
+    first request, every repeat (the same kernel in every layer) re-entered ``_do_compile``."""
+    release = threading.Event()
+    a = Triton36Kernel("a", lambda key: release.wait(30) and f"binary{key}")
+    x = torch.zeros(4)
+    bodies = [(f"s{i}", lambda: [a[(1,)](x, n) for n in (1, 16) * 25]) for i in range(3)]  # two variants
+    job = pc.start_precompile(bodies, workers=2, timeout_s=60, classes=[Triton36Kernel])
+    try:
+        assert job.report.requested == 150 and a.do_compile_calls == 2
+        futures = list(a.cache.values())
+        assert len(futures) == 2 and all(isinstance(f, triton_async.FutureKernel) for f in futures)
+        assert all(len(job.needs[f"s{i}"]) == 2 for i in range(3))
+        release.set()
+        a[(1,)](x, 1)  # a launch (capture, overlapped) waits for the future, then finds the kernel
+        report = job.finish()
+    finally:
+        release.set()
+        job.abort()
+    assert report.compiled == 2 and a.do_compile_calls == 2 and len(a.launched) == 1
+    assert sorted(a.cache.values()) == sorted(f"binary{k}" for k in a.cache)  # compiled kernels, no futures left
+    assert Triton36Kernel.__dict__["_do_compile"] is DO_COMPILE  # restored
+
+
+DO_COMPILE = Triton36Kernel.__dict__["_do_compile"]
+
+
+@pytest.mark.parametrize("how", ["fails", "times out"])
+def test_a_failed_or_abandoned_compile_leaves_no_filed_future(how):
+    release = threading.Event()
+
+    def compile_fn(key):
+        if how == "fails":
+            raise RuntimeError("PassManager::run failed")
+        release.wait(30)
+        return "binary"
+
+    bad = Triton36Kernel("bad", compile_fn)
+    try:
+        with pytest.raises(pc.PrecompileError, match="could not compile bad" if how == "fails" else "did not finish"):
+            pc.precompile([("s0", lambda: [bad[(1,)](torch.zeros(2), 1) for _ in range(3)])], workers=1,
+                          timeout_s=30 if how == "fails" else 0.3, classes=[Triton36Kernel])
+    finally:
+        release.set()
+    assert bad.cache == {} and bad.do_compile_calls == 1  # a later launch compiles (and reports) again
+    assert triton_async.active_mode.get() is None
+
+
+def test_each_compiled_kernels_launcher_is_built_in_its_compile_thread(monkeypatch):
+    built = []
+    monkeypatch.setattr(pc, "build_launcher", lambda kernel: built.append((kernel, threading.current_thread().name)))
+    a = Triton36Kernel("a")
+    report = pc.precompile([("s0", lambda: [a[(1,)](torch.zeros(2), n) for n in (1, 16, 1, 16)])], workers=2,
+                           timeout_s=30, classes=[Triton36Kernel])
+    assert report.compiled == 2
+    assert sorted(k for k, _ in built) == sorted(a.cache.values())
+    assert all(name.startswith("triton-precompile") for _, name in built)
+
+
+def test_build_launcher_makes_tritons_launcher_and_never_raises(monkeypatch):
+    import sys
+
+    import triton.runtime.driver  # noqa: F401 - the module (``triton.runtime.driver`` names its object)
+
+    triton_driver = sys.modules["triton.runtime.driver"]
+    made = []
+    kernel = SimpleNamespace(src="src", metadata="metadata", name="k")
+    monkeypatch.setattr(triton_driver, "driver", SimpleNamespace(active=SimpleNamespace(
+        launcher_cls=lambda src, metadata: made.append((src, metadata)))))
+    pc.build_launcher(kernel)
+    assert made == [("src", "metadata")]
+
+    def broken(src, metadata):
+        raise RuntimeError("gcc: not found")
+
+    monkeypatch.setattr(triton_driver, "driver", SimpleNamespace(active=SimpleNamespace(launcher_cls=broken)))
+    pc.build_launcher(kernel)  # left to the kernel's first launch, which reports it
 
 
 def test_requests_do_not_wait_for_compiles():
@@ -170,6 +307,16 @@ def test_record_variants_collects_each_uncompiled_variant_once_and_compiles_noth
     assert knobs.runtime.jit_cache_hook is None and FakeKernel.__dict__["run"] is RUN
 
 
+def test_record_variants_asks_the_hook_once_per_variant_and_leaves_no_marker():
+    a = Triton36Kernel("a")
+    x = torch.zeros(4)
+    report = pc.PrecompileReport(mode="processes")
+    variants = pc.record_variants([("s1", lambda: [a[(1,)](x, n) for n in (1, 16) * 20])], report,
+                                  classes=[Triton36Kernel])
+    assert len(variants) == 2 and report.requested == 40 and a.do_compile_calls == 2
+    assert a.cache == {} and a.compile_threads == []  # the SKIPPED markers are gone: capture compiles or loads
+
+
 def write_marker(module: str, kernel: str, data: str) -> None:
     """A stand-in compile in the worker processes: a file per variant (or a failure)."""
     if kernel == "broken":
@@ -179,10 +326,55 @@ def write_marker(module: str, kernel: str, data: str) -> None:
     Path(module, f"{kernel}-{json.loads(data)}").write_text("compiled")
 
 
+def touch_variant(module: str, kernel: str, data: str) -> tuple[float, float]:
+    """A stand-in worker compile: a file per variant in the folder named as the module."""
+    import hashlib
+
+    if kernel == "broken":
+        raise RuntimeError("ptxas fatal: Unresolved extern function")
+    Path(module, f"{kernel}-{hashlib.sha1(data.encode()).hexdigest()[:8]}").write_text(data)
+    return 0.25, 0.125
+
+
+def test_processes_compile_each_variant_as_it_is_recorded_and_each_state_waits_for_its_own(tmp_path):
+    a, b = Triton36Kernel("a", module=str(tmp_path)), Triton36Kernel("b", module=str(tmp_path))
+    x = torch.zeros(4)
+    bodies = [("s1", lambda: [a[(1,)](x, n) for n in (1, 16) * 10]),
+              ("s2", lambda: [(a[(1,)](x, 16), b[(1,)](x, 3)) for _ in range(10)])]  # a(16) again, b new
+    job = pc.start_precompile_processes(bodies, workers=2, timeout_s=120, classes=[Triton36Kernel],
+                                        compile_fn=touch_variant)
+    try:
+        assert job.report.requested == 40 and a.do_compile_calls == 2 and b.do_compile_calls == 1
+        assert len(job.jobs) == 3 and [len(job.needs[s]) for s in ("s1", "s2")] == [2, 2]
+        assert a.cache == {} and b.cache == {}  # markers gone before capture: capture loads from disk
+        job.wait("s2")
+        assert all(r.ready() for r in job.needs["s2"])
+        report = job.finish()
+    finally:
+        job.abort()
+    assert report.compiled == 3 and report.kernels == {"a": 2, "b": 1} and report.mode == "processes"
+    assert report.timings == [("a", 0.25, 0.125), ("a", 0.25, 0.125), ("b", 0.25, 0.125)]
+    assert len(list(tmp_path.iterdir())) == 3
+
+
+def test_a_failing_worker_compile_fails_the_state_that_waits_for_it(tmp_path):
+    good, bad = Triton36Kernel("good", module=str(tmp_path)), Triton36Kernel("broken", module=str(tmp_path))
+    bodies = [("(M=1, σ=0, verify)", lambda: good[(1,)](torch.zeros(2), 1)),
+              ("(M=9, σ=0, draft)", lambda: bad[(1,)](torch.zeros(2), 1))]
+    job = pc.start_precompile_processes(bodies, workers=1, timeout_s=120, classes=[Triton36Kernel],
+                                        compile_fn=touch_variant)
+    job.wait("(M=1, σ=0, verify)")
+    with pytest.raises(pc.PrecompileError, match=r"could not compile broken \(requested by \(M=9, σ=0, draft\)\) "
+                                                 r"in a worker process: RuntimeError: ptxas fatal"):
+        job.wait("(M=9, σ=0, draft)")
+    assert not job.open  # the workers are stopped
+
+
 def test_worker_processes_compile_every_variant(tmp_path):
     variants = {json.dumps(i): (str(tmp_path), f"k{i % 2}", f"s{i}") for i in range(4)}
-    pc.compile_in_processes(variants, workers=2, timeout_s=120, compile_fn=write_marker)
+    results = pc.compile_in_processes(variants, workers=2, timeout_s=120, compile_fn=write_marker)
     assert sorted(f.name for f in tmp_path.iterdir()) == ["k0-0", "k0-2", "k1-1", "k1-3"]
+    assert results == [("k0", None), ("k1", None), ("k0", None), ("k1", None)]  # in the variants' order
 
 
 def test_a_failing_worker_compile_names_the_kernel_and_the_state(tmp_path):
@@ -328,7 +520,7 @@ def test_capture_all_precompiles_every_state_before_capturing_it(monkeypatch, ov
         return RecordingJob(events) if overlap else None
 
     monkeypatch.setattr(backend, "precompile", precompile)
-    monkeypatch.setattr(backend, "_capture", lambda state: events.append(("capture", state)))
+    monkeypatch.setattr(backend, "_capture", lambda state, warmups: events.append(("capture", state)))
     backend.capture_all()
     states = backend.states()
     if overlap:  # each state waits for its own kernels, then is captured; the job finishes last
@@ -338,11 +530,36 @@ def test_capture_all_precompiles_every_state_before_capturing_it(monkeypatch, ov
     assert events == [("precompile", states)] + expected
 
 
+@pytest.mark.parametrize("pass_ran, warm, expected", [(True, False, 1), (False, True, 1), (False, False, 2)])
+def test_a_state_whose_kernels_were_precompiled_is_captured_after_one_warm_up_run(monkeypatch, pass_ran, warm,
+                                                                                  expected):
+    """Two runs before capture only where capture itself compiles (the pass off, or it could
+    not run): the pass's load, or a load a warm cache let skip it, takes one (``_capture``)."""
+    backend = fast_backend(random_model(0), block_size=3, max_context=64, smallest=32)
+    captured = []
+
+    def precompile(states):
+        backend.precompile_report = pc.PrecompileReport() if pass_ran else None
+        backend.precompile_warm = warm
+        return None
+
+    monkeypatch.setattr(backend, "precompile", precompile)
+    monkeypatch.setattr(backend, "_capture", lambda state, warmups: captured.append(warmups))
+    backend.capture_all()
+    assert captured == [expected] * len(backend.states()) and backend.capture_warmups == expected
+
+
+def test_capture_refuses_to_capture_a_first_launch():
+    backend = fast_backend(random_model(0), block_size=3, max_context=64, smallest=32)
+    with pytest.raises(ValueError, match="warmups must be >= 1"):
+        backend._capture(backend.states()[0], warmups=0)
+
+
 def test_a_compile_failing_during_an_overlapped_capture_aborts_the_job(monkeypatch):
     backend = fast_backend(random_model(0), block_size=3, max_context=64, smallest=32)
     states, events = backend.states(), []
     monkeypatch.setattr(backend, "precompile", lambda _: RecordingJob(events, fail_at=str(states[2])))
-    monkeypatch.setattr(backend, "_capture", lambda state: events.append(("capture", state)))
+    monkeypatch.setattr(backend, "_capture", lambda state, warmups: events.append(("capture", state)))
     with pytest.raises(pc.PrecompileError, match=r"could not compile k \(requested by \(M="):
         backend.capture_all()
     assert events[-2:] == [("wait", str(states[2])), ("abort",)]
@@ -378,17 +595,51 @@ def test_the_overlap_switch(monkeypatch, value, expected):
         pc.precompile_overlap(True)
 
 
+# -- fewer variants ----------------------------------------------------------------------------
+
+def _specialization(kernel, **ints):
+    """The specialisation key Triton's launch path computes for ``kernel`` (every integer
+    argument 7 unless given, constexprs 4): the binder every launch runs, with no GPU."""
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    if not isinstance(kernel, JITFunction):  # the interpreter keeps the jit options aside
+        kernel = JITFunction(kernel.fn, **{n: v for n, v in kernel.kwargs.items()
+                                           if n.startswith("do_not_specialize") and v})
+    args = {p.name: 4 if p.is_constexpr else ints.get(p.name, 7) for p in kernel.params}
+    return create_function_from_signature(kernel.signature, kernel.params, None)(**args)[1]
+
+
+@pytest.mark.parametrize("module, kernel, rows, other", [
+    ("attention", "_attention_combine_kernel", "MH", "HD"),
+    ("attention", "_attention_split_kernel", "M", "HD"),
+    ("common", "_split_k_reduce_kernel", "M", "N"),
+])
+def test_row_counts_compile_one_variant_divisible_by_16_or_not(module, kernel, rows, other):
+    """Widths 12 and 16 (M·Hq = 240, 320 at Hq = 20) used to compile a variant of their own
+    for the divisibility alone; width 1 stays specialised, other integers keep the hint."""
+    import triton
+
+    if "do_not_specialize_on_alignment" not in inspect.signature(triton.jit).parameters:
+        pytest.skip("this Triton has no do_not_specialize_on_alignment (before 3.2)")
+    fn = getattr(__import__(f"kernels_ampere.{module}", fromlist=[kernel]), kernel)
+    plain = _specialization(fn, **{rows: 20})
+    assert all(_specialization(fn, **{rows: m}) == plain for m in (16, 21, 48, 240, 320))
+    assert _specialization(fn, **{rows: 1}) != plain  # the value 1 is still a variant of its own
+    assert _specialization(fn, **{rows: 20, other: 128}) != plain  # an unmarked integer still specialises
+
+
 # -- on the GPU ------------------------------------------------------------------------------
 
 @pytest.mark.gpu
 @needs_gpu
-def test_gpu_capture_after_precompile_compiles_nothing_and_decodes_the_same_tokens(tmp_path):
+def test_gpu_capture_after_precompile_compiles_nothing_and_decodes_the_same_tokens(tmp_path, monkeypatch):
     from triton.runtime.jit import JITFunction
 
     from bitmtp_edge import Engine
     from bitmtp_edge.backends.graph import GraphBackend
     from tests.helpers import write_test_artifact
 
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))  # no earlier load's warm marker
     model = random_model(9, vocab=256, hidden=256, heads=(8, 2))
     art = write_test_artifact(model, tmp_path / "art", block_size=8, max_context=256, smallest=16)
     prompt = [3, 14, 15, 92, 65, 35]
@@ -428,3 +679,82 @@ def test_engine_reports_the_startup_split(tmp_path):
     assert set(split) == {"total_s", "load_s", "precompile_s", "capture_s", "kernels_precompiled", "compile_wait_s"}
     assert split["total_s"] > 0 and split["load_s"] == split["total_s"]  # no graphs, no pass on the reference
     assert split["precompile_s"] == split["capture_s"] == 0.0 and split["kernels_precompiled"] == 0
+
+
+# -- a warm cache skips the pass ---------------------------------------------------------------
+
+def test_the_identity_follows_sources_switches_and_fields_not_the_precompile_switches(monkeypatch, tmp_path):
+    src = tmp_path / "kernels"
+    src.mkdir()
+    (src / "k.py").write_text("BLOCK = 16\n")
+    (src / "tuned.json").write_text("{}")
+    (src / "notes.txt").write_text("not code")
+    for name in [k for k in __import__("os").environ if k.startswith(("BITMTP_", "TRITON_"))]:
+        monkeypatch.delenv(name)
+    base = pc.warm_marker(pc.load_identity({"states": ["(M=1, σ=0, verify)"]}, [src]), tmp_path)
+    assert base.parent == tmp_path / pc.MARKER_FOLDER
+    monkeypatch.setenv(pc.ENV, "4")  # how the pass runs changes no kernel
+    monkeypatch.setenv(pc.MODE_ENV, "processes")
+    assert pc.warm_marker(pc.load_identity({"states": ["(M=1, σ=0, verify)"]}, [src]), tmp_path) == base
+    (src / "notes.txt").write_text("edited")  # neither .py nor .json
+    assert pc.warm_marker(pc.load_identity({"states": ["(M=1, σ=0, verify)"]}, [src]), tmp_path) == base
+    changed = []
+    monkeypatch.setenv("BITMTP_PDL", "0")
+    changed.append(pc.load_identity({"states": ["(M=1, σ=0, verify)"]}, [src]))
+    monkeypatch.delenv("BITMTP_PDL")
+    (src / "tuned.json").write_text('{"h200": 1}')
+    changed.append(pc.load_identity({"states": ["(M=1, σ=0, verify)"]}, [src]))
+    changed.append(pc.load_identity({"states": ["(M=9, σ=0, verify)"]}, [src]))
+    markers = {pc.warm_marker(identity, tmp_path) for identity in changed}
+    assert len(markers) == 3 and base not in markers
+
+
+def test_mark_warm_writes_atomically_and_survives_a_read_only_cache(tmp_path, caplog):
+    marker = tmp_path / pc.MARKER_FOLDER / "abc.json"
+    pc.mark_warm(marker, {"states": ["s"], "env": {}})
+    assert json.loads(marker.read_text())["states"] == ["s"]
+    assert [p.name for p in marker.parent.iterdir()] == ["abc.json"]  # no temporary left
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    pc.mark_warm(blocked / "sub" / "m.json", {})  # cannot create the folder: logged, not raised
+    assert "could not record the warm Triton cache" in caplog.text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter path (CPU)")
+def test_a_load_after_a_completed_one_skips_the_pass_until_something_changes(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+
+    def backend():
+        b = fast_backend(random_model(0, layers=1), block_size=3, max_context=32, smallest=32, kernels=True,
+                         head_dtype=torch.float16,
+                         options=RuntimeOptions(graphs=False, kv_dtype=torch.float32, precompile=True))
+        monkeypatch.setattr(b, "_capture", lambda state, warmups: None)  # capture itself needs CUDA
+        return b
+
+    first = backend()
+    first.capture_all()
+    assert first.precompile_report is not None and not first.precompile_warm
+    assert len(list((tmp_path / "triton" / pc.MARKER_FOLDER).iterdir())) == 1
+    second = backend()
+    second.capture_all()
+    assert second.precompile_warm and second.precompile_report is None and second.precompile_s == 0.0
+    monkeypatch.setenv("BITMTP_SMEM_CARVEOUT", "50")  # a switch that may change the launches
+    third = backend()
+    third.capture_all()
+    assert not third.precompile_warm and third.precompile_report is not None
+    assert len(list((tmp_path / "triton" / pc.MARKER_FOLDER).iterdir())) == 2
+
+
+def test_a_failed_capture_leaves_no_marker(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    b = fast_backend(random_model(0), block_size=3, max_context=64, smallest=32)
+    b._warm_marker = (pc.warm_marker({"x": 1}), {"x": 1})  # as a pass that ran would leave it
+    monkeypatch.setattr(b, "precompile", lambda states: None)
+
+    def capture(state, warmups):
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(b, "_capture", capture)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        b.capture_all()
+    assert not (tmp_path / "triton" / pc.MARKER_FOLDER).exists()

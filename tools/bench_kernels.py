@@ -65,7 +65,7 @@ from tools.kernel_stack import (BOARDS, ORIN_LAUNCH_US, STACK_MODELS, STACK_WIDT
 
 # before = the previous release's table; shipped = what a call without a config launches now;
 # +pf = the same launches with the L2 prefetch before the programmatic-launch wait;
-TABLE_SCHEMES = ("tuned", "before (tuned table)", "v1 untuned", "v1 untuned+pf", "v3 untuned")
+TABLE_SCHEMES = ("tuned", "before (tuned table)", "v1 untuned", "v1 untuned+pf", "v3 untuned", "v4 untuned")
 CARVEOUT_PERCENT = 100  # the '+co' schemes: every W2A8 launch prefers the largest shared-memory split
 # +co = the same launches with one fixed L1 / shared-memory split for every W2A8 kernel
 STACK_SCHEMES = ("before (tuned table)", "shipped", "v1 untuned", "v1 untuned+pf", "v2 untuned", "v3 untuned",
@@ -422,7 +422,7 @@ class Run:
                 for name, n, k, g in st.shapes:
                     res = st.cases[name].residual
                     cfgs = {scheme_configs(st, sc, m, legacy, {})[name] for sc in schemes if sc != "tuned"}
-                    if a.sweep:
+                    if self.sweeps(m):
                         cfgs |= set(tuning.linear_candidates(m, n, k, g))
                     jobs += [("w2a8_linear", n, k, g, m, res, c) for c in cfgs]
             t0 = time.time()
@@ -433,7 +433,7 @@ class Run:
             log(f"{model}: {len(jobs)} launches precompiled in {time.time() - t0:.0f} s")
             chosen, isolated = {}, {}
             for m in widths:  # width by width: a run cut short keeps every width it finished
-                if a.sweep:
+                if self.sweeps(m):
                     picked, _, tlog = sweep(st, (m,), self.tune_timer, log)
                     chosen.update(picked)
                     self.tune_log += tlog
@@ -460,7 +460,7 @@ class Run:
                     log(f"stack {model:<11} M={m:<3} {scheme:<21} " + (
                         f"{row['us']:9.1f} us {row['packed_gbps']:7.0f} GB/s {row['weights_per_sm_clock']} w/SM-clk"
                         if "us" in row else row["error"]))
-                if a.sweep:
+                if self.sweeps(m):
                     self.tuned += table_entries(st, m, measured, isolated)
                 def rate_of(name, n, k, m):  # the large-shape rate of the same K and width
                     big = best.get((2560 if k <= 4096 else 6912, m))
@@ -473,6 +473,11 @@ class Run:
                 self.save()
             st = None
             torch.cuda.empty_cache()
+
+    def sweeps(self, m: int) -> bool:
+        """Whether ``--sweep`` tunes width ``m`` of the stack (``--sweep-widths``, default all)."""
+        a = self.args
+        return a.sweep and (not a.sweep_widths or m in {int(w) for w in a.sweep_widths.split(",")})
 
     def record(self, **row):
         self.rows.append(row)
@@ -820,6 +825,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stack-widths", default=",".join(map(str, STACK_WIDTHS)), help="widths of the stack replays")
     ap.add_argument("--stack-schemes", default=",".join(STACK_SCHEMES),
                     help="comma list of launch schemes the stacks replay (tools/kernel_stack.scheme_configs)")
+    ap.add_argument("--sweep-widths", default=None,
+                    help="with --sweep: the stack widths to tune (default: every --stack-widths width)")
     ap.add_argument("--sweep", action="store_true",
                     help="tune the stacks' projections in this run (the 'tuned' scheme) and save the table")
     ap.add_argument("--legacy-table", type=Path, default=LEGACY_TABLE,

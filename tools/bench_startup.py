@@ -7,22 +7,27 @@ memory) with its own ``TRITON_CACHE_DIR``:
 * ``cold-on``: an empty cache, the default pass (compile threads: automatic; capture takes
   each state as soon as its own kernels are compiled);
 * ``cold-wait``: the same, all kernels compiled before capture starts;
-* ``warm-on``: the cache ``cold-on`` filled;
+* ``warm-on``: the cache ``cold-on`` filled (the pass finds cold-on's warm marker and skips);
 * ``cold-off``: an empty cache, ``BITMTP_PRECOMPILE=0`` (capture compiles, as before the pass);
 * ``cold-proc``: an empty cache, the pass with worker processes (``BITMTP_PRECOMPILE_MODE``);
 * ``cold-1``: an empty cache, the pass on one thread (what the threads buy);
-* ``warm-off``: the cache ``cold-off`` filled, no pass.
+* ``warm-off``: the cache ``cold-off`` filled, no pass;
+* ``warm-off-on``: the cache ``cold-on`` filled, no pass (captures as without the pass; a
+  kernel the pass had not compiled would show as a new cache entry).
 
 Each load reports its split (load / precompile / capture, ``Engine.startup``), the kernel
-variants compiled (new entries in its cache folder) and how many of them capture still
-had to compile; cold-on, warm-on and cold-off decode a few tokens (AR and fused) that must
-be the same in each.
+variants compiled (new entries in its cache folder, launchers among them) and the variants
+capture entered Triton's compile path for (by specialisation key: those the pass had not
+requested are listed); the modes that decode (AR and fused) must give the same tokens,
+and time an AR decode after the first (replays: the same kernels must run as fast).
 The artifact: BitNet-2B shape with random weights and a D = 8 MTP block (``bench_e2e``'s
 ``make_random_bitnet_2b``), or ``--artifact``.
 
     python tools/bench_startup.py [--artifact DIR] [--modes cold-on,warm-on,cold-off,cold-wait,cold-proc,cold-1] [--out DIR]
+    python tools/bench_startup.py --out DIR --before BEFORE/startup.json   # add an earlier checkout's run
 
 Writes ``startup.json`` and ``startup.md`` under ``--out`` (default ``tools/results``).
+``tools/h200_coldstart.sh`` runs the modes that decide the open questions in one device call.
 """
 
 from __future__ import annotations
@@ -52,7 +57,8 @@ MODES = {
     "cold-off": ("cold, precompile off", {"BITMTP_PRECOMPILE": "0"}, 0, "fresh", True),
     "warm-off": ("warm, precompile off", {"BITMTP_PRECOMPILE": "0"}, 0, "cold-off", False),
     "cold-proc": ("cold, precompile on (processes)", {"BITMTP_PRECOMPILE": "1", "BITMTP_PRECOMPILE_MODE": "processes"},
-                  0, "fresh", False),
+                  0, "fresh", True),
+    "warm-off-on": ("warm (cache of cold-on), precompile off", {"BITMTP_PRECOMPILE": "0"}, 0, "cold-on", True),
     "cold-1": ("cold, precompile on 1 thread", {"BITMTP_PRECOMPILE": "1"}, 1, "fresh", False),
 }
 PROMPT = list(range(10, 42))
@@ -79,13 +85,15 @@ def child(artifact: Path, workers: int, tokens: int) -> dict:
     from bitmtp_edge.backends.graph import GraphBackend, RuntimeOptions
 
     compiles = {"precompile": 0, "capture": 0}
+    keys = {"precompile": set(), "capture": set()}  # (kernel, specialisation key) entering the compile path
     phase = ["capture"]
     # counted where Triton compiles a variant new to the process (None: a Triton without it)
     do_compile, precompile = getattr(JITFunction, "_do_compile", None), GraphBackend.precompile
 
-    def counting(self, *args, **kwargs):
+    def counting(self, key, *args, **kwargs):
         compiles[phase[0]] += 1
-        return do_compile(self, *args, **kwargs)
+        keys[phase[0]].add((self.fn.__name__, str(key)))
+        return do_compile(self, key, *args, **kwargs)
 
     def marked(self, states):
         phase[0] = "precompile"
@@ -101,6 +109,7 @@ def child(artifact: Path, workers: int, tokens: int) -> dict:
         compiles = {"precompile": None, "capture": None}
     cache = Path(os.environ["TRITON_CACHE_DIR"])
     before = cache_entries(cache)
+    launchers_before = len(list(cache.glob("*/__triton_launcher*")))
     opts = RuntimeOptions(precompile_workers=workers) if workers else RuntimeOptions()
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -114,17 +123,32 @@ def child(artifact: Path, workers: int, tokens: int) -> dict:
     if do_compile is not None:
         JITFunction._do_compile = do_compile
     report = getattr(eng.backend, "precompile_report", None)
+    unrequested = sorted(keys["capture"] - keys["precompile"])
     out = {"startup_s": wall, "split": eng.startup, "graphs": len(getattr(eng.backend, "graphs", {})),
+           "precompile_warm": getattr(eng.backend, "precompile_warm", False),
+           "capture_warmups": getattr(eng.backend, "capture_warmups", None),  # runs of each body before capture
            "kernels_compiled": cache_entries(cache) - before, "compile_calls": compiles,
+           "launchers_built": len(list(cache.glob("*/__triton_launcher*"))) - launchers_before,
+           "variants": {"requested": len(keys["precompile"]), "capture": len(keys["capture"]),
+                        "capture_unrequested": len(unrequested),
+                        "unrequested_examples": [f"{name} {key[:300]}" for name, key in unrequested[:8]]},
+           "cache_names": sorted(p.name for p in cache.iterdir()) if cache.is_dir() else [],
            "precompile": None if report is None else {
                "requested": report.requested, "compiled": report.compiled, "workers": report.workers,
                "parallel": report.parallel, "mode": report.mode, "seconds": report.seconds,
                "request_s": report.request_s,
-               "kernels": report.kernels}}
+               "kernels": report.kernels, "timings": getattr(report, "timings", [])}}
+    out["variants"]["requested_keys"] = [f"{name} {key[:400]}" for name, key in sorted(keys["precompile"])]
     if tokens:
         t0 = time.perf_counter()
         out["tokens"] = {p: eng.generate(PROMPT, max_new_tokens=tokens, policy=p).token_ids for p in ("ar", "fused")}
         out["first_generate_s"] = time.perf_counter() - t0  # includes the prefill's own first compiles
+        n = 128
+        sync()
+        t0 = time.perf_counter()
+        steps = eng.generate(PROMPT, max_new_tokens=n, policy="ar")
+        sync()
+        out["ar_tok_s"] = len(steps.token_ids) / (time.perf_counter() - t0)  # with the prefill: for comparing runs
     return out
 
 
@@ -156,33 +180,76 @@ def run_child(artifact: Path, mode: str, cache: Path, tokens: int, timeout_s: fl
 
 def markdown(report: dict) -> str:
     lines = ["# Startup: cold and warm, with and without the kernel precompile pass", "",
-             f"- device: {report['device']}, {report['cpu_count']} CPU cores", f"- date: {report['date']}",
+             f"- device: {report['device']}, {report['cpu_count']} CPU cores; torch {report.get('torch', '?')}, "
+             f"Triton {report.get('triton', '?')}", f"- date: {report['date']}",
              f"- commit: {report['commit']}", f"- command: `{report['command']}`",
              f"- artifact: {report['artifact']}", "",
-             "| start | startup s | load s | precompile s | capture s | compile wait s | kernels compiled "
-             "| Triton compiles in capture | workers | graphs | first generate s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for mode, r in report["runs"].items():
-        name = MODES[mode][0]
+             "| start | startup s | load s | precompile s | capture s (warm-up runs) | compile wait s | kernels "
+             "compiled (launchers) | variants requested / entered in capture / not requested | workers | graphs "
+             "| first generate s | AR tok/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [(MODES[mode][0], r) for mode, r in report["runs"].items()]
+    before = report.get("before")
+    if before:
+        rows += [(f"before ({before['commit']}): {MODES[mode][0] if mode in MODES else mode}", r)
+                 for mode, r in before["runs"].items()]
+    for name, r in rows:
         if "error" in r:
-            lines.append(f"| {name} | {r['error']} | | | | | | | | | |")
+            lines.append(f"| {name} | {r['error']} | | | | | | | | | | |")
             continue
         sp, pre = r["split"], r.get("precompile") or {}
         pre_s = f"{sp['precompile_s']:.1f}" + (f" ({pre['request_s']:.1f} requesting)" if pre else "")
+        if r.get("precompile_warm"):
+            pre_s = "skipped (warm cache)"
+        v = r.get("variants") or {}
         lines.append(f"| {name} | {r['startup_s']:.1f} | {sp['load_s']:.1f} | {pre_s} | "
-                     f"{sp['capture_s']:.1f} | {sp.get('compile_wait_s', 0.0):.1f} | {r['kernels_compiled']} | "
-                     f"{r['compile_calls']['capture']} | "
-                     f"{pre.get('workers', '-')} | {r['graphs']} | {r.get('first_generate_s', float('nan')):.1f} |")
+                     f"{sp['capture_s']:.1f} ({r.get('capture_warmups') or '-'}) | {sp.get('compile_wait_s', 0.0):.1f} | "
+                     f"{r['kernels_compiled']} "
+                     f"({r.get('launchers_built', '-')}) | {v.get('requested', '-')} / {v.get('capture', '-')} / "
+                     f"{v.get('capture_unrequested', '-')} | "
+                     f"{pre.get('workers', '-')} | {r['graphs']} | {r.get('first_generate_s', float('nan')):.1f} | "
+                     f"{r.get('ar_tok_s', float('nan')):.0f} |")
     same = report.get("tokens_identical")
-    lines += ["", f"Tokens (AR and fused, {report['tokens']} each) identical in every run that decoded: {same}.", "",
+    if before:
+        lines += ["", f"Before: `{before['command']}` (commit {before['commit']}, same artifact, run after the "
+                  f"rows above); its tokens equal these: {report.get('tokens_match_before')}."]
+    lines += ["", f"Tokens (AR and fused, {report['tokens']} each) identical in every run that decoded: {same}.",
+              f"Kernel binaries (cache entries by hash) identical in every run that started cold: "
+              f"{report.get('binaries_identical')}.", "",
               "Startup: `Engine.load` wall time (reads and checks the artifact, builds the model, "
               "precompiles, captures). Kernels compiled: new entries in the run's Triton cache folder. "
               "Compile wait: of the load, waiting for compiles still running (inside capture s when "
               "capture overlaps them). Triton compiles in capture: kernels capture found neither "
               "compiled in the process nor "
               "requested by the pass (a warm start without the pass loads them from disk there). "
-              "First generate: AR then fused, including the prefill's own first compiles.", ""]
+              "Variants: distinct (kernel, specialisation key) pairs entering Triton's compile path "
+              "in the pass, in capture, and in capture without having been requested (processes: "
+              "capture loads the workers' kernels from disk through that path). "
+              "First generate: AR then fused, including the prefill's own first compiles. AR tok/s: "
+              "a second AR decode (128 tokens with its prefill), the same replays in every run. Warm-up "
+              "runs: eager runs of each state's body before capturing it (one once the pass compiled, or a "
+              "warm cache holds, its kernels).", ""]
     return "\n".join(lines)
+
+
+def token_sets(runs: dict) -> set[str]:
+    return {json.dumps(r["tokens"]) for r in runs.values() if "tokens" in r}
+
+
+def attach_before(out: Path, before_json: Path) -> dict:
+    """Add the report a BEFORE checkout wrote (same artifact, its own modes) to ``out``'s
+    startup.json and .md, and whether its tokens equal this run's."""
+    files = {"this run": out / "startup.json", "--before": before_json}
+    try:
+        report, before = (json.loads(f.read_text()) for f in files.values())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"bench_startup --before: cannot read {' / '.join(map(str, files.values()))}: {e}") from None
+    report["before"] = before
+    mine, theirs = token_sets(report["runs"]), token_sets(before["runs"])
+    report["tokens_match_before"] = (mine == theirs and len(mine) == 1) if mine and theirs else None
+    (out / "startup.json").write_text(json.dumps(report, indent=1))
+    (out / "startup.md").write_text(markdown(report))
+    return report
 
 
 def main() -> None:
@@ -196,11 +263,16 @@ def main() -> None:
     ap.add_argument("--max-context", type=int, default=2048)
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bitmtp-startup")
     ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results")
+    ap.add_argument("--before", type=Path, help="only add this startup.json (a BEFORE checkout's run on the same "
+                    "artifact) to the report already in --out, and compare the tokens; loads nothing")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.workers, args.tokens)), flush=True)
+        return
+    if args.before:
+        print(markdown(attach_before(args.out, args.before)))
         return
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
@@ -215,8 +287,10 @@ def main() -> None:
 
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
+    import triton
+
     report = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-              "cpu_count": os.cpu_count(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "torch": torch.__version__, "triton": triton.__version__, "cpu_count": os.cpu_count(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "commit": commit(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
               "tokens": args.tokens, "runs": {}}
     artifact = args.artifact
@@ -256,8 +330,11 @@ def main() -> None:
             log(f"{mode}: startup {r['startup_s']:.1f} s (load {sp['load_s']:.1f}, precompile {sp['precompile_s']:.1f}, "
                 f"capture {sp['capture_s']:.1f}), {r['kernels_compiled']} kernels compiled, "
                 f"{r['compile_calls']['capture']} in capture")
-        token_sets = [json.dumps(x["tokens"]) for x in report["runs"].values() if "tokens" in x]
-        report["tokens_identical"] = len(set(token_sets)) <= 1 if token_sets else None
+        decoded = token_sets(report["runs"])
+        report["tokens_identical"] = len(decoded) == 1 if decoded else None
+        binaries = [json.dumps(x["cache_names"]) for m, x in report["runs"].items()
+                    if "cache_names" in x and MODES[m][3] == "fresh"]
+        report["binaries_identical"] = len(set(binaries)) <= 1 if binaries else None
         save()
     save()
     print(markdown(report))

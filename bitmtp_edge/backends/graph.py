@@ -40,8 +40,10 @@ nothing: a tile's workspace loop ends at its rows' last visible workspace slot.
 
 **Cold start** (``precompile.py``): before capturing at load, every state's body runs once
 with its Triton launches turned into compile requests that a thread pool compiles in
-parallel; capture takes each state once its own kernels are compiled. The graphs are the
-ones captured without it. Opt-in (``RuntimeOptions.precompile``, ``BITMTP_PRECOMPILE=1``).
+parallel (each kernel's launcher too); capture takes each state once its own kernels are
+compiled. The graphs are the ones captured without it; a load whose kernels an earlier
+load left in the Triton cache skips it. On by default (``RuntimeOptions(precompile=False)``
+or ``BITMTP_PRECOMPILE=0`` turns it off).
 
 Ablation switches (``RuntimeOptions``): ``specialize`` (M1: width-specialised kernel
 configs and the cheap draft head), ``graphs`` (M2: capture + replay instead of eager
@@ -50,9 +52,12 @@ launches), ``hoist_verify`` (M3). Generic = none of them, Full = all three.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -67,6 +72,8 @@ from .base import (NON_FINITE_TOKEN, PREFILL_CHUNK, DraftResult, FusedResult, St
 from .fast_model import FastModel
 from .fused_graph import FusedInputs, fused_body, fused_width
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class RuntimeOptions:
@@ -78,11 +85,11 @@ class RuntimeOptions:
     # candidate counts c whose fused states are captured at load (others: at first use)
     fused_candidates: tuple[int, ...] = (DEFAULT_CANDIDATES,)
     # Compile every Triton kernel the states at load launch, in parallel, before capturing
-    # them (``precompile.py``); BITMTP_PRECOMPILE=1 turns it on, =N sets N threads, =0 off.
-    # Opt-in: on the H200 (2B shape, one run) a cold start took 26.9 s with it and over 33 s
-    # without, but capture still compiled 48 kernels the pass had not asked for, so it does
-    # not yet do all it should.
-    precompile: bool = False
+    # them (``precompile.py``); BITMTP_PRECOMPILE=0 turns it off, =N sets N threads. On by
+    # default: on the H200 (2B shape) a cold start took 15.4 s with it (over 33 s without),
+    # and a warm start skips it (the warm marker) and captures after one warm-up run instead
+    # of two (tools/results/startup.md).
+    precompile: bool = True
     precompile_mode: str = "threads"  # or "processes"; BITMTP_PRECOMPILE_MODE overrides it
     # threads: capture a state as soon as its own kernels are compiled (later states' kernels
     # still compiling); False: wait for all first. BITMTP_PRECOMPILE_OVERLAP=0 turns it off.
@@ -237,6 +244,9 @@ class GraphBackend:
         self.precompile_s = 0.0  # the precompile pass before capture (see ``precompile``)
         self.compile_wait_s = 0.0  # of the load, waiting for compiles: in precompile_s, or capture_s when overlapped
         self.precompile_report = None  # precompile.PrecompileReport of the load, when it ran
+        self.precompile_warm = False  # the pass was skipped: an earlier load left every kernel in the cache
+        self._warm_marker = None  # (marker, identity) to write once capture succeeds
+        self.capture_warmups = 0  # eager runs of each state's body before capturing it at load (``_capture``)
         self.graph_pool_bytes = 0
         if options.graphs and options.capture == "load":
             self.capture_all(progress)
@@ -379,18 +389,32 @@ class GraphBackend:
         return lambda: self._draft_body(state.segment, state.width - d, sampled)
 
     # -- capture / replay ------------------------------------------------------------------
-    def _capture(self, state: ReplayState, sampled: bool | None = None) -> None:
-        """Capture one state. Warm-up runs mutate L and the chained inputs, so those are
-        restored afterwards. Their KV writes land at or past slot L - 1; mid-stream (lazy
-        capture) the step's inputs are already staged, so slot L - 1 gets the very row the
-        real step writes, and everything past L is invisible."""
+    def _capture(self, state: ReplayState, sampled: bool | None = None, warmups: int = 2) -> None:
+        """Capture one state after ``warmups`` eager runs of its body on a side stream.
+
+        What must not happen inside capture happens in the first run: each Triton kernel's
+        first launch compiles it (or loads it from the disk cache), loads its module, builds
+        its launcher and sets its attributes (``common.apply_carveout``); tuning-table lookups
+        and the PDL check are cached; the torch ops allocate from the caching allocator (the
+        graph's own allocations come from its private pool either way). Nothing here tunes
+        at run time or counts calls, and the inputs are restored after each run, so a second
+        run repeats the first exactly: ``capture_all`` asks for one when the precompile pass
+        ran (or a warm cache vouches for) the states' kernels; two stay where capture also
+        compiles (the pass off, sampled graphs at first use), the path measured before.
+
+        Warm-up runs mutate L and the chained inputs, so those are restored afterwards. Their
+        KV writes land at or past slot L - 1; mid-stream (lazy capture) the step's inputs are
+        already staged, so slot L - 1 gets the very row the real step writes, and everything
+        past L is invisible."""
+        if warmups < 1:
+            raise ValueError(f"_capture: warmups must be >= 1 (the first launch must not be captured), got {warmups}")
         mutable = self.static.mutable()
         saved = [t.clone() for t in mutable]
         body = self._body(state, sampled)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            for _ in range(2):  # compiles Triton kernels and settles the allocator outside capture
+            for _ in range(warmups):
                 if self.kv.length == 0:  # at load: a verify recomputes slot L - 1, so L must be >= 1
                     self.static.history_len.fill_(1)
                 body()
@@ -426,17 +450,25 @@ class GraphBackend:
         gc.collect()  # free unreachable graphs now, not while capturing (see ``_capture``)
         states = self.states()
         job = self.precompile(states)  # compiles still running (overlap), or None
+        # the pass requested every state's kernels, or an earlier load's did: one warm-up run
+        # loads them (``_capture``); 48 states x 30 ms of host Python a run on the 2B shape
+        self.capture_warmups = 1 if self.precompile_warm or self.precompile_report is not None else 2
         t0 = time.perf_counter()
         try:
             for i, state in enumerate(states):
                 if job is not None:
                     job.wait(str(state))  # this state's kernels compiled (bounded, errors named)
-                self._capture(state)
+                self._capture(state, warmups=self.capture_warmups)
                 if progress is not None:
                     progress(i + 1, len(states))
             if job is not None:
                 self.precompile_report = job.finish()
                 self.compile_wait_s = job.wait_s
+            if self._warm_marker is not None:  # every kernel of these states is in the cache now
+                from .precompile import mark_warm
+
+                mark_warm(*self._warm_marker)
+                self._warm_marker = None
         except BaseException:
             if job is not None:
                 job.abort()
@@ -447,14 +479,22 @@ class GraphBackend:
         """Compile the Triton kernels ``states`` launch, in parallel, so that capture finds
         them compiled (``precompile.py``). Each body runs as ``_capture``'s warm-up runs it
         (L >= 1 at load), its Triton launches turned into compile requests, and the static
-        inputs it changes are restored after it. -> the running ``CompileJob`` when capture
-        overlaps the compiles (it waits per state), else None (all compiled)."""
-        from .precompile import (default_workers, precompile_mode, precompile_overlap, precompile_processes,
-                                 precompile_setting, start_precompile)
+        inputs it changes are restored after it. -> the running ``CompileJob`` (threads) or
+        ``ProcessJob`` (processes) when capture overlaps the compiles (it waits per state),
+        else None (all compiled, or nothing to compile)."""
+        from .precompile import (default_workers, precompile_mode, precompile_overlap, precompile_setting,
+                                 start_precompile, start_precompile_processes, warm_marker)
 
         on, workers = precompile_setting(self.opts.precompile, self.opts.precompile_workers)
         if not on or self.fast.ops.twin:  # the twins launch no kernel
             return None
+        identity = self._kernel_identity(states)
+        marker = warm_marker(identity)
+        if marker.exists():  # an earlier load compiled all of them into this cache: capture loads them
+            log.info("precompile skipped: the Triton cache holds this load's kernels (%s)", marker)
+            self.precompile_warm = True
+            return None
+        self._warm_marker = (marker, identity)  # written once capture has succeeded
         mutable = self.static.mutable()
         saved = [t.clone() for t in mutable]
 
@@ -471,21 +511,40 @@ class GraphBackend:
             return str(state), run
 
         t0 = time.perf_counter()
-        bodies, workers = [request(s) for s in states], workers or default_workers()
-        job = None
-        if precompile_mode(self.opts.precompile_mode) == "processes":
-            self.precompile_report = precompile_processes(bodies, workers, self.opts.precompile_timeout_s)
-        else:
-            job = start_precompile(bodies, workers, self.opts.precompile_timeout_s)
-            if job is not None:
-                self.precompile_report = job.report
-                if not precompile_overlap(self.opts.precompile_overlap):
-                    t1 = time.perf_counter()
-                    self.precompile_report = job.finish()
-                    self.compile_wait_s = time.perf_counter() - t1
-                    job = None
+        processes = precompile_mode(self.opts.precompile_mode) == "processes"
+        bodies, workers = [request(s) for s in states], workers or default_workers(processes=processes)
+        start = start_precompile_processes if processes else start_precompile
+        job = start(bodies, workers, self.opts.precompile_timeout_s)
+        if job is not None:
+            self.precompile_report = job.report
+            if not precompile_overlap(self.opts.precompile_overlap):
+                t1 = time.perf_counter()
+                self.precompile_report = job.finish()
+                self.compile_wait_s = time.perf_counter() - t1
+                job = None
         self.precompile_s = time.perf_counter() - t0
         return job
+
+    def _kernel_identity(self, states: list[ReplayState]) -> dict:
+        """What decides the kernel variants ``states`` launch (``precompile.load_identity``): a
+        later load with the same identity finds them all in the Triton cache."""
+        import triton
+
+        import kernels_ampere
+
+        from .precompile import load_identity
+
+        cuda = self.device.type == "cuda"
+        options = {f.name: getattr(self.opts, f.name) for f in dataclasses.fields(self.opts)
+                   if not f.name.startswith("precompile")}  # how it compiles changes no kernel
+        fields = {"triton": triton.__version__, "torch": torch.__version__,
+                  "gpu": torch.cuda.get_device_name(self.device) if cuda else str(self.device),
+                  "capability": list(torch.cuda.get_device_capability(self.device)) if cuda else None,
+                  "model": repr(self.fast.cfg), "quant": repr(self.fast.quant), "head": str(self.fast.head_dtype),
+                  "draft_head": (self.fast.draft_head_kind, self.fast.draft_head is not None),
+                  "plan": repr(self.plan), "options": repr(options), "block_size": self.block_size,
+                  "states": [str(s) for s in states]}
+        return load_identity(fields, [Path(kernels_ampere.__file__).parent, Path(__file__).parent])
 
     def _replay(self, state: ReplayState, sampled: bool | None = None) -> None:
         self.log.states.append(state)

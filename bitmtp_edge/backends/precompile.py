@@ -16,6 +16,27 @@ captures exactly the graphs it captures without this pass. By default capture do
 for all of them: it takes each state as soon as the compiles that state's body requested
 are done (``CompileJob.wait``), while later states' kernels still compile.
 
+Two things the first H200 measurement (Triton 3.6) showed, and what answers them:
+
+* *Every request entered Triton's compile path.* Triton 3.6 files an asynchronous compile in
+  the kernel's cache only when it finishes, so each later launch of the same variant (the
+  same kernel in every layer of every state: 19,632 requests of 48 variants on the 2B
+  shape) missed the cache and re-entered ``_do_compile``, which re-hashes the source before
+  deduplicating: 15 s of requesting. ``filed_requests`` leaves the first request's result in
+  the kernel's cache (what newer Triton does itself), so a repeat stops at the cache lookup.
+* *Launchers were built in capture.* Triton 3.6 builds a C launcher (a C compiler run) per
+  distinct kernel signature at the kernel's first launch, one after another in capture.
+  ``build_launcher`` builds it in the compile thread or process right after the kernel, so
+  capture only loads it from the disk cache.
+
+A warm cache skips the pass: running the bodies costs a start that compiles nothing about
+2.5 s (H200, 2B shape). After a load's capture succeeds, ``mark_warm`` leaves a marker in
+Triton's cache folder named by the load's identity (``load_identity``: Triton, torch, GPU,
+model, plan, options, replay states, the BITMTP_/TRITON_ switches, and a digest of the
+kernels' and launchers' sources and tuned tables); a later load with that identity skips the
+pass and capture loads every kernel from disk. Anything else that changed a launch would
+only make capture compile that kernel itself, as without the pass.
+
 The bodies' torch ops run for real (cheap); a skipped kernel's output is left as allocated.
 Graph bodies never read a device value on the host, so the launches they
 request do not depend on those values; but a body may index with a kernel's output (the
@@ -26,6 +47,8 @@ are zero-filled during the pass: index 0 is always in range.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import threading
@@ -33,6 +56,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -43,7 +67,8 @@ MODE_ENV = "BITMTP_PRECOMPILE_MODE"  # "threads" (default) or "processes"
 MODES = ("threads", "processes")
 OVERLAP_ENV = "BITMTP_PRECOMPILE_OVERLAP"  # "0": wait for every compile before capturing
 WORKER_MEMORY = 512 << 20  # what one compile thread may need at its peak (LLVM + a ptxas process)
-MAX_WORKERS = 8  # more threads than this only contend (the MLIR/LLVM passes hold the GIL in places)
+PROCESS_MEMORY = 1 << 30  # a worker process: that, plus its own torch and Triton
+MAX_WORKERS = 8  # more threads than this only contend (a compile's Python front end holds the GIL)
 
 
 class PrecompileError(RuntimeError):
@@ -61,6 +86,8 @@ class PrecompileReport:
     mode: str = "threads"
     kernels: dict[str, int] = field(default_factory=dict)  # kernel name -> variants compiled
     requests: dict[str, list[str]] = field(default_factory=dict)  # body label -> kernels it requested, in order
+    # processes: (kernel, compile s, launcher s) of each variant, as its worker measured it
+    timings: list[tuple[str, float, float]] = field(default_factory=list)
 
     def summary(self) -> str:
         if not self.parallel:
@@ -105,10 +132,11 @@ def precompile_overlap(overlap: bool) -> bool:
     return value == "1"
 
 
-def default_workers(cpu_count: int | None = None, available_bytes: int | None = None) -> int:
+def default_workers(cpu_count: int | None = None, available_bytes: int | None = None, processes: bool = False) -> int:
     """Compile threads for this machine: one per CPU core, at most ``MAX_WORKERS``, and no
     more than the available memory holds at ``WORKER_MEMORY`` each (a Jetson shares its
-    memory with the GPU, where the weights and KV already sit)."""
+    memory with the GPU, where the weights and KV already sit). Worker processes share no
+    GIL: one per core, as memory allows at ``PROCESS_MEMORY`` each."""
     cpus = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
     if available_bytes is None:
         try:
@@ -117,6 +145,8 @@ def default_workers(cpu_count: int | None = None, available_bytes: int | None = 
             available_bytes = psutil.virtual_memory().available
         except ImportError:
             available_bytes = MAX_WORKERS * WORKER_MEMORY
+    if processes:
+        return max(1, min(cpus, available_bytes // PROCESS_MEMORY))
     return max(1, min(cpus, MAX_WORKERS, available_bytes // WORKER_MEMORY))
 
 
@@ -185,6 +215,86 @@ def compile_only_launches(on_request: Callable[[object], None], classes: Sequenc
                 cls.run = original
 
 
+class _Skipped:
+    """What ``filed_requests`` files for a variant whose compile the cache hook skipped
+    (processes mode): a marker that makes repeats stop at the cache lookup, removed after."""
+
+
+SKIPPED = _Skipped()
+
+
+@contextlib.contextmanager
+def filed_requests(filed: list, classes: Sequence[type] | None = None,
+                   skipped: Callable[[], object] = lambda: SKIPPED) -> Iterator[None]:
+    """Inside: the first request of a kernel variant leaves what Triton's ``_do_compile``
+    returned (a future kernel; ``skipped()``, by default ``SKIPPED``, when the cache hook
+    skipped the compile) in the kernel's own cache under Triton's specialisation key, so the
+    variant's later requests stop at Triton's cache lookup. Appends ``(cache, key, value)`` to ``filed`` for each:
+    ``unfile`` takes back what never became a compiled kernel. Classes without
+    ``_do_compile`` and a per-device cache (the interpreter) are left alone."""
+    classes = [cls for cls in (classes if classes is not None else kernel_classes())
+               if callable(getattr(cls, "_do_compile", None))]
+    own = {cls: cls.__dict__.get("_do_compile") for cls in classes}
+
+    def patched(original):
+        def _do_compile(self, key, signature, device, *args, **kwargs):
+            result = original(self, key, signature, device, *args, **kwargs)
+            value = skipped() if result is None else result
+            caches = getattr(self, "device_caches", None)
+            if caches is not None:
+                cache = caches[device][0]
+                if key not in cache:  # newer Triton files its future kernel itself
+                    cache[key] = value
+                    filed.append((cache, key, value))
+            return value
+
+        return _do_compile
+
+    for cls in classes:
+        cls._do_compile = patched(getattr(cls, "_do_compile"))
+    try:
+        yield
+    finally:
+        for cls, original in own.items():
+            if original is None:
+                del cls._do_compile
+            else:
+                cls._do_compile = original
+
+
+def unfile(filed: list) -> None:
+    """Remove the ``filed_requests`` entries still in place that are not compiled kernels: the
+    ``SKIPPED`` markers, and future kernels that failed or were abandoned (a finished one was
+    replaced by its kernel when Triton finalised it). A later launch then compiles as usual."""
+    for cache, key, value in filed:
+        if cache.get(key) is value and (isinstance(value, _Skipped) or getattr(value, "kernel", None) is None):
+            del cache[key]
+    filed.clear()
+
+
+def build_launcher(kernel) -> None:
+    """Build a compiled kernel's launcher now, in this compile thread or process. Triton 3.6
+    builds one (a C compiler run, kept in the disk cache) per distinct kernel signature at the
+    kernel's first launch; capture then finds it on disk. Best effort: a Triton without such a
+    launcher, or a failure here, leaves it to the first launch as before."""
+    try:
+        from triton.runtime.driver import driver
+
+        driver.active.launcher_cls(kernel.src, kernel.metadata)
+    except Exception as e:  # noqa: BLE001 - the first launch builds it (and reports any error) instead
+        log.debug("launcher of %s not prebuilt: %s: %s", getattr(kernel, "name", kernel), type(e).__name__, e)
+
+
+def compiled_with_launcher(compile_fn: Callable[[], object]) -> Callable[[], object]:
+    """``compile_fn``, then ``build_launcher`` on what it returned, in the same worker."""
+    def run():
+        kernel = compile_fn()
+        build_launcher(kernel)
+        return kernel
+
+    return run
+
+
 @contextlib.contextmanager
 def zeroed_allocations() -> Iterator[None]:
     """Inside: ``torch.empty`` / ``torch.empty_like`` return zero-filled tensors (see the module
@@ -214,7 +324,7 @@ class _LabelledPool(ThreadPoolExecutor):
         self._lock = threading.Lock()
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
-        future = super().submit(fn, *args, **kwargs)
+        future = super().submit(compiled_with_launcher(lambda: fn(*args, **kwargs)))
         with self._lock:
             self.jobs.append((future, *self.current))
         return future
@@ -247,6 +357,7 @@ class CompileJob:
     def __init__(self, ac, mode, pool: _LabelledPool, report: PrecompileReport, t0: float, timeout_s: float):
         self.ac, self.mode, self.pool, self.report, self.t0, self.timeout_s = ac, mode, pool, report, t0, timeout_s
         self.needs: dict[str, list[Future]] = {}  # body label -> the compiles its launches wait for
+        self.filed: list = []  # what the requests left in the kernels' caches (``filed_requests``)
         self.wait_s = 0.0  # time spent in wait()
         self.open = True
 
@@ -299,6 +410,7 @@ class CompileJob:
                 self.mode.__exit__(None, None, None)
             except Exception:  # noqa: BLE001 - a Triton that re-raises a failed compile here (reported by _check)
                 pass
+            unfile(self.filed)
             self.pool.shutdown()
 
     def abort(self) -> None:
@@ -306,6 +418,7 @@ class CompileJob:
         if self.open:
             self.open = False
             _deactivate(self.ac)
+            unfile(self.filed)
             self.pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -333,12 +446,14 @@ def start_precompile(bodies: Sequence[tuple[str, Callable[[], None]]], workers: 
 
     def on_result(result) -> None:  # a kernel still compiling: this body's capture waits for it
         future = getattr(result, "future", None) if isinstance(result, ac.FutureKernel) else None
-        if future is not None:
-            job.needs.setdefault(label[0], []).append(future)
+        needs = job.needs.setdefault(label[0], [])
+        if future is not None and future not in needs:
+            needs.append(future)
 
     job.mode.__enter__()
     try:
-        with compile_only_launches(on_request, classes, on_result), zeroed_allocations():
+        with compile_only_launches(on_request, classes, on_result), filed_requests(job.filed, classes), \
+                zeroed_allocations():
             for label[0], body in bodies:
                 try:
                     body()
@@ -363,30 +478,110 @@ def precompile(bodies: Sequence[tuple[str, Callable[[], None]]], workers: int, t
     return job.finish()
 
 
+# -- a warm cache: skip the pass -------------------------------------------------------------------
+
+MARKER_FOLDER = "bitmtp-precompiled"  # in Triton's cache folder: a file per load whose kernels the cache holds
+IDENTITY_ENV_PREFIXES = ("BITMTP_", "TRITON_")  # switches that may change which kernels a load launches
+IDENTITY_ENV_IGNORED = (ENV, MODE_ENV, OVERLAP_ENV, "TRITON_CACHE_DIR")
+
+
+def triton_cache_dir() -> Path:
+    """Triton's disk cache folder (``TRITON_CACHE_DIR``, default ``~/.triton/cache``)."""
+    try:
+        from triton import knobs
+
+        folder = knobs.cache.dir
+    except (ImportError, AttributeError):
+        folder = None
+    return Path(folder or os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+
+
+def source_digest(folders: Sequence[Path]) -> str:
+    """sha256 over every ``.py`` and ``.json`` file under ``folders`` (path and content): the
+    kernels and the code that chooses their launches (tuned tables included)."""
+    h = hashlib.sha256()
+    for folder in folders:
+        for path in sorted(p for p in Path(folder).rglob("*") if p.suffix in (".py", ".json") and p.is_file()):
+            h.update(str(path.relative_to(folder)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def load_identity(fields: dict, folders: Sequence[Path]) -> dict:
+    """What decides the kernel variants a load launches: ``fields`` (versions, GPU, model,
+    plan, options, states), the switches in the environment, and the source digest."""
+    env = {k: v for k, v in sorted(os.environ.items())
+           if k.startswith(IDENTITY_ENV_PREFIXES) and k not in IDENTITY_ENV_IGNORED}
+    return {**fields, "env": env, "source": source_digest(folders)}
+
+
+def warm_marker(identity: dict, cache_dir: Path | None = None) -> Path:
+    """The file whose presence says a load with ``identity`` has compiled every kernel it
+    launches into this Triton cache (``mark_warm`` writes it after capture)."""
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    return (cache_dir or triton_cache_dir()) / MARKER_FOLDER / f"{digest}.json"
+
+
+def mark_warm(marker: Path, identity: dict) -> None:
+    """Write ``marker`` atomically (best effort: a read-only cache just keeps running the pass)."""
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        tmp = marker.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(identity, sort_keys=True, indent=1, default=str))
+        os.replace(tmp, marker)
+    except OSError as e:
+        log.warning("could not record the warm Triton cache in %s: %s", marker, e)
+
+
 # -- processes: record the variants, compile them in worker processes -----------------------------
 
+class _Recorded(_Skipped):
+    """``filed_requests``' entry for a variant recorded for a worker process: the handle of its
+    compile, so that every body launching the variant waits for it (``needs``)."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+
 def record_variants(bodies: Sequence[tuple[str, Callable[[], None]]], report: PrecompileReport,
-                    classes: Sequence[type] | None = None) -> dict[str, tuple[str, str, str]]:
+                    classes: Sequence[type] | None = None, submit: Callable[[str, str, str, str], object] | None = None,
+                    needs: dict[str, list] | None = None) -> dict[str, tuple[str, str, str]]:
     """Run the bodies with their launches as compile requests that Triton's ``jit_cache_hook``
     answers "skip": -> {specialisation data (Triton's JSON): (module, kernel, body label)}
-    for every variant this process has not compiled."""
+    for every variant this process has not compiled. ``submit(module, kernel, data, label)``,
+    when given, is called at each variant's first request (a worker starts compiling it while
+    the bodies still run) and returns a handle; ``needs`` then gets, per body label, the
+    handles of every variant that body launches."""
     from triton import knobs
 
     variants: dict[str, tuple[str, str, str]] = {}
-    label = [""]
+    handles: dict[str, object] = {}
+    label, current = [""], [None]
 
     def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
-        variants.setdefault(compile["specialization_data"], (fn.module, fn.name, label[0]))
+        data = compile["specialization_data"]
+        if data not in variants:
+            variants[data] = (fn.module, fn.name, label[0])
+            handles[data] = submit(fn.module, fn.name, data, label[0]) if submit is not None else None
+        current[0] = handles[data]
         return True  # skip the compile here: a worker process compiles it
 
     def on_request(kernel) -> None:
         report.requested += 1
         report.requests.setdefault(label[0], []).append(kernel_name(kernel))
 
+    def on_result(result) -> None:
+        if needs is not None and isinstance(result, _Recorded) and result.handle is not None:
+            wanted = needs.setdefault(label[0], [])
+            if result.handle not in wanted:
+                wanted.append(result.handle)
+
     previous = knobs.runtime.jit_cache_hook
     knobs.runtime.jit_cache_hook = hook
+    filed: list = []  # a variant's repeats stop at the cache lookup; removed before capture
     try:
-        with compile_only_launches(on_request, classes), zeroed_allocations():
+        with compile_only_launches(on_request, classes, on_result), \
+                filed_requests(filed, classes, skipped=lambda: _Recorded(current[0])), zeroed_allocations():
             for label[0], body in bodies:
                 try:
                     body()
@@ -395,67 +590,158 @@ def record_variants(bodies: Sequence[tuple[str, Callable[[], None]]], report: Pr
                         f"requesting the kernels of {label[0]} failed: {type(e).__name__}: {e}") from e
     finally:
         knobs.runtime.jit_cache_hook = previous
+        unfile(filed)
     return variants
 
 
-def compile_variant(module: str, kernel: str, specialization: str) -> None:
-    """In a worker process: compile one recorded variant into Triton's disk cache."""
+def compile_variant(module: str, kernel: str, specialization: str) -> tuple[float, float]:
+    """In a worker process: compile one recorded variant, and its launcher, into Triton's disk
+    cache -> (compile s, launcher s)."""
     import importlib
 
-    getattr(importlib.import_module(module), kernel).preload(specialization)
+    t0 = time.perf_counter()
+    compiled = getattr(importlib.import_module(module), kernel).preload(specialization)
+    t1 = time.perf_counter()
+    if compiled is not None:
+        build_launcher(compiled)
+    return t1 - t0, time.perf_counter() - t1
+
+
+def prepare_worker() -> None:
+    """A worker process's start, while the main process still records: the imports and the
+    Triton driver every compile needs (seconds of the worker's start-up)."""
+    try:
+        import torch  # noqa: F401 - imported for its start-up cost, before the first compile
+        from triton.runtime.driver import driver
+
+        driver.active.get_current_target()
+    except Exception as e:  # noqa: BLE001 - no GPU here (a dry run): the compiles say what is missing
+        log.debug("worker start: %s: %s", type(e).__name__, e)
+
+
+def start_workers(workers: int):
+    """``workers`` spawned processes, starting (``prepare_worker``) at once."""
+    import multiprocessing as mp
+
+    return mp.get_context("spawn").Pool(workers, initializer=prepare_worker)
+
+
+class ProcessJob:
+    """Compiles running in worker processes: ``CompileJob``'s interface (``wait(label)``,
+    ``finish()``, ``abort()``) over a process pool. Capture loads each kernel from the disk
+    cache, where its worker wrote it."""
+
+    def __init__(self, pool, report: PrecompileReport, t0: float, timeout_s: float,
+                 compile_fn: Callable[[str, str, str], object] = compile_variant):
+        self.pool, self.report, self.t0, self.timeout_s, self.compile_fn = pool, report, t0, timeout_s, compile_fn
+        self.jobs: list[tuple[object, str, str]] = []  # (AsyncResult, kernel, body label)
+        self.needs: dict[str, list] = {}  # body label -> the compiles its launches wait for
+        self.wait_s = 0.0
+        self.open = True
+
+    def submit(self, module: str, kernel: str, data: str, label: str):
+        result = self.pool.apply_async(self.compile_fn, (module, kernel, data))
+        self.jobs.append((result, kernel, label))
+        return result
+
+    def _check(self, results: list) -> list:
+        import multiprocessing as mp
+
+        t0, values = time.perf_counter(), []
+        try:
+            for result in results:
+                remaining = max(self.timeout_s - (time.perf_counter() - self.t0), 0.0)
+                kernel, label = next((k, lb) for r, k, lb in self.jobs if r is result)
+                try:
+                    values.append((kernel, result.get(remaining)))
+                except mp.TimeoutError:
+                    waiting = sorted({f"{k} for {lb}" for r, k, lb in self.jobs if not r.ready()})
+                    self.abort()
+                    raise PrecompileError(
+                        f"compiling the Triton kernels did not finish within {self.timeout_s:.0f} s; still compiling "
+                        f"{len(waiting)}: {', '.join(waiting[:6])}{' ...' if len(waiting) > 6 else ''}. Raise "
+                        f"RuntimeOptions.precompile_timeout_s, or set {ENV}=0 to compile during capture "
+                        f"instead") from None
+                except Exception as e:  # noqa: BLE001 - the worker's compile error, re-raised here
+                    self.abort()
+                    raise PrecompileError(f"Triton could not compile {kernel} (requested by {label}) in a worker "
+                                          f"process: {type(e).__name__}: {str(e)[:1500]}") from e
+        finally:
+            self.wait_s += time.perf_counter() - t0
+        return values
+
+    def wait(self, label: str) -> None:
+        self._check(self.needs.get(label, []))
+
+    def finish(self) -> PrecompileReport:
+        values = self._check([r for r, _, _ in self.jobs])
+        self.abort()  # all done: stop the workers
+        report = self.report
+        report.compiled = len(self.jobs)
+        for kernel, value in values:
+            report.kernels[kernel] = report.kernels.get(kernel, 0) + 1
+            if isinstance(value, tuple) and len(value) == 2:
+                report.timings.append((kernel, *value))
+        report.seconds = time.perf_counter() - self.t0
+        log.info(report.summary())
+        return report
+
+    def abort(self) -> None:
+        if self.open:
+            self.open = False
+            self.pool.terminate()
+            self.pool.join()
 
 
 def compile_in_processes(variants: dict[str, tuple[str, str, str]], workers: int, timeout_s: float,
-                         compile_fn: Callable[[str, str, str], None] = compile_variant) -> None:
+                         compile_fn: Callable[[str, str, str], object] = compile_variant, pool=None) -> list:
     """Compile ``variants`` (``record_variants``) in ``workers`` spawned processes sharing the
-    disk cache; a failure or the timeout stops every worker and raises ``PrecompileError``."""
+    disk cache (or in ``pool``, from ``start_workers``) -> [(kernel, what ``compile_fn``
+    returned)]; a failure or the timeout stops every worker and raises ``PrecompileError``.
+    The pool is closed either way."""
     import multiprocessing as mp
 
-    t0 = time.perf_counter()
-    pool = mp.get_context("spawn").Pool(workers)
+    pool = pool if pool is not None else mp.get_context("spawn").Pool(workers)
+    job = ProcessJob(pool, PrecompileReport(workers=workers, mode="processes"), time.perf_counter(), timeout_s,
+                     compile_fn)
     try:
-        jobs = [(pool.apply_async(compile_fn, (module, kernel, data)), kernel, label)
-                for data, (module, kernel, label) in variants.items()]
-        for job, kernel, label in jobs:
-            remaining = max(timeout_s - (time.perf_counter() - t0), 0.0)
-            try:
-                job.get(remaining)
-            except mp.TimeoutError:
-                waiting = sorted({f"{k} for {lb}" for j, k, lb in jobs if not j.ready()})
-                raise PrecompileError(
-                    f"compiling the Triton kernels did not finish within {timeout_s:.0f} s; still compiling "
-                    f"{len(waiting)}: {', '.join(waiting[:6])}{' ...' if len(waiting) > 6 else ''}. Raise "
-                    f"RuntimeOptions.precompile_timeout_s, or set {ENV}=0 to compile during capture instead") from None
-            except Exception as e:  # noqa: BLE001 - the worker's compile error, re-raised here
-                raise PrecompileError(f"Triton could not compile {kernel} (requested by {label}) in a worker "
-                                      f"process: {type(e).__name__}: {str(e)[:1500]}") from e
+        for data, (module, kernel, label) in variants.items():
+            job.submit(module, kernel, data, label)
+        return job._check([r for r, _, _ in job.jobs])
     finally:
-        pool.terminate()
-        pool.join()
+        job.abort()
+
+
+def start_precompile_processes(bodies: Sequence[tuple[str, Callable[[], None]]], workers: int, timeout_s: float,
+                               classes: Sequence[type] | None = None,
+                               compile_fn: Callable[[str, str, str], object] = compile_variant) -> ProcessJob:
+    """``start_precompile`` with worker processes instead of threads: each variant is handed
+    to a worker at its first request (nothing compiles in this process) -> the running job;
+    capture waits per state (``ProcessJob.wait``) and loads the kernels from the disk cache.
+    The workers start before the bodies run, so their imports (Python, torch, Triton:
+    seconds; no model) overlap the recording. A script that loads an engine this way needs
+    the ``if __name__ == "__main__":`` guard (the workers are spawned)."""
+    t0 = time.perf_counter()
+    report = PrecompileReport(workers=max(1, workers), mode="processes")
+    job = ProcessJob(start_workers(report.workers), report, t0, timeout_s, compile_fn)
+    try:
+        record_variants(bodies, report, classes, submit=job.submit, needs=job.needs)
+    except BaseException:
+        job.abort()
+        raise
+    report.request_s = time.perf_counter() - t0
+    return job
 
 
 def precompile_processes(bodies: Sequence[tuple[str, Callable[[], None]]], workers: int, timeout_s: float,
                          classes: Sequence[type] | None = None) -> PrecompileReport:
-    """``precompile`` with worker processes instead of threads: the variants are recorded here
-    (nothing compiles in this process), compiled into the disk cache by the workers, and
-    capture loads them from there. Each worker imports torch and Triton (seconds), needs no
-    model; a script that loads an engine this way needs the ``if __name__ == "__main__":``
-    guard (the workers are spawned)."""
-    t0 = time.perf_counter()
-    report = PrecompileReport(workers=max(1, workers), mode="processes")
-    variants = record_variants(bodies, report, classes)
-    report.request_s = time.perf_counter() - t0
-    if variants:
-        compile_in_processes(variants, min(report.workers, len(variants)), timeout_s)
-    report.compiled = len(variants)
-    for _, kernel, _ in variants.values():
-        report.kernels[kernel] = report.kernels.get(kernel, 0) + 1
-    report.seconds = time.perf_counter() - t0
-    log.info(report.summary())
-    return report
+    """``start_precompile_processes``, then wait until every variant is compiled."""
+    return start_precompile_processes(bodies, workers, timeout_s, classes).finish()
 
 
 __all__ = ["ENV", "MODES", "MODE_ENV", "NOT_LAUNCHED", "OVERLAP_ENV", "CompileJob", "PrecompileError",
-           "PrecompileReport", "compile_in_processes", "compile_only_launches", "default_workers", "kernel_classes",
+           "PrecompileReport", "ProcessJob", "compile_in_processes", "compile_only_launches", "default_workers", "kernel_classes",
            "precompile", "precompile_mode", "precompile_overlap", "precompile_processes", "precompile_setting",
-           "record_variants", "start_precompile", "zeroed_allocations"]
+           "SKIPPED", "build_launcher", "filed_requests", "load_identity", "mark_warm", "record_variants",
+           "source_digest", "start_precompile", "start_precompile_processes", "start_workers", "triton_cache_dir", "unfile", "warm_marker",
+           "zeroed_allocations"]
