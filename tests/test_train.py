@@ -353,3 +353,15 @@ def test_recipes_report_collects_a_device_evaluation(data, trained, tmp_path):
     assert targets["d4: hybrid verifier rate <= 0.5 (decoded)"] == {
         "value": round(hy["verifier_call_rate"], 3), "pass": hy["verifier_call_rate"] <= 0.5}
     assert "| d4 | tiny | 40 steps |" in eval_quality.to_markdown(report)
+
+
+def test_eval_task_devices_name_every_gpu_by_index():
+    # A worker selects its GPU with torch.cuda.set_device, which refuses a bare "cuda": one
+    # visible GPU must come out as "cuda:0" too (the bug that lost a device call's decoding).
+    from tools.eval_quality import task_devices
+
+    assert task_devices("cuda", gpus=1) == ["cuda:0"]
+    assert task_devices("cuda", gpus=2) == ["cuda:0", "cuda:1"]
+    assert task_devices("cpu") == ["cpu"]
+    with pytest.raises(ValueError, match="--device cuda"):
+        task_devices("cuda", gpus=0)

@@ -174,11 +174,16 @@ def summarize(records: list[dict], ar_records: list[dict] | None) -> dict:
     return out
 
 
-def task_devices(device: str) -> list[str]:
+def task_devices(device: str, gpus: int | None = None) -> list[str]:
     """``cuda`` spreads the tasks over every visible GPU (batch-1 decoding is launch-bound: a
-    GPU serves several worker processes); anything else is used as given."""
-    n = torch.cuda.device_count() if device == "cuda" else 0
-    return [f"cuda:{i}" for i in range(n)] if n > 1 else [device]
+    GPU serves several worker processes), each named with its index (a worker selects it with
+    ``torch.cuda.set_device``, which refuses a bare ``cuda``); anything else is used as given."""
+    if device != "cuda":
+        return [device]
+    n = torch.cuda.device_count() if gpus is None else gpus
+    if n < 1:
+        raise ValueError("--device cuda: no CUDA GPU is visible; use --device cpu")
+    return [f"cuda:{i}" for i in range(n)]
 
 
 def evaluate_decoding(models: dict[str, str], prompts: list[Prompt], data: str, device: str, jobs: int,
