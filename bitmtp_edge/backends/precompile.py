@@ -184,6 +184,23 @@ def kernel_name(kernel) -> str:
 
 
 @contextlib.contextmanager
+def _methods_replaced(classes: Sequence[type], name: str, patched: Callable) -> Iterator[None]:
+    """Inside: each class's method ``name`` is ``patched(original)``; after, each class has its
+    own again (or inherits it again, where it had none of its own)."""
+    own = {cls: cls.__dict__.get(name) for cls in classes}  # None: inherited
+    for cls in classes:
+        setattr(cls, name, patched(getattr(cls, name)))
+    try:
+        yield
+    finally:
+        for cls, original in own.items():
+            if original is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, original)
+
+
+@contextlib.contextmanager
 def compile_only_launches(on_request: Callable[[object], None], classes: Sequence[type] | None = None,
                           on_result: Callable[[object], None] | None = None) -> Iterator[None]:
     """Inside: every ``kernel[grid](...)`` calls ``on_request(kernel)``, then Triton's own
@@ -191,7 +208,6 @@ def compile_only_launches(on_request: Callable[[object], None], classes: Sequenc
     kernel, or under ``AsyncCompileMode`` a future one) to ``on_result``, and returns
     ``NOT_LAUNCHED``."""
     classes = list(classes if classes is not None else kernel_classes())
-    own = {cls: cls.__dict__.get("run") for cls in classes}  # None: inherited
 
     def patched(original):
         def run(self, *args, grid, warmup, **kwargs):
@@ -203,16 +219,8 @@ def compile_only_launches(on_request: Callable[[object], None], classes: Sequenc
 
         return run
 
-    for cls in classes:
-        cls.run = patched(getattr(cls, "run"))
-    try:
+    with _methods_replaced(classes, "run", patched):
         yield
-    finally:
-        for cls, original in own.items():
-            if original is None:
-                del cls.run
-            else:
-                cls.run = original
 
 
 class _Skipped:
@@ -234,7 +242,6 @@ def filed_requests(filed: list, classes: Sequence[type] | None = None,
     ``_do_compile`` and a per-device cache (the interpreter) are left alone."""
     classes = [cls for cls in (classes if classes is not None else kernel_classes())
                if callable(getattr(cls, "_do_compile", None))]
-    own = {cls: cls.__dict__.get("_do_compile") for cls in classes}
 
     def patched(original):
         def _do_compile(self, key, signature, device, *args, **kwargs):
@@ -250,16 +257,8 @@ def filed_requests(filed: list, classes: Sequence[type] | None = None,
 
         return _do_compile
 
-    for cls in classes:
-        cls._do_compile = patched(getattr(cls, "_do_compile"))
-    try:
+    with _methods_replaced(classes, "_do_compile", patched):
         yield
-    finally:
-        for cls, original in own.items():
-            if original is None:
-                del cls._do_compile
-            else:
-                cls._do_compile = original
 
 
 def unfile(filed: list) -> None:
