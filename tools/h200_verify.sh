@@ -19,6 +19,10 @@ timeout -k 5 ${T_AFTER:-170} python tools/bench_e2e.py --parts trained,2b --conf
   --artifact bitmtp_edge/embedded/model --prompts 11 --tokens 128 --repeats 1 --candidates 1,2,3 \
   --out "$O/ea" > "$O/ea/log.txt" 2>&1
 tail -n 60 "$O/ea/log.txt" | cut -c1-220
-timeout -k 5 ${T_TESTS:-210} python -m pytest -q -m gpu -p no:cacheprovider tests > "$O/gpu_tests.log" 2>&1
+# The GPU tests take about 4 min one after another (each engine load compiles and captures);
+# with pytest-xdist (not in the device image: carry its wheel and execnet's, see
+# docs/measuring.md) five workers share the GPU: 49 tests in about 2 min.
+XDIST=$(python -c "import xdist" 2>/dev/null && echo "-n ${GPU_TEST_WORKERS:-5}")
+timeout -k 5 ${T_TESTS:-210} python -m pytest -q -m gpu -p no:cacheprovider $XDIST tests > "$O/gpu_tests.log" 2>&1
 tail -n 25 "$O/gpu_tests.log" | cut -c1-300
 if [ -n "${OUT:-}" ]; then (cd "$O" && tar czf "$OUT/verify.tgz" eb ea gpu_tests.log && ls -la "$OUT"); fi
