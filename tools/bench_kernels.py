@@ -110,6 +110,17 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def precompile_logged(jobs: list[tuple], workers: int, what: str) -> None:
+    """``autotune.precompile`` with its time logged; a failure is logged, not raised: the
+    timing run compiles what is missing itself."""
+    t0 = time.time()
+    try:
+        precompile(jobs, workers)
+    except Exception as e:  # noqa: BLE001
+        log(f"precompile failed: {e!r}")
+    log(f"{what}: {len(jobs)} launches precompiled in {time.time() - t0:.0f} s")
+
+
 # --- timing --------------------------------------------------------------------------------
 
 # Timing: the autotuner's GraphTimer (one CUDA graph replaying the calls), so the benchmark
@@ -393,12 +404,7 @@ class Run:
         sms, mhz = tuning.sm_count(torch.device("cuda")), self.meta["sm_clock_mhz"]
         jobs = [("w2a8_linear", n, k, False, m, False, cfg) for _, n, k in LARGE_SHAPES for m in widths
                 for _, cfg in large_candidates(m)]
-        t0 = time.time()
-        try:
-            precompile(jobs, a.jobs)
-        except Exception as e:  # the timing run compiles what is missing itself
-            log(f"precompile failed: {e!r}")
-        log(f"large shapes: {len(jobs)} launches precompiled in {time.time() - t0:.0f} s")
+        precompile_logged(jobs, a.jobs, "large shapes")
         self.stack_rows += large_rows(widths, GraphTimer(reps=32, replays=3), sms, mhz, log)
         self.save()
 
@@ -425,12 +431,7 @@ class Run:
                     if self.sweeps(m):
                         cfgs |= set(tuning.linear_candidates(m, n, k, g))
                     jobs += [("w2a8_linear", n, k, g, m, res, c) for c in cfgs]
-            t0 = time.time()
-            try:
-                precompile(jobs, a.jobs)
-            except Exception as e:  # the timing run compiles what is missing itself
-                log(f"precompile failed: {e!r}")
-            log(f"{model}: {len(jobs)} launches precompiled in {time.time() - t0:.0f} s")
+            precompile_logged(jobs, a.jobs, model)
             chosen, isolated = {}, {}
             for m in widths:  # width by width: a run cut short keeps every width it finished
                 if self.sweeps(m):

@@ -106,7 +106,7 @@ def precompile_setting(enabled: bool, workers: int) -> tuple[bool, int]:
     try:
         n = int(value)
     except ValueError:
-        raise ValueError(f"{ENV}={value!r}: use 0 (off), 1 (on) or the number of compile threads") from None
+        n = -1  # refused below, as a negative count is
     if n < 0:
         raise ValueError(f"{ENV}={value!r}: use 0 (off), 1 (on) or the number of compile threads")
     if n == 0:
@@ -149,6 +149,25 @@ def default_workers(cpu_count: int | None = None, available_bytes: int | None = 
     if processes:
         return max(1, min(cpus, available_bytes // PROCESS_MEMORY))
     return max(1, min(cpus, MAX_WORKERS, available_bytes // WORKER_MEMORY))
+
+
+def timeout_error(timeout_s: float, still_compiling: list[str]) -> PrecompileError:
+    """The error when compiles outlast ``timeout_s``; ``still_compiling``: "kernel for body" each."""
+    shown = ", ".join(still_compiling[:6]) + (" ..." if len(still_compiling) > 6 else "")
+    return PrecompileError(
+        f"compiling the Triton kernels did not finish within {timeout_s:.0f} s; still compiling "
+        f"{len(still_compiling)}: {shown}. Raise RuntimeOptions.precompile_timeout_s, or set {ENV}=0 "
+        f"to compile during capture instead")
+
+
+def run_bodies(bodies: Sequence[tuple[str, Callable[[], None]]], label: list[str]) -> None:
+    """Run each ``(label, body)``, keeping the running body's label in ``label[0]`` (the
+    request hooks file what they see under it); a body's error names the body."""
+    for label[0], body in bodies:
+        try:
+            body()
+        except Exception as e:  # e.g. a kernel's launcher rejecting its arguments
+            raise PrecompileError(f"requesting the kernels of {label[0]} failed: {type(e).__name__}: {e}") from e
 
 
 class _NotLaunched:
@@ -370,11 +389,8 @@ class CompileJob:
         self.wait_s += time.perf_counter() - t0
         if pending:
             self.abort()
-            names = sorted({f"{kernel} for {label}" for future, label, kernel in self.pool.jobs if future in pending})
-            raise PrecompileError(
-                f"compiling the Triton kernels did not finish within {self.timeout_s:.0f} s; still compiling "
-                f"{len(pending)}: {', '.join(names[:6])}{' ...' if len(names) > 6 else ''}. Raise "
-                f"RuntimeOptions.precompile_timeout_s, or set {ENV}=0 to compile during capture instead")
+            raise timeout_error(self.timeout_s, sorted({f"{kernel} for {label}" for future, label, kernel
+                                                        in self.pool.jobs if future in pending}))
         wanted = set(futures)
         failed = [(label, kernel, future.exception()) for future, label, kernel in self.pool.jobs
                   if future in wanted and future.exception() is not None]
@@ -454,12 +470,7 @@ def start_precompile(bodies: Sequence[tuple[str, Callable[[], None]]], workers: 
     try:
         with compile_only_launches(on_request, classes, on_result), filed_requests(job.filed, classes), \
                 zeroed_allocations():
-            for label[0], body in bodies:
-                try:
-                    body()
-                except Exception as e:  # e.g. a kernel's launcher rejecting its arguments
-                    raise PrecompileError(
-                        f"requesting the kernels of {label[0]} failed: {type(e).__name__}: {e}") from e
+            run_bodies(bodies, label)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
     except BaseException:
@@ -582,12 +593,7 @@ def record_variants(bodies: Sequence[tuple[str, Callable[[], None]]], report: Pr
     try:
         with compile_only_launches(on_request, classes, on_result), \
                 filed_requests(filed, classes, skipped=lambda: _Recorded(current[0])), zeroed_allocations():
-            for label[0], body in bodies:
-                try:
-                    body()
-                except Exception as e:
-                    raise PrecompileError(
-                        f"requesting the kernels of {label[0]} failed: {type(e).__name__}: {e}") from e
+            run_bodies(bodies, label)
     finally:
         knobs.runtime.jit_cache_hook = previous
         unfile(filed)
@@ -657,11 +663,7 @@ class ProcessJob:
                 except mp.TimeoutError:
                     waiting = sorted({f"{k} for {lb}" for r, k, lb in self.jobs if not r.ready()})
                     self.abort()
-                    raise PrecompileError(
-                        f"compiling the Triton kernels did not finish within {self.timeout_s:.0f} s; still compiling "
-                        f"{len(waiting)}: {', '.join(waiting[:6])}{' ...' if len(waiting) > 6 else ''}. Raise "
-                        f"RuntimeOptions.precompile_timeout_s, or set {ENV}=0 to compile during capture "
-                        f"instead") from None
+                    raise timeout_error(self.timeout_s, waiting) from None
                 except Exception as e:  # noqa: BLE001 - the worker's compile error, re-raised here
                     self.abort()
                     raise PrecompileError(f"Triton could not compile {kernel} (requested by {label}) in a worker "
