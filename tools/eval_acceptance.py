@@ -62,9 +62,10 @@ def exact_float32_int_matmul():
 
 
 @torch.no_grad()
-def prompt_tables(model, prompt: list[int], block_size: int, mask_id: int, max_new: int, eos: set[int]):
-    """(continuation, drafts [N, D], confidences [N, D]) with row i the block anchored at the
-    i-th token a decode can anchor at (the prompt's last token, then each generated one)."""
+def block_logits(model, prompt: list[int], block_size: int, mask_id: int, max_new: int, eos: set[int]):
+    """(continuation, draft logits [N, D, V] float32, stop) with row i the block anchored at
+    the i-th token a decode can anchor at (the prompt's last token, then each generated one);
+    ``stop`` is the index of the first EOS in the continuation (None without one)."""
     from tools.distill import greedy_continue
 
     dev = model.model.embed_tokens.weight.device
@@ -79,9 +80,16 @@ def prompt_tables(model, prompt: list[int], block_size: int, mask_id: int, max_n
     anchors = torch.arange(len(prompt) - 1, len(prompt) - 1 + n_anchor, device=dev).unsqueeze(0)
     x, pos, _, mask = build_rows(torch.tensor([clean], device=dev), anchors, layout, mask_id, None)
     hidden = model(x, pos, mask)[0, L:]
-    probs = torch.softmax(model.draft_logits(hidden.reshape(-1, hidden.shape[-1])), dim=-1)
-    conf, top = probs.max(-1)
-    return cont, top.view(n_anchor, block_size).tolist(), conf.view(n_anchor, block_size).tolist(), stop
+    logits = model.draft_logits(hidden.reshape(-1, hidden.shape[-1])).float()
+    return cont, logits.view(n_anchor, block_size, -1), stop
+
+
+def prompt_tables(model, prompt: list[int], block_size: int, mask_id: int, max_new: int, eos: set[int]):
+    """(continuation, drafts [N, D], confidences [N, D], stop): the argmax and max-softmax
+    of ``block_logits``, as the runtime's draft step gives them."""
+    cont, logits, stop = block_logits(model, prompt, block_size, mask_id, max_new, eos)
+    conf, top = torch.softmax(logits, dim=-1).max(-1)
+    return cont, top.tolist(), conf.tolist(), stop
 
 
 def replay(cont, drafts, confs, stop, max_new: int, policy: str, tau: float, min_prefix: int) -> dict:

@@ -8,7 +8,14 @@
 #   ROUND=2 (teacher refreshed from the student: the shipped self-distilled model)
 #     d8sd2   D8 + its own continuations, slot weights $SLOTS, NTP on the distill rows' prompts
 #     d8sd2m  the same with MTP weight $MTP_LOW (less pull on the backbone: the NTP gap)
-#   both    sft2mtp  sft-27m -> BitMTP D = 8 with --init, half the from-scratch model's 2,778
+#   ROUND=3 (teacher refreshed again: the shipped d8sd2; slot weights $SLOTS3 favour slots 0-2)
+#     d8sd3   D8 + its own continuations, MTP weight $MTP_MID (the NTP gap without losing drafts)
+#     d8sd3m  the same with MTP weight $MTP_LOW3
+#     sft2sd  sft-27m -> BitMTP D = 8 with --init and self-distillation from the SFT model's own
+#             greedy continuations ($SFT_ROWS rows): its budget is half the from-scratch model's
+#             2,778 steps *including* the generation, counted at the from-scratch run's step rate
+#             (2,778 steps in 389.2 s), so its steps are $SFT_STEPS - that generation's cost
+#   ROUND 1/2: sft2mtp  sft-27m -> BitMTP D = 8 with --init, half the from-scratch model's 2,778
 #           steps (starts as soon as the corpus is built: it needs no distill rows)
 # then the decode check: EVAL=quick, a 10-prompt GPU run; EVAL=full, the report's evaluation on
 # the GPU (float64 reference backend): every policy on $EVAL_PROMPTS held-out prompts and
@@ -46,6 +53,11 @@ LR_SFT=${LR_SFT:-2e-3}         # SFT -> BitMTP: the blocks are new (from scratch
 KL=${KL:-1.0}
 SLOTS=${SLOTS:-2,2,2,1,1,1,1,1}  # round 2: hybrid's m = 3 test reads slots 0-2
 MTP_LOW=${MTP_LOW:-0.5}
+SLOTS3=${SLOTS3:-3,3,3,1,1,1,1,1}  # round 3: slots 0-2 weigh three times the others
+MTP_MID=${MTP_MID:-0.75}
+MTP_LOW3=${MTP_LOW3:-0.6}
+SFT_ROWS=${SFT_ROWS:-4096}     # round 3: the SFT teacher's continuations for sft2sd
+SCRATCH_RATE=${SCRATCH_RATE:-7.138}  # steps/s of the from-scratch D = 8 run (2,778 in 389.2 s)
 SAVE_S=${SAVE_S:-60}
 EVAL_PROMPTS=${EVAL_PROMPTS:-40}
 DOC_PROMPTS=${DOC_PROMPTS:-20}
@@ -60,10 +72,12 @@ SFT=tools/checkpoints/sft-27m
 TEACHER=${TEACHER:-$D8}
 RELEASE_DATA=tools/checkpoints/data   # the release test split and held-out prompts
 DOCS=tools/results/docstring_prompts.jsonl
+SFTRUN=sft2mtp
 case $ROUND in
   1) RUNS="d8sd d8cont" ;;
   2) RUNS="d8sd2 d8sd2m" ;;
-  *) echo "ROUND=$ROUND: choose 1 or 2" >&2; exit 2 ;;
+  3) RUNS="d8sd3 d8sd3m"; SFTRUN=sft2sd ;;
+  *) echo "ROUND=$ROUND: choose 1, 2 or 3" >&2; exit 2 ;;
 esac
 case $EVAL in quick|full) ;; *) echo "EVAL=$EVAL: choose quick or full" >&2; exit 2 ;; esac
 TAIL_GIVEN=${TAIL_S:-}         # seconds kept after training (EVAL=full: fitted to the release eval unless given)
@@ -118,9 +132,27 @@ run() {  # name args...
   python -m torch.distributed.run --standalone --nproc-per-node "$NPROC" -m tools.train $COMMON --out "$R/$name" \
     --time-budget-s $(( $(left) - TAIL_S )) $resume "$@" > "$R/$name.log" 2>&1
 }
-# No distill rows needed: it trains while the teacher generates.
-run sft2mtp --init "$SFT" --lr "$LR_SFT" --max-steps "$SFT_STEPS" --warmup-steps 100 &
-P0=$!
+if [ "$ROUND" = 3 ]; then
+  # The SFT model's own continuations, beside the D = 8 teacher's; sft2sd starts when they are
+  # there, its steps cut by what their generation cost (at the from-scratch run's step rate).
+  (
+    if [ ! -f "$R/distill_sft/rows_000.npy" ]; then
+      python -m tools.distill --teacher "$SFT" --data "$R/data" --out "$R/distill_sft" --rows "$SFT_ROWS" \
+        --prompt-len "$PROMPT" --seq-len "$SEQ" --batch "$GEN_BATCH" --device "$DEVICE" > "$R/distill_sft.log" 2>&1 || exit 1
+    fi
+    GEN_S=$(python -c "import json; print(json.load(open('$R/distill_sft/distill_000.json'))['generate_s'])")
+    STEPS=$(python -c "import math; print($SFT_STEPS - math.ceil($GEN_S * $SCRATCH_RATE))")
+    echo "sft2sd: SFT continuations generated in ${GEN_S}s = $(( SFT_STEPS - STEPS )) steps of the from-scratch run; training $STEPS steps"
+    if [ "$STEPS" -lt 1 ]; then echo "sft2sd: no steps left in its budget; not trained"; exit 0; fi
+    run sft2sd --init "$SFT" --lr "$LR_SFT" --max-steps "$STEPS" --warmup-steps 100 --distill "$R/distill_sft" \
+      --kl-weight "$KL" --slot-weights "$SLOTS" --distill-ntp prompt
+  ) &
+  P0=$!
+else
+  # No distill rows needed: it trains while the teacher generates.
+  run sft2mtp --init "$SFT" --lr "$LR_SFT" --max-steps "$SFT_STEPS" --warmup-steps 100 &
+  P0=$!
+fi
 
 if [ ! -f "$R/distill/rows_000.npy" ]; then
   GEN=""
@@ -147,23 +179,29 @@ if [ "$ROUND" = 1 ]; then
   P1=$!
   run d8cont --init "$D8" --lr "$LR" --max-steps 0 --steps-from "$R/d8sd/plan.json" &
   P2=$!
-else
+elif [ "$ROUND" = 2 ]; then
   SD="--init $D8 --lr $LR --distill $R/distill --kl-weight $KL --slot-weights $SLOTS --distill-ntp prompt"
   run d8sd2 $SD --max-steps 0 --share-plan "$R/d8sd2/plan.json" &
   P1=$!
   run d8sd2m $SD --mtp-weight "$MTP_LOW" --max-steps 0 --steps-from "$R/d8sd2/plan.json" &
   P2=$!
+else
+  SD="--init $D8 --lr $LR --distill $R/distill --kl-weight $KL --slot-weights $SLOTS3 --distill-ntp prompt"
+  run d8sd3 $SD --mtp-weight "$MTP_MID" --max-steps 0 --share-plan "$R/d8sd3/plan.json" &
+  P1=$!
+  run d8sd3m $SD --mtp-weight "$MTP_LOW3" --max-steps 0 --steps-from "$R/d8sd3/plan.json" &
+  P2=$!
 fi
 ( while kill -0 $P1 2>/dev/null; do sleep 60; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null; done ) &
 wait $P0
-echo "sft2mtp done after $(( $(date +%s) - T0 ))s"
-if [ "$EVAL" = full ] && [ -d "$R/sft2mtp/compact" ]; then
-  evaluate sft2mtp "sft2mtp=$R/sft2mtp/compact" &
+echo "$SFTRUN done after $(( $(date +%s) - T0 ))s"
+if [ "$EVAL" = full ] && [ -d "$R/$SFTRUN/compact" ]; then
+  evaluate $SFTRUN "$SFTRUN=$R/$SFTRUN/compact" &
   E1=$!
 fi
 wait $P1 $P2
 echo "training done after $(( $(date +%s) - T0 ))s"
-for r in sft2mtp $RUNS; do echo "== $r"; grep -v "it/s\]" "$R/$r.log" | tail -n 4; done
+for r in $SFTRUN $RUNS; do echo "== $r"; grep -v "it/s\]" "$R/$r.log" | tail -n 4; done
 
 if [ "$EVAL" = full ]; then
   M=""; for r in $RUNS; do [ -d "$R/$r/compact" ] && M="$M $r=$R/$r/compact"; done
@@ -171,7 +209,7 @@ if [ "$EVAL" = full ]; then
   [ -n "$M" ] && evaluate round$ROUND $M &
   E2=$!
   H="--model sft=$SFT --model d8=$D8"; for b in $BASELINES; do H="$H --model $b"; done
-  for r in sft2mtp $RUNS; do [ -d "$R/$r/compact" ] && H="$H --model $r=$R/$r/compact"; done
+  for r in $SFTRUN $RUNS; do [ -d "$R/$r/compact" ] && H="$H --model $r=$R/$r/compact"; done
   timeout $(( $(left) - 12 )) python -m tools.eval_quality --data "$RELEASE_DATA" $H --sections heldout \
     --device "$EVAL_DEVICE" --max-windows "$NTP_WINDOWS" --train-logs none --json "$R/eval/ntp.json" \
     --md "$R/eval/ntp.md" > "$R/eval/ntp.log" 2>&1
@@ -179,7 +217,7 @@ if [ "$EVAL" = full ]; then
   wait ${E0:-} ${E1:-} $E2
   echo "evaluation done after $(( $(date +%s) - T0 ))s"
 elif [ "$(left)" -gt 25 ] && [ "$GPUS" -gt 0 ]; then  # quick GPU decode check
-  M="--model d8=$D8"; for r in sft2mtp $RUNS; do [ -d "$R/$r/compact" ] && M="$M --model $r=$R/$r/compact"; done
+  M="--model d8=$D8"; for r in $SFTRUN $RUNS; do [ -d "$R/$r/compact" ] && M="$M --model $r=$R/$r/compact"; done
   timeout $(( $(left) - 15 )) python -m tools.eval_quality --data "$R/data" $M --sections decoding \
     --device cuda --jobs 8 --prompts 10 --max-new-tokens 128 --train-logs none \
     --json "$R/eval/quick_eval.json" --md "$R/eval/quick_eval.md" > "$R/eval/quick_eval.log" 2>&1
@@ -187,10 +225,10 @@ elif [ "$(left)" -gt 25 ] && [ "$GPUS" -gt 0 ]; then  # quick GPU decode check
 fi
 
 # What comes back (at most 8 files, each under 16 MiB).
-for r in sft2mtp $RUNS; do
+for r in $SFTRUN $RUNS; do
   [ -d "$R/$r/compact" ] && tar czf "$OUT/$r.tgz" -C "$R/$r" compact train_log.json
 done
-cat "$R"/distill/distill_*.json > "$OUT/distill_meta.json" 2>/dev/null
-tar czf "$OUT/logs.tgz" -C "$R" device.txt corpus.log eval $(cd "$R" && ls distill_*.log sft2mtp.log $(for r in $RUNS; do echo "$r.log"; done) 2>/dev/null)
+cat "$R"/distill/distill_*.json "$R"/distill_sft/distill_*.json > "$OUT/distill_meta.json" 2>/dev/null
+tar czf "$OUT/logs.tgz" -C "$R" device.txt corpus.log eval $(cd "$R" && ls distill_*.log $SFTRUN.log $(for r in $RUNS; do echo "$r.log"; done) 2>/dev/null)
 ls -la "$OUT"
 echo "all done after $(( $(date +%s) - T0 ))s"
