@@ -52,7 +52,7 @@ def random_model(seed: int = 0, family: str = "bitnet", vocab: int = 96, hidden:
 
 
 def reference_backend(model: TernaryLM, max_context: int = 512, block_size: int = 4,
-                      smallest: int | None = None, dtype=torch.float64) -> ReferenceBackend:
+                      smallest: int | None = None, dtype=torch.float64, calibration=None) -> ReferenceBackend:
     plan = plan_segments(model.cfg, max_context, workspace=2 * block_size + 1)
     if smallest is not None:  # force small segments to exercise growth
         from bitmtp_edge.format.segments import CapacitySegment, KVPlan
@@ -64,7 +64,8 @@ def reference_backend(model: TernaryLM, max_context: int = 512, block_size: int 
         caps.append(max_context)
         segs = tuple(CapacitySegment(cap, plan.workspace, (cap + plan.workspace) * plan.bytes_per_slot) for cap in caps)
         plan = KVPlan(plan.dtype, plan.bytes_per_slot, plan.workspace, max_context, None, segs)
-    return ReferenceBackend(model, plan, mask_token_id=model.cfg.vocab_size - 1, dtype=dtype, device="cpu")
+    return ReferenceBackend(model, plan, mask_token_id=model.cfg.vocab_size - 1, dtype=dtype, device="cpu",
+                            calibration=calibration)
 
 
 def artifact_tensors(model: TernaryLM) -> dict[str, torch.Tensor]:
@@ -82,17 +83,17 @@ def artifact_tensors(model: TernaryLM) -> dict[str, torch.Tensor]:
     return out
 
 
-def manifest_for(model: TernaryLM, block_size: int, plan):
+def manifest_for(model: TernaryLM, block_size: int, plan, calibration=None):
     from bitmtp_edge.format.manifest import Manifest
     from bitmtp_edge.format.roles import step_widths
     from bitmtp_edge.format.config import MTPConfig
 
-    mtp = MTPConfig(block_size=block_size, mask_token_id=model.cfg.vocab_size - 1)
+    mtp = MTPConfig(block_size=block_size, mask_token_id=model.cfg.vocab_size - 1, confidence_calibration=calibration)
     return Manifest(model=model.cfg, quant=model.quant, kv=plan, mtp=mtp, widths=step_widths(block_size))
 
 
 def fast_backend(model: TernaryLM, block_size: int = 4, max_context: int = 512, smallest: int | None = None,
-                 options=None, kernels: bool = False, head_dtype=torch.float32):
+                 options=None, kernels: bool = False, head_dtype=torch.float32, calibration=None):
     """The graph backend's static-buffer path on the CPU (eager, float32): the torch twins,
     or with ``kernels`` the Triton kernels themselves (interpreted without a GPU)."""
     from bitmtp_edge.backends.fast_model import FastModel
@@ -105,11 +106,13 @@ def fast_backend(model: TernaryLM, block_size: int = 4, max_context: int = 512, 
     ops = kernel_ops if kernels else twin_ops
     fast = FastModel(manifest, artifact_tensors(model), ops(options.specialize),
                      "cpu", head_dtype=head_dtype)
-    return GraphBackend(fast, plan, model.cfg.vocab_size - 1, block_size, options)
+    return GraphBackend(fast, plan, model.cfg.vocab_size - 1, block_size, options, calibration=calibration)
 
 
-def write_test_artifact(model: TernaryLM, out, block_size: int = 4, max_context: int = 512, smallest: int | None = None):
-    """An artifact folder for ``model`` with a word-level tokenizer ("t0 t1 ...")."""
+def write_test_artifact(model: TernaryLM, out, block_size: int = 4, max_context: int = 512, smallest: int | None = None,
+                        calibration=None):
+    """An artifact folder for ``model`` with a word-level tokenizer ("t0 t1 ..."); ``calibration``:
+    the manifest's per-slot confidence pairs (``MTPConfig.confidence_calibration``)."""
     import tempfile
     from pathlib import Path
 
@@ -124,5 +127,5 @@ def write_test_artifact(model: TernaryLM, out, block_size: int = 4, max_context:
     tmp = Path(tempfile.mkdtemp())
     tok.save(str(tmp / "tokenizer.json"))
     plan = reference_backend(model, max_context=max_context, block_size=block_size, smallest=smallest).plan
-    manifest = manifest_for(model, block_size, plan)
+    manifest = manifest_for(model, block_size, plan, calibration)
     return write_artifact(out, manifest, artifact_tensors(model), {"tokenizer.json": tmp / "tokenizer.json"})

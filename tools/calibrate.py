@@ -16,11 +16,14 @@ argmax equals token i + j + 1 of the model's own greedy continuation, exactly wh
 than its confidence says (then τ = 0.9 sends to the verifier drafts that would have passed),
 *overconfident* when less often.
 
-The temperature T_j of slot j minimises the negative log-likelihood of the verifier's greedy
-token under softmax(logits_j / T_j) (temperature scaling, Guo et al. 2017), on a grid; it
-changes the confidences only, never the argmax. ``--write-config`` stores the temperatures in
-the checkpoint's ``bitmtp.json`` as ``confidence_temperature``; ``bitmtp-export`` carries them
-into the artifact's manifest and the runtime applies them to greedy drafts' confidences.
+Two calibrations are fitted per slot and compared, both changing the confidences only, never
+the argmax: a temperature T_j minimising the negative log-likelihood of the verifier's greedy
+token under softmax(logits_j / T_j) (temperature scaling, Guo et al. 2017; on a grid), and
+Platt scaling of the confidence itself, c' = sigmoid(a_j · logit(c) + b_j), fitted to the
+agreement labels (log-loss). ``--write-config`` stores the Platt pairs in the checkpoint's
+``bitmtp.json`` as ``confidence_calibration``: a map of the confidence every backend already
+computes (``bitmtp_edge.runtime.calibration``), so no head kernel changes; ``bitmtp-export``
+carries it into the artifact's manifest.
 Never fit on held-out prompts: the report's numbers would then be fitted to themselves.
 """
 
@@ -156,7 +159,7 @@ def fit_platt(conf: torch.Tensor, hit: torch.Tensor, steps: int = 200) -> tuple[
         loss.backward()
         return loss
     opt.step(closure)
-    return float(ab[0]), float(ab[1])
+    return float(ab[0].detach()), float(ab[1].detach())
 
 
 def platt(conf: torch.Tensor, a: float, b: float) -> torch.Tensor:
@@ -209,16 +212,18 @@ def measure(path: str, prompts, max_new: int, tau: float, min_prefix: int, log=p
     return {"path": path, **summarise(collect(path, prompts, max_new, log, dtype, device), tau, min_prefix, max_new)}
 
 
-def write_config(path: str | Path, temperatures: list[float]) -> None:
-    """Store the temperatures in the checkpoint's bitmtp.json (atomically)."""
+def write_config(path: str | Path, pairs: list[list[float]]) -> None:
+    """Store per-slot Platt pairs in the checkpoint's bitmtp.json as ``confidence_calibration``
+    (checked as the exporter and runtime read it; written atomically)."""
+    from bitmtp_edge.format.config import MTPConfig
+
     f = Path(path) / "bitmtp.json"
     if not f.is_file():
         raise FileNotFoundError(f"{f}: not a BitMTP checkpoint (no bitmtp.json); calibrate the checkpoint "
                                 "tools.train wrote (its compact/ folder)")
     cfg = json.loads(f.read_text())
-    if len(temperatures) != int(cfg["block_size"]):
-        raise ValueError(f"{f}: block_size {cfg['block_size']} but {len(temperatures)} temperatures")
-    cfg["confidence_temperature"] = [float(t) for t in temperatures]
+    cfg["confidence_calibration"] = [[round(float(a), 6), round(float(b), 6)] for a, b in pairs]
+    MTPConfig.from_dict(cfg)  # one pair per slot, finite, a > 0
     tmp = f.with_name(".bitmtp.json.tmp")
     tmp.write_text(json.dumps(cfg, indent=2) + "\n")
     os.replace(tmp, f)
@@ -259,7 +264,8 @@ def main(argv: list[str] | None = None) -> None:
     @click.option("--min-prefix", default=3, show_default=True)
     @click.option("--threads", default=1, show_default=True)
     @click.option("--json", "json_out", required=True)
-    @click.option("--write-config", "write_config_", is_flag=True, help="store the fitted temperatures in the checkpoint's bitmtp.json")
+    @click.option("--write-config", "write_config_", is_flag=True,
+                  help="store the fitted Platt pairs in the checkpoint's bitmtp.json (confidence_calibration)")
     def measure_cmd(path, prompt_file, count, max_new_tokens, tau, min_prefix, threads, json_out, write_config_):
         from tools.prompts import read_prompts
 
@@ -281,8 +287,8 @@ def main(argv: list[str] | None = None) -> None:
             click.echo(f"hybrid {k}: {h['tokens_per_forward']:.2f} tok/fw, verifier rate {h['verifier_call_rate']:.3f}, "
                        f"{h['unverified_mistakes']} unverified mistakes")
         if write_config_:
-            write_config(path, report["temperature"])
-            click.echo(f"wrote confidence_temperature to {path}/bitmtp.json")
+            write_config(path, report["platt"])
+            click.echo(f"wrote confidence_calibration (the Platt pairs) to {path}/bitmtp.json")
 
     cli.main(args=argv, prog_name="python -m tools.calibrate", standalone_mode=True)
 

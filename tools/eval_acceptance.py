@@ -84,11 +84,15 @@ def block_logits(model, prompt: list[int], block_size: int, mask_id: int, max_ne
     return cont, logits.view(n_anchor, block_size, -1), stop
 
 
-def prompt_tables(model, prompt: list[int], block_size: int, mask_id: int, max_new: int, eos: set[int]):
+def prompt_tables(model, prompt: list[int], block_size: int, mask_id: int, max_new: int, eos: set[int],
+                  calibration=None):
     """(continuation, drafts [N, D], confidences [N, D], stop): the argmax and max-softmax
-    of ``block_logits``, as the runtime's draft step gives them."""
+    of ``block_logits``, mapped by the checkpoint's ``calibration`` if it has one
+    (``bitmtp_edge.runtime.calibration``), as the runtime's draft step gives them."""
     cont, logits, stop = block_logits(model, prompt, block_size, mask_id, max_new, eos)
     conf, top = torch.softmax(logits, dim=-1).max(-1)
+    if calibration is not None:
+        conf = torch.stack([calibration(row) for row in conf])
     return cont, top.tolist(), conf.tolist(), stop
 
 
@@ -126,6 +130,7 @@ def evaluate(path: str, prompts, tau: float, min_prefix: int, max_new: int, log=
 
 
 def _evaluate(path, prompts, tau, min_prefix, max_new, log, dtype, device) -> dict:
+    from bitmtp_edge.runtime.calibration import ConfidenceCalibration
     from tools.hf_checkpoint import load_runtime_model
     from tools.tokenizer import load_tokenizer
 
@@ -134,12 +139,13 @@ def _evaluate(path, prompts, tau, min_prefix, max_new, log, dtype, device) -> di
         raise ValueError(f"{path}: an AR-only checkpoint has no drafts to replay")
     tok = load_tokenizer(Path(path))
     eos = set(ck.model.eos_token_ids)
+    calibration = ConfidenceCalibration.for_model(ck.mtp, device)
     totals = {p: {"tokens": 0, "iterations": 0, "forward_passes": 0, "verifier_calls": 0, "unverified_mistakes": 0}
               for p in ("speculative", "hybrid")}
     t0 = time.perf_counter()
     for i, p in enumerate(prompts):
         ids = tok.encode(p.model_prompt, add_special_tokens=False).ids
-        tables = prompt_tables(model, ids, ck.mtp.block_size, ck.mtp.mask_token_id, max_new, eos)
+        tables = prompt_tables(model, ids, ck.mtp.block_size, ck.mtp.mask_token_id, max_new, eos, calibration)
         for pol, tot in totals.items():
             for k, v in replay(*tables, max_new, pol, tau, min_prefix).items():
                 tot[k] += v

@@ -71,13 +71,15 @@ def runtime(path: str, device: str, max_context: int = 2048):
     key = (path, device)
     if key not in _CACHE:
         from bitmtp_edge.backends.reference import ReferenceBackend
+        from bitmtp_edge.runtime.calibration import ConfidenceCalibration
         from bitmtp_edge.format.segments import plan_segments
         from tools.hf_checkpoint import load_runtime_model
 
         model, ck = load_runtime_model(path, torch.float64, device)
         d = ck.mtp.block_size if ck.mtp else 1
         plan = plan_segments(ck.model, max_context, workspace=2 * d + 1)
-        backend = ReferenceBackend(model, plan, ck.mtp.mask_token_id if ck.mtp else None, torch.float64, device)
+        backend = ReferenceBackend(model, plan, ck.mtp.mask_token_id if ck.mtp else None, torch.float64, device,
+                                   calibration=ConfidenceCalibration.for_model(ck.mtp, device))
         _CACHE[key] = (model, ck, backend)
     return _CACHE[key]
 

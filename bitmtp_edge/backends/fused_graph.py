@@ -65,13 +65,15 @@ def fused_width(block_size: int, causal: int, count: int) -> int:
 
 def fused_body(fast, k_cache, v_cache, capacity: int, history_len: torch.Tensor, attn_rows: torch.Tensor,
                tokens: torch.Tensor, confidences: torch.Tensor, drafts: torch.Tensor, mask_id: int,
-               io: FusedInputs, count: int, pending_out: torch.Tensor) -> None:
+               io: FusedInputs, count: int, pending_out: torch.Tensor, calibration=None) -> None:
     """One fused step over ``tokens`` = the causal rows [anchor, d_1..d_m] (n = m + 1 rows) with
     the drafts' ``confidences`` [m]; n = D + 1 means the anchor is history (slot L − 1), n = D
     that it is pending (slot L). ``drafts`` [m]: d_1..d_m as the host should read them back
     (``NON_FINITE_TOKEN`` where a draft row was not finite; ``tokens`` hold them clamped).
     Reads and writes static tensors only. The bookkeeping runs as three kernels
-    (``fused_kernels.py``) on the Triton ops, as their torch twins below on the twin ops."""
+    (``fused_kernels.py``) on the Triton ops, as their torch twins below on the twin ops.
+    ``calibration`` (``runtime.calibration``): maps the next drafts' confidences (slots 1..D-1
+    of a's block) as the draft step's are mapped."""
     n, d = tokens.shape[0], io.causal.shape[0]
     pending = 1 if n == d else 0
     sl = FusedInputs.slices(d)
@@ -91,6 +93,8 @@ def fused_body(fast, k_cache, v_cache, capacity: int, history_len: torch.Tensor,
            pending_out, d, pending, sl)
     rows_a = x.index_select(0, wanted)  # rows 1..D-1 of a's block: the drafts after v
     top, conf = fast.draft_top1(rows_a)
+    if calibration is not None:
+        conf = calibration(conf, 1)  # rows 1..D-1 of a's block: slots 1..D-1
     chain = fk.fused_chain if kernels else fused_chain_reference
     chain(rows_a, top, conf, io.readback, io.causal, io.conf, sl)
 

@@ -63,6 +63,7 @@ import torch
 
 from ..format.config import DEFAULT_CANDIDATES
 from ..format.segments import KVPlan
+from ..runtime.calibration import ConfidenceCalibration
 from ..runtime.kv import KVStore
 from ..runtime.masks import draft_in_place_spans, history_step_spans, prefill_mask
 from ..runtime.replay import ReplayState
@@ -217,8 +218,11 @@ class Staged:
 
 class GraphBackend:
     def __init__(self, fast: FastModel, plan: KVPlan, mask_token_id: int | None, block_size: int | None,
-                 options: RuntimeOptions = RuntimeOptions(), name: str = "ampere", progress=None):
-        """``progress(done, total)``, when given, is called as graphs are captured at load."""
+                 options: RuntimeOptions = RuntimeOptions(), name: str = "ampere", progress=None,
+                 calibration: ConfidenceCalibration | None = None):
+        """``progress(done, total)``, when given, is called as graphs are captured at load.
+        ``calibration``: the artifact's per-slot confidence map (``runtime.calibration``), or None."""
+        self.calibration = calibration
         if options.graphs and fast.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device; use RuntimeOptions(graphs=False) on the CPU")
         self.name, self.fast, self.plan, self.opts = name, fast, plan, options
@@ -330,6 +334,8 @@ class GraphBackend:
         x = self._forward(seg, tokens, L + st.draft_offsets[k], slots, spans, k)
         if sampled is None:
             top, conf = self.fast.draft_top1(x[k:])
+            if self.calibration is not None:
+                conf = self.calibration(conf, 0)
             top = flag_non_finite(x[k:], top, conf)
         else:
             si = self.sample_inputs
@@ -375,7 +381,7 @@ class GraphBackend:
             drafts = tokens[1:]
         kv = self._step_view(seg)
         fused_body(self.fast, kv.k, kv.v, kv.capacity, st.history_len, st.attn_rows, tokens, conf, drafts,
-                   self.mask_token_id, st.fused, count, st.pending[:1])
+                   self.mask_token_id, st.fused, count, st.pending[:1], self.calibration)
 
     def _body(self, state: ReplayState, sampled: bool | None = None):
         d = self.block_size or 0

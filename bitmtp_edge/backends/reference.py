@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..format.segments import KVPlan
+from ..runtime.calibration import ConfidenceCalibration
 from ..runtime.decoding_rules import accepted_prefix, candidate_lengths
 from ..runtime.kv import KVStore, KVView
 from ..runtime.masks import draft_in_place_mask, fused_step_mask, history_step_mask, prefill_mask
@@ -23,8 +24,11 @@ from .base import (NON_FINITE_TOKEN, PREFILL_CHUNK, DraftResult, FusedResult, St
 class ReferenceBackend:
     name = "reference"
 
-    def __init__(self, model: TernaryLM, plan: KVPlan, mask_token_id: int | None, dtype: torch.dtype, device):
+    def __init__(self, model: TernaryLM, plan: KVPlan, mask_token_id: int | None, dtype: torch.dtype, device,
+                 calibration: ConfidenceCalibration | None = None):
+        """``calibration``: the artifact's per-slot confidence map (``runtime.calibration``), or None."""
         self.model, self.plan, self.mask_token_id = model, plan, mask_token_id
+        self.calibration = calibration
         self.dtype, self.device = dtype, torch.device(device)
         self.kv = KVStore(model.cfg, plan, dtype, self.device)
         self.log = StepLog()
@@ -109,8 +113,12 @@ class ReferenceBackend:
             drafts = flag_non_finite(hidden[k:], drafts, logits.max(-1).values)
             return DraftResult(drafts.tolist(), conf.tolist(), probs=q)
         conf, top = torch.softmax(logits, dim=-1).max(dim=-1)
+        conf = self._calibrated(conf, 0)
         top = flag_non_finite(hidden[k:], top, conf)
         return DraftResult(top.tolist(), conf.tolist())
+
+    def _calibrated(self, conf: torch.Tensor, first_slot: int) -> torch.Tensor:
+        return conf if self.calibration is None else self.calibration(conf, first_slot)
 
     def verify_step(self, anchor: int, draft: DraftResult, sampler=None) -> VerifyResult:
         drafts = list(draft.tokens)
@@ -160,6 +168,7 @@ class ReferenceBackend:
             nxt = DraftResult([], [])
             if rows.shape[0]:
                 conf, top = torch.softmax(self.model.draft_logits(rows), dim=-1).max(dim=-1)
+                conf = self._calibrated(conf, 1)  # rows 1..D-1 of a's block: slots 1..D-1
                 nxt = DraftResult(flag_non_finite(rows, top, conf).tolist(), conf.tolist())
         return FusedResult(a, greedy[a], chosen, nxt)
 

@@ -115,14 +115,23 @@ DEFAULT_CANDIDATES = 3
 
 @dataclass(frozen=True)
 class MTPConfig:
-    """The multi-token-prediction head of a BitMTP model (absent for an AR-only model)."""
+    """The multi-token-prediction head of a BitMTP model (absent for an AR-only model).
+
+    ``confidence_calibration``: optional per-slot (a_j, b_j), one pair per block slot; a greedy
+    draft's confidence c of slot j becomes sigmoid(a_j · logit(c) + b_j) (Platt scaling fitted
+    on training-split prompts by ``tools.calibrate``: c then estimates the chance that the
+    verifier agrees). None: the raw max-softmax, as models without it always had."""
 
     block_size: int
     mask_token_id: int
     tau: float = DEFAULT_TAU
     min_prefix: int = DEFAULT_MIN_PREFIX
+    confidence_calibration: tuple[tuple[float, float], ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.confidence_calibration is not None:
+            object.__setattr__(self, "confidence_calibration", _calibration_pairs(self.confidence_calibration,
+                                                                                  int(self.block_size)))
         if not 2 <= int(self.block_size) <= 16:
             raise ConfigError(f"block_size must be in 2..16, got {self.block_size}")
         if int(self.mask_token_id) < 0:
@@ -133,11 +142,35 @@ class MTPConfig:
             raise ConfigError(f"min_prefix must be in 1..block_size, got {self.min_prefix}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if self.confidence_calibration is None:
+            del d["confidence_calibration"]  # manifests without it read as before, by any runtime
+        else:
+            d["confidence_calibration"] = [list(p) for p in self.confidence_calibration]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "MTPConfig":
         return cls(**_known_fields(cls, d, "mtp"))
+
+
+def _calibration_pairs(value: Any, block_size: int) -> tuple[tuple[float, float], ...]:
+    """[[a, b] per slot] -> a tuple of float pairs, checked: one pair per slot, finite, a > 0
+    (increasing in c, so a calibration never reorders confidences within a slot)."""
+    import math
+
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != block_size:
+        raise ConfigError(f"confidence_calibration must hold one [a, b] pair per block slot ({block_size}), "
+                          f"got {value!r}")
+    pairs = []
+    for j, pair in enumerate(value):
+        if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 2 or any(
+                isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) for x in pair):
+            raise ConfigError(f"confidence_calibration[{j}] must be two finite numbers [a, b], got {pair!r}")
+        if pair[0] <= 0:
+            raise ConfigError(f"confidence_calibration[{j}]: a = {pair[0]} must be > 0 (an increasing map)")
+        pairs.append((float(pair[0]), float(pair[1])))
+    return tuple(pairs)
 
 
 def _known_fields(cls, d: dict[str, Any], what: str) -> dict[str, Any]:

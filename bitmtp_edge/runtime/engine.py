@@ -24,6 +24,7 @@ from ..backends.ops import kernel_ops, kernel_ops_available
 from ..backends.reference import ReferenceBackend
 from ..format.manifest import WEIGHTS, ArtifactError, Manifest, load_tensors, read_manifest, verify_files
 from ..format.validate import artifact_file, check_finite, check_kv_fits, check_weights_header
+from .calibration import ConfidenceCalibration
 from .decoding import DecodeOptions, DecodeStats, DecodingError, check_prompt_fits, decode
 from .chat_template import ChatTemplate, ChatTemplateError, load_chat_template
 from .detokenize import TextStream
@@ -104,6 +105,7 @@ class Engine:
         check_finite(tensors)
         tokenizer = _load_tokenizer(folder)
         mask_id = manifest.mtp.mask_token_id if manifest.mtp else None
+        calibration = ConfidenceCalibration.for_model(manifest.mtp, dev)
         if chosen == "reference":
             threads = choose_cpu_threads() if dev.type == "cpu" else None
             if threads is not None:
@@ -112,12 +114,12 @@ class Engine:
                 model = build_model(manifest, tensors, dtype, dev)
             except (ValueError, RuntimeError) as e:  # e.g. a code the packing never writes
                 raise ArtifactError(f"{folder / WEIGHTS}: cannot build the model ({e}); re-export the artifact") from None
-            runtime_backend = ReferenceBackend(model, manifest.kv, mask_id, dtype, dev)
+            runtime_backend = ReferenceBackend(model, manifest.kv, mask_id, dtype, dev, calibration=calibration)
         else:
             fast = FastModel(manifest, tensors, kernel_ops(specialize_widths=opts.specialize), dev,
                              draft_head="fp8" if chosen == "server" else "int8")
             runtime_backend = GraphBackend(fast, manifest.kv, mask_id, manifest.mtp.block_size if manifest.mtp else None,
-                                           opts, name=chosen, progress=progress)
+                                           opts, name=chosen, progress=progress, calibration=calibration)
         engine = cls(folder, manifest, runtime_backend, tokenizer, dev)
         engine.startup = startup_split(runtime_backend, time.perf_counter() - t0)
         return engine
