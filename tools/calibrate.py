@@ -173,6 +173,10 @@ def summarise(data: dict, tau: float, min_prefix: int, max_new: int) -> dict:
     hits = torch.cat([t["hit"] for t in tables])  # [S, D]
     confs = torch.cat([t["conf"] for t in tables], dim=1)  # [G, S, D]
     plat = [fit_platt(confs[one, :, j], hits[:, j]) for j in range(d)]
+    # Prefix labels: slot j counts as right only when slots 0..j all are, the event an
+    # unverified commit of j + 1 drafts bets on; its map estimates P(the prefix is right).
+    chain = hits.long().cumprod(dim=1).bool()
+    plat_prefix = [fit_platt(confs[one, :, j], chain[:, j]) for j in range(d)]
 
     def stats(conf, hit) -> dict:
         above = conf >= tau
@@ -190,7 +194,10 @@ def summarise(data: dict, tau: float, min_prefix: int, max_new: int) -> dict:
                       "temperature": fitted[j], "nll_per_token_fitted": round(float(nll[j, k]) / hit.numel(), 4),
                       "temperature_fitted": stats(confs[k, :, j], hit),
                       "platt": [round(plat[j][0], 4), round(plat[j][1], 4)],
-                      "platt_fitted": stats(platt(confs[one, :, j], *plat[j]), hit)})
+                      "platt_fitted": stats(platt(confs[one, :, j], *plat[j]), hit),
+                      "prefix_agreement": round(float(chain[:, j].float().mean()), 4),
+                      "platt_prefix": [round(plat_prefix[j][0], 4), round(plat_prefix[j][1], 4)],
+                      "platt_prefix_fitted": stats(platt(confs[one, :, j], *plat_prefix[j]), chain[:, j])})
 
     def replayed(conf_of) -> dict:
         tot = {"tokens": 0, "iterations": 0, "forward_passes": 0, "verifier_calls": 0, "unverified_mistakes": 0}
@@ -203,8 +210,10 @@ def summarise(data: dict, tau: float, min_prefix: int, max_new: int) -> dict:
 
     hybrid = {"as_trained": replayed(lambda c, j: c[one, :, j]),
               "temperature": replayed(lambda c, j: c[GRID.index(fitted[j]), :, j]),
-              "platt": replayed(lambda c, j: platt(c[one, :, j], *plat[j]))}
-    return {"block_size": d, "temperature": fitted, "platt": [list(p) for p in plat], "slots": slots, "hybrid": hybrid}
+              "platt": replayed(lambda c, j: platt(c[one, :, j], *plat[j])),
+              "platt_prefix": replayed(lambda c, j: platt(c[one, :, j], *plat_prefix[j]))}
+    return {"block_size": d, "temperature": fitted, "platt": [list(p) for p in plat],
+            "platt_prefix": [list(p) for p in plat_prefix], "slots": slots, "hybrid": hybrid}
 
 
 def measure(path: str, prompts, max_new: int, tau: float, min_prefix: int, log=print,
@@ -266,7 +275,9 @@ def main(argv: list[str] | None = None) -> None:
     @click.option("--json", "json_out", required=True)
     @click.option("--write-config", "write_config_", is_flag=True,
                   help="store the fitted Platt pairs in the checkpoint's bitmtp.json (confidence_calibration)")
-    def measure_cmd(path, prompt_file, count, max_new_tokens, tau, min_prefix, threads, json_out, write_config_):
+    @click.option("--labels", type=click.Choice(["draft", "prefix"]), default="prefix", show_default=True,
+                  help="which fit --write-config stores: P(this draft is right) or P(this draft and all before it are)")
+    def measure_cmd(path, prompt_file, count, max_new_tokens, tau, min_prefix, threads, json_out, write_config_, labels):
         from tools.prompts import read_prompts
 
         torch.set_num_threads(threads)
@@ -282,12 +293,13 @@ def main(argv: list[str] | None = None) -> None:
                        f"conf>=tau {a['share_confident']:.3f} (agree {a['agreement_when_confident']}) ECE {a['ece']:.3f}"
                        f" | T {s['temperature']}: ECE {t['ece']:.3f} conf>=tau {t['share_confident']:.3f} "
                        f"(agree {t['agreement_when_confident']}) | platt {s['platt']}: ECE {pl['ece']:.3f} "
-                       f"conf>=tau {pl['share_confident']:.3f} (agree {pl['agreement_when_confident']})")
+                       f"conf>=tau {pl['share_confident']:.3f} (agree {pl['agreement_when_confident']}) | prefix "
+                       f"{s['platt_prefix']}: conf>=tau {s['platt_prefix_fitted']['share_confident']:.3f}")
         for k, h in report["hybrid"].items():
             click.echo(f"hybrid {k}: {h['tokens_per_forward']:.2f} tok/fw, verifier rate {h['verifier_call_rate']:.3f}, "
                        f"{h['unverified_mistakes']} unverified mistakes")
         if write_config_:
-            write_config(path, report["platt"])
+            write_config(path, report["platt" if labels == "draft" else "platt_prefix"])
             click.echo(f"wrote confidence_calibration (the Platt pairs) to {path}/bitmtp.json")
 
     cli.main(args=argv, prog_name="python -m tools.calibrate", standalone_mode=True)
