@@ -26,7 +26,7 @@ import functools
 import json
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,8 @@ class LinearConfig:
     prefetch: bool = False  # W2A8: each program asks the L2 for its weights before waiting (PDL)
     block_m: int = 0  # W2A8 ``mma``: activation rows per tile (16, 32, 64, 128); 0 = the whole width (<= 128)
     asum_by_dot: bool = False  # W2A8 ``mma``: the activation sums on the tensor cores in the loop, no pass after it
+    one_acc: bool = False  # W2A8 ``mma``: lanes shifted down into one accumulator (a quarter of its registers)
+    inline_reduce: bool = False  # W2A8 split-K (not gemv): the last slice to finish adds the partials, no second launch
 
     def __post_init__(self):
         if self.kernel not in (GEMV, DOT, ROWS, LANES, MMA):
@@ -63,6 +65,8 @@ class LinearConfig:
             raise ValueError(f"LinearConfig.block_kb={self.block_kb}: need a power of two >= 32")
         if self.block_m not in (0, 16, 32, 64, 128):
             raise ValueError(f"LinearConfig.block_m={self.block_m}: need 0 (the whole width) or 16, 32, 64, 128")
+        if self.one_acc and self.kernel != MMA:
+            raise ValueError(f"LinearConfig.one_acc is a choice of the {MMA!r} kernel, not of {self.kernel!r}")
 
 
 @dataclass(frozen=True)
@@ -185,7 +189,11 @@ MMA_MAX_M = 32  # v3: widths on the pipelined tensor-core kernel; wider ones on 
 # that share each weight tile through the L2. Measured slower than v3 on the 2B stack at
 # M = 27-40 (1551 / 1730 / 1740 against 1310 / 1591 / 1626 µs), faster at M = 80 (2742 vs
 # 2814 with ``dot``); kept as an option, not the default.
-W2A8_GENERATIONS = ("v1", "v2", "v3", "v4")
+# "v5" = v3 with every split-K launch reduced by its last slice inside the kernel
+# (``inline_reduce``: one launch per linear instead of two) and M = 33..64 on the
+# tensor-core kernel with one accumulator (``one_acc``: the whole width in one 64-row tile
+# without the four accumulators' registers) instead of ``dot``.
+W2A8_GENERATIONS = ("v1", "v2", "v3", "v4", "v5")
 W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v3")
 MMA_TILED_MAX_M = 128  # v4: widths on 16-row ``mma`` tiles; wider ones as v3
 TILED_MIN_M = 64  # v3: wider widths on 32-row ``mma`` tiles
@@ -234,6 +242,12 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
             split = max(1, min(_cdiv(sms, _cdiv(n, 64) * m_tiles), chunks // 5, 8))
         return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split,
                             block_m=WIDE_BLOCK_M)
+    if not weight_only and generation == "v5":
+        base = default_linear(m, grouped, n=n, k=k, sms=sms, generation="v3")
+        if MMA_MAX_M < m <= TILED_MIN_M:  # one 64-row tile, K sliced until the tiles cover the SMs once
+            split = max(1, min(_cdiv(sms, _cdiv(n, 64)), chunks // 5, 8)) if n and chunks else 1
+            base = LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split, one_acc=True)
+        return replace(base, inline_reduce=base.split_k > 1 and base.kernel != GEMV)
     if not weight_only and generation in ("v3", "v4"):
         if m <= 2:  # a whole row per step; the weights' L2 prefetch (at M = 1 only: it measured slower
             # at M = 2, where two programs ask for the same rows) runs only under programmatic launch
@@ -329,6 +343,22 @@ def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool =
             tiles += [(MMA, 64, 64, 8, 3, sk, 0, False) for sk in (1, 2)]
         # deeper pipeline / the weights' L2 prefetch before the wait: more of the weights in flight
         tiles += [(MMA, 64, 64, 4, 4, 2, 16, False), (MMA, 64, 64, 4, 3, 2, 16, True)]
+    if 3 <= m <= 64:  # the last K slice reduces in the kernel (no second launch); one accumulator (fewer registers)
+        extra = [LinearConfig(MMA, 64, 64, num_warps=4, num_stages=3, split_k=sk, inline_reduce=True) for sk in (2, 3, 4)]
+        extra += [LinearConfig(MMA, 64, 64, num_warps=4, num_stages=3, split_k=sk, one_acc=True, inline_reduce=sk > 1)
+                  for sk in (1, 2, 4)]
+        extra += [LinearConfig(DOT, 64, 64, num_warps=4, num_stages=3, split_k=sk, inline_reduce=True) for sk in (2, 4)]
+        if m > 16:
+            extra += [LinearConfig(MMA, 128, 64, num_warps=8, num_stages=3, split_k=sk, one_acc=True,
+                                   inline_reduce=sk > 1) for sk in (1, 2)]
+        for cfg in extra:
+            if grouped:  # one chunk per step, the launcher's slices
+                cfg = replace(cfg, block_kb=32 if cfg.kernel == MMA else cfg.block_kb, split_k=group_k_slices(k),
+                              inline_reduce=group_k_slices(k) > 1)
+            elif cfg.split_k > 1 and chunks / cfg.split_k < 2 * cfg.block_kb // 32:
+                continue
+            if cfg not in out:
+                out.append(cfg)
     tiles = [t + (False,) for t in tiles]
     if 3 <= m <= 128:  # no K split (no reduction launch) and no pass over the activations after the loop:
         # narrow weight tiles for parallelism, four chunks per step over four stages for bytes in flight
