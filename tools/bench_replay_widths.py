@@ -8,7 +8,9 @@ times them (history length reset before every replay, the reset's own time subtr
 width 1 = the AR replay, every other width = the fused state of that width (D = 8: 16, 24,
 32, 40 after a fused hit, 17, 25, 33, 41 after a draft step). ``--profile`` widths are then
 replayed under ``torch.profiler``: the kernels of one replay grouped by name, GPU µs each
-(kernel durations overlap under programmatic launch, so their sum can exceed the replay).
+(kernel durations overlap under programmatic launch, so their sum can exceed the replay: a
+kernel starts early and waits for its producer; a table named ``<name>-nopdl`` is captured
+without programmatic launch, so its kernels run one after another and their durations add up).
 
     python tools/bench_replay_widths.py --tables before=/tmp/old,after=shipped --widths 1,16,32,33,40 \\
         --profile 32,33 --out /tmp/replays
@@ -94,12 +96,19 @@ def precompile_table(eng: Engine, widths: list[int], jobs: int) -> None:
     precompile(work, jobs)
 
 
-def time_states(eng: Engine, wanted: list[ReplayState], repeats: int) -> dict[int, float]:
+def time_states(eng: Engine, wanted: list[ReplayState], repeats: int, pdl: bool = True) -> dict[int, float]:
+    from kernels_ampere.common import programmatic_launch
+
     b = eng.backend
     b.static.history_len.fill_(PROMPT_LEN)
     b.kv.length = PROMPT_LEN
-    for state in wanted:  # this table's launches: capture again
-        b._capture(state)
+    previous = programmatic_launch()
+    programmatic_launch(pdl)  # a graph keeps the launch mode it was captured with
+    try:
+        for state in wanted:  # this table's launches: capture again
+            b._capture(state)
+    finally:
+        programmatic_launch(previous)
     reset = lambda: b.static.history_len.fill_(PROMPT_LEN)  # noqa: E731
     t_reset = cuda_ms(reset, repeats)
     out = {}
@@ -168,6 +177,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tables", default="shipped=shipped", help="comma list of name=folder (shipped: the repo's)")
     ap.add_argument("--widths", default="1,16,32,33,40")
     ap.add_argument("--profile", default="32,33", help="widths whose replay is profiled per kernel")
+    ap.add_argument("--profile-tables", default=None, help="comma list of the tables whose replays are profiled "
+                    "(default: all); a table named '<name>-nopdl' is captured without programmatic launch")
     ap.add_argument("--artifact", type=Path, default=None, help="an exported 2B-shaped artifact (default: build one)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/bitmtp_replay_widths"))
     ap.add_argument("--repeats", type=int, default=50)
@@ -198,10 +209,12 @@ def main(argv=None) -> int:
         wanted = states(eng.block_size, widths)
         precompile_table(eng, widths, args.jobs)
         t0 = time.perf_counter()
-        us = time_states(eng, wanted, args.repeats)
+        pdl = not name.endswith("-nopdl")
+        us = time_states(eng, wanted, args.repeats, pdl)
         log(f"{name}: " + ", ".join(f"M={w} {v:.1f} us" for w, v in us.items()) + f" ({time.perf_counter() - t0:.0f} s)")
-        entry = {"folder": str(folder), "replay_us": {str(w): round(v, 1) for w, v in us.items()}, "profile": {}}
-        for w in profiled:
+        entry = {"folder": str(folder), "programmatic_launch": pdl,
+                 "replay_us": {str(w): round(v, 1) for w, v in us.items()}, "profile": {}}
+        for w in (profiled if not args.profile_tables or name in args.profile_tables.split(",") else ()):
             try:
                 entry["profile"][str(w)] = profile_state(eng, next(s for s in wanted if s.width == w))
             except Exception as e:  # a profiler without graph kernel records: the timings still stand
