@@ -359,28 +359,6 @@ def split_k_reduce(part: torch.Tensor, out: torch.Tensor, a_scale: torch.Tensor 
     apply_carveout(compiled)
 
 
-SPLIT_COUNTERS = 1 << 14  # tiles one in-kernel split-K reduction may count (64 KB of int32 per device)
-_split_counters: dict[torch.device, torch.Tensor] = {}
-
-
-def split_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
-    """The arrival counters of the in-kernel split-K reduction on ``device`` (zeros; every
-    launch leaves them at zero again), or None where a launch must reduce with a second
-    kernel instead: more tiles than counters, or a CUDA graph being captured before any
-    eager call allocated them (an allocation inside a capture belongs to that graph's pool).
-
-    One set per device, so two such launches must not run at the same time on two streams
-    (the runtime and the benchmarks run a device's kernels on one stream)."""
-    if tiles > SPLIT_COUNTERS:
-        return None
-    counters = _split_counters.get(device)
-    if counters is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        counters = _split_counters[device] = torch.zeros(SPLIT_COUNTERS, dtype=torch.int32, device=device)
-    return counters
-
-
 def split_k_chunks(n_chunks: int, split_k: int, chunks_per_step: int) -> tuple[int, int]:
     """(chunks per K slice rounded to whole steps, number of non-empty slices)."""
     per = triton.cdiv(triton.cdiv(n_chunks, max(split_k, 1)), chunks_per_step) * chunks_per_step

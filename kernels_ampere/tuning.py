@@ -26,7 +26,7 @@ import functools
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +55,6 @@ class LinearConfig:
     prefetch: bool = False  # W2A8: each program asks the L2 for its weights before waiting (PDL)
     block_m: int = 0  # W2A8 ``mma``: activation rows per tile (16, 32, 64, 128); 0 = the whole width (<= 128)
     asum_by_dot: bool = False  # W2A8 ``mma``: the activation sums on the tensor cores in the loop, no pass after it
-    one_acc: bool = False  # W2A8 ``mma``: lanes shifted down into one accumulator (a quarter of its registers)
-    inline_reduce: bool = False  # W2A8 split-K (not gemv): the last slice to finish adds the partials, no second launch
 
     def __post_init__(self):
         if self.kernel not in (GEMV, DOT, ROWS, LANES, MMA):
@@ -65,8 +63,6 @@ class LinearConfig:
             raise ValueError(f"LinearConfig.block_kb={self.block_kb}: need a power of two >= 32")
         if self.block_m not in (0, 16, 32, 64, 128):
             raise ValueError(f"LinearConfig.block_m={self.block_m}: need 0 (the whole width) or 16, 32, 64, 128")
-        if self.one_acc and self.kernel != MMA:
-            raise ValueError(f"LinearConfig.one_acc is a choice of the {MMA!r} kernel, not of {self.kernel!r}")
 
 
 @dataclass(frozen=True)
@@ -176,27 +172,27 @@ def _cdiv(a: int, b: int) -> int:
 
 
 LANES_MAX_M = 2  # widths the untuned default runs on ``lanes`` (dp4a); wider ones go to ``mma``
-MMA_MAX_M = 32  # v3: widths on the pipelined tensor-core kernel; wider ones on ``dot``
+MMA_MAX_M = 32  # v3: widths in one tile of the pipelined tensor-core kernel; wider ones in 32-row tiles
 # Which W2A8 kernels the untuned default picks (BITMTP_W2A8_KERNELS):
 # "v1" = gemv (M <= 2) / dot; "v2" = lanes / mma without software pipelining;
 # "v3" = what the H200 measured fastest per width (tools/results/kernels.md: single large
 # matrices and the whole 2B stack): gemv at M <= 2 (at M = 1 with the weights' L2 prefetch
 # before the programmatic-launch wait), ``mma`` pipelined over three stages for
-# M = 3..MMA_MAX_M (2-2.5x ``dot`` on large matrices there), ``dot`` to M = 64 and from
-# M = 65 ``mma`` again in 32-row tiles (``block_m``; the 2B stack's table at M = 80 holds them
-# for three of its four projections, 1.13x faster than ``dot``).
+# M = 3..MMA_MAX_M (2-2.5x ``dot`` on large matrices there), and beyond in 32-row tiles
+# (``block_m``): at M = 33..64 the M <= 32 launch (the same K slices) twice side by side,
+# from M = 65 with K sliced only where the tiles leave half the SMs idle (the 2B stack's
+# table at M = 80 holds them for three of its four projections, 1.13x faster than ``dot``).
+# M = 33..64 took ``dot`` until the 2B-shape replays measured the 32-row tiles 12% faster at
+# widths 33 and 40 (tools/results/kernels.md, fused widths; the stack of linears alone had
+# them even: its launches run back to back, not between the model's other kernels).
 # "v4" = v3 up to M = 16; wider widths on ``mma`` too, cut into 16-row tiles (``block_m``)
 # that share each weight tile through the L2. Measured slower than v3 on the 2B stack at
 # M = 27-40 (1551 / 1730 / 1740 against 1310 / 1591 / 1626 µs), faster at M = 80 (2742 vs
 # 2814 with ``dot``); kept as an option, not the default.
-# "v5" = v3 with every split-K launch reduced by its last slice inside the kernel
-# (``inline_reduce``: one launch per linear instead of two) and M = 33..64 on the
-# tensor-core kernel with one accumulator (``one_acc``: the whole width in one 64-row tile
-# without the four accumulators' registers) instead of ``dot``.
-W2A8_GENERATIONS = ("v1", "v2", "v3", "v4", "v5")
+W2A8_GENERATIONS = ("v1", "v2", "v3", "v4")
 W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v3")
 MMA_TILED_MAX_M = 128  # v4: widths on 16-row ``mma`` tiles; wider ones as v3
-TILED_MIN_M = 64  # v3: wider widths on 32-row ``mma`` tiles
+TILED_MIN_M = 64  # v3: wider widths on 32-row ``mma`` tiles with K sliced by the tiles' count
 WIDE_BLOCK_M = 16
 
 
@@ -224,9 +220,9 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     any size gets ~N/8 programs per row, hundreds of waves on an Orin and a few on an H200;
     from M = 3 the tensor-core tiles are 64 rows wide and K is sliced until the tiles cover
     the SMs once (an H200's 132 SMs slice the 2B shapes 1-4 ways, an Orin's 8-16 never),
-    each slice keeping five chunks at least for the three-stage software pipeline; from
-    M = 65 the width's 32-row tiles multiply the programs, and K is sliced only where they
-    still leave half the SMs idle.
+    each slice keeping five chunks at least for the three-stage software pipeline (at
+    M = 33..64 that launch runs in two 32-row tiles); from M = 65 the width's 32-row tiles
+    multiply the programs, and K is sliced only where they still leave half the SMs idle.
     """
     chunks = _cdiv(k, 128) if k else 0
     sms = sms or 132
@@ -242,27 +238,22 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
             split = max(1, min(_cdiv(sms, _cdiv(n, 64) * m_tiles), chunks // 5, 8))
         return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split,
                             block_m=WIDE_BLOCK_M)
-    if not weight_only and generation == "v5":
-        base = default_linear(m, grouped, n=n, k=k, sms=sms, generation="v3")
-        if MMA_MAX_M < m <= TILED_MIN_M:  # one 64-row tile, K sliced until the tiles cover the SMs once
-            split = max(1, min(_cdiv(sms, _cdiv(n, 64)), chunks // 5, 8)) if n and chunks else 1
-            base = LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split, one_acc=True)
-        return replace(base, inline_reduce=base.split_k > 1 and base.kernel != GEMV)
     if not weight_only and generation in ("v3", "v4"):
         if m <= 2:  # a whole row per step; the weights' L2 prefetch (at M = 1 only: it measured slower
             # at M = 2, where two programs ask for the same rows) runs only under programmatic launch
             step = min(32, max(8, 1 << (chunks - 1).bit_length())) if chunks else 16
             return LinearConfig(GEMV, block_n=8, block_kb=32 * step, num_warps=4, prefetch=m == 1)
-        if m <= MMA_MAX_M:  # K slices until the 64-row tiles cover the SMs once, five chunks per slice at least
+        if m <= TILED_MIN_M:  # K slices until the 64-row weight tiles cover the SMs once, five chunks per
+            # slice at least; past 32 rows the width in two 32-row tiles, each the M <= 32 launch
             split = 1
             if n and chunks:
                 split = max(1, min(_cdiv(sms, _cdiv(n, 64)), chunks // 5, 8))
-            return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split)
-        if m > TILED_MIN_M:  # 32-row tiles side by side; K sliced only where the tiles leave half the SMs idle
-            tiles = _cdiv(n, 64) * _cdiv(m, 32) if n else sms
-            split = max(1, min(_cdiv(sms, tiles), chunks // 5, 8)) if chunks and 2 * tiles < sms else 1
-            return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split, block_m=32)
-        generation = "v1"  # dot (M = 33..64)
+            return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split,
+                                block_m=32 if m > MMA_MAX_M else 0)
+        # 32-row tiles side by side; K sliced only where the tiles leave half the SMs idle
+        tiles = _cdiv(n, 64) * _cdiv(m, 32) if n else sms
+        split = max(1, min(_cdiv(sms, tiles), chunks // 5, 8)) if chunks and 2 * tiles < sms else 1
+        return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split, block_m=32)
     if not weight_only and generation == "v1":
         # gemv with dp4a at M <= 2 (a whole row per step), the int8 dot otherwise; K slices
         # until the N tiles cover the SMs (the previous H200 rule used 128 for every GPU)
@@ -343,22 +334,6 @@ def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool =
             tiles += [(MMA, 64, 64, 8, 3, sk, 0, False) for sk in (1, 2)]
         # deeper pipeline / the weights' L2 prefetch before the wait: more of the weights in flight
         tiles += [(MMA, 64, 64, 4, 4, 2, 16, False), (MMA, 64, 64, 4, 3, 2, 16, True)]
-    if 3 <= m <= 64:  # the last K slice reduces in the kernel (no second launch); one accumulator (fewer registers)
-        extra = [LinearConfig(MMA, 64, 64, num_warps=4, num_stages=3, split_k=sk, inline_reduce=True) for sk in (2, 3, 4)]
-        extra += [LinearConfig(MMA, 64, 64, num_warps=4, num_stages=3, split_k=sk, one_acc=True, inline_reduce=sk > 1)
-                  for sk in (1, 2, 4)]
-        extra += [LinearConfig(DOT, 64, 64, num_warps=4, num_stages=3, split_k=sk, inline_reduce=True) for sk in (2, 4)]
-        if m > 16:
-            extra += [LinearConfig(MMA, 128, 64, num_warps=8, num_stages=3, split_k=sk, one_acc=True,
-                                   inline_reduce=sk > 1) for sk in (1, 2)]
-        for cfg in extra:
-            if grouped:  # one chunk per step, the launcher's slices
-                cfg = replace(cfg, block_kb=32 if cfg.kernel == MMA else cfg.block_kb, split_k=group_k_slices(k),
-                              inline_reduce=group_k_slices(k) > 1)
-            elif cfg.split_k > 1 and chunks / cfg.split_k < 2 * cfg.block_kb // 32:
-                continue
-            if cfg not in out:
-                out.append(cfg)
     tiles = [t + (False,) for t in tiles]
     if 3 <= m <= 128:  # no K split (no reduction launch) and no pass over the activations after the loop:
         # narrow weight tiles for parallelism, four chunks per step over four stages for bytes in flight

@@ -13,8 +13,8 @@ decoding is a shift and a mask, nothing more.
 Five kernels, picked per (N, K, M) by the tuned table (``tuning.py``) or, without one, by
 ``tuning.default_linear`` from the shape and the SM count. The untuned default ("v3",
 ``BITMTP_W2A8_KERNELS``) is what the H200 measured fastest per width on the whole 2B stack
-(tools/results/kernels.md): ``gemv`` at M <= 2 (with the L2 prefetch below at M = 1),
-``mma`` with three software-pipeline stages at M = 3..32, ``dot`` at M = 33..64, ``mma`` in
+and in the 2B-shape replays (tools/results/kernels.md): ``gemv`` at M <= 2 (with the L2
+prefetch below at M = 1), ``mma`` with three software-pipeline stages at M = 3..32, and in
 32-row tiles beyond.
 
 v1:
@@ -77,6 +77,8 @@ up to 128); the row tiles of one weight tile are neighbours in the grid, so they
 same time and read the tile from DRAM about once. Measured on the 2B stack
 (tools/results/kernels.md, wide steps): 32-row tiles win at M = 80 (three of four
 projections); 16-row tiles lost to one 32-row tile at M = 27 and to ``dot`` at M = 33-40.
+In the model's replays (the linears between its norms, attention and heads) two 32-row tiles
+beat ``dot`` at M = 33 and 40 by 12% of the whole step, and 16-row tiles beat it by 5%.
 
 The epilogue multiplies in the same order as the twin, ``(float(acc) * a_scale) * w_scale``
 (group scales: ``(sum of float(chunk) * w_scale[g]) * a_scale``), so results in float32 are
@@ -93,7 +95,7 @@ from .numerics import int_matmul
 
 from .common import (apply_carveout, check_dtype, check_launchable, check_packed_weight, check_residual, dp4a,
                      dp4a_unsigned, gdc_prologue, is_interpreted, next_pow2, pdl_options, prefetch_rows_l2,
-                     scale_strides, split_counters, split_k_chunks, split_k_reduce)
+                     scale_strides, split_k_chunks, split_k_reduce)
 from .packing import BYTES_PER_CHUNK, CHUNK_K, unpack_ternary
 from .tuning import (DOT, GEMV, LANES, MMA, ROWS, LinearConfig, default_linear, group_k_slices, linear_key, lookup,
                      sm_count)
@@ -180,51 +182,23 @@ def _w2a8_gemv_kernel(
 
 
 @triton.jit
-def _epilogue(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
-              GROUPED: tl.constexpr, RESIDUAL: tl.constexpr):
-    """``(acc · a_scale) · w_scale`` (group scales: already applied) ``+ residual`` of a
-    ``[BLOCK_N, BLOCK_M]`` tile into the output."""
-    mask = (rn < N)[:, None] & (rm < M)[None, :]
-    a_s = tl.load(a_scale_ptr + rm, mask=rm < M, other=0.0)
-    if GROUPED:
-        y = y * a_s[None, :]
-    else:
-        ws = tl.load(w_scale_ptr + rn * stride_sn, mask=rn < N, other=0.0)
-        y = y.to(tl.float32) * a_s[None, :] * ws[:, None]
-    if RESIDUAL:
-        y = tl.load(res_ptr + rm[None, :] * stride_rm + rn[:, None], mask=mask, other=0.0) + y
-    tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
-                fin_ptr, count_ptr, GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
-                INLINE_REDUCE: tl.constexpr):
-    """The end of a ``[BLOCK_N, BLOCK_M]`` tile (the rows, dot, lanes and mma kernels): the
-    epilogue, or a split-K partial as is; with ``INLINE_REDUCE`` the last slice of the tile
-    to arrive then adds every slice's partial in slice order (the reduction launch's order,
-    so the same bits) and runs the epilogue into ``fin_ptr``. Arrival: one atomic per
-    program on the tile's counter, after the partial is written (the barrier puts every
-    thread's stores before the release); the last program sets the counter back to zero for
-    the next launch, and reads the partials from the L2 (``.cg``: other SMs wrote them)."""
+                GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr):
+    """Epilogue of a ``[BLOCK_N, BLOCK_M]`` tile (the rows and dot kernels): a split-K partial
+    as is, or ``(acc · a_scale) · w_scale`` (group scales: already applied) ``+ residual``."""
+    mask = (rn < N)[:, None] & (rm < M)[None, :]
     if SPLIT:
-        mask = (rn < N)[:, None] & (rm < M)[None, :]
-        part = out_ptr + rm[None, :] * N + rn[:, None]  # slice s at part + s * M * N
-        tl.store(part + tl.program_id(2) * M * N, y, mask=mask)
-        if INLINE_REDUCE:
-            tl.debug_barrier()
-            tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-            arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if arrived == tl.num_programs(2) - 1:
-                total = tl.load(part, mask=mask, other=0, cache_modifier=".cg")
-                for s in range(1, tl.num_programs(2)):
-                    total += tl.load(part + s * M * N, mask=mask, other=0, cache_modifier=".cg")
-                tl.store(count_ptr + tile, 0)
-                _epilogue(total, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, fin_ptr, stride_om, res_ptr,
-                          stride_rm, GROUPED, RESIDUAL)
+        tl.store(out_ptr + (tl.program_id(2) * M + rm[None, :]) * N + rn[:, None], y, mask=mask)
     else:
-        _epilogue(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
-                  GROUPED, RESIDUAL)
+        a_s = tl.load(a_scale_ptr + rm, mask=rm < M, other=0.0)
+        if GROUPED:
+            y = y * a_s[None, :]
+        else:
+            ws = tl.load(w_scale_ptr + rn * stride_sn, mask=rn < N, other=0.0)
+            y = y.to(tl.float32) * a_s[None, :] * ws[:, None]
+        if RESIDUAL:
+            y = tl.load(res_ptr + rm[None, :] * stride_rm + rn[:, None], mask=mask, other=0.0) + y
+        tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -235,8 +209,6 @@ def _w2a8_rows_kernel(
     w_scale_ptr,  # [N] or [N, K/128] float32
     out_ptr,  # [M, N] (SPLIT: [S, M, N] int32 or float32 partial sums)
     res_ptr,  # [M, N] float32 residual (RESIDUAL)
-    fin_ptr,  # [M, N] the output when SPLIT and INLINE_REDUCE (out_ptr then holds the partials)
-    count_ptr,  # [tiles] int32 arrival counters, zero between launches (INLINE_REDUCE)
     M, N, chunks_per_split,
     stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     K: tl.constexpr,
@@ -245,7 +217,6 @@ def _w2a8_rows_kernel(
     USE_ASM: tl.constexpr,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
     PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
-    INLINE_REDUCE: tl.constexpr = False,  # split-K: the last slice to finish adds the partials
 ):
     """The gemv kernel with BLOCK_M activation rows per program: each weight word is loaded
     and decoded once and multiplies every row (dp4a), instead of once per row."""
@@ -296,7 +267,7 @@ def _w2a8_rows_kernel(
     else:
         y = tl.sum(tl.sum(acc, axis=3), axis=2) - tl.sum(tl.sum(asum, axis=2), axis=1)[None, :]  # int32
     _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
-                fin_ptr, count_ptr, GROUPED, SPLIT, RESIDUAL, INLINE_REDUCE)
+                GROUPED, SPLIT, RESIDUAL)
 
 
 @triton.jit
@@ -307,8 +278,6 @@ def _w2a8_dot_kernel(
     w_scale_ptr,  # [N] or [N, K/128] float32
     out_ptr,  # [M, N] (SPLIT: [S, M, N] int32 or float32 partial sums)
     res_ptr,  # [M, N] float32 residual (RESIDUAL)
-    fin_ptr,  # [M, N] the output when SPLIT and INLINE_REDUCE (out_ptr then holds the partials)
-    count_ptr,  # [tiles] int32 arrival counters, zero between launches (INLINE_REDUCE)
     M, N, chunks_per_split,
     stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     K: tl.constexpr,
@@ -317,7 +286,6 @@ def _w2a8_dot_kernel(
     USE_ASM: tl.constexpr = False,  # only the L2 prefetch is inline assembly here
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
     PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
-    INLINE_REDUCE: tl.constexpr = False,  # split-K: the last slice to finish adds the partials
 ):
     N_CHUNKS: tl.constexpr = (K + 127) // 128
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -359,7 +327,7 @@ def _w2a8_dot_kernel(
     else:
         y = acc - asum[None, :]  # int32
     _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
-                fin_ptr, count_ptr, GROUPED, SPLIT, RESIDUAL, INLINE_REDUCE)
+                GROUPED, SPLIT, RESIDUAL)
 
 
 @triton.jit
@@ -370,8 +338,6 @@ def _w2a8_lanes_kernel(
     w_scale_ptr,  # [N] or [N, ceil(K/128)] float32
     out_ptr,  # [M, N] (SPLIT: [S, M, N] int32 or float32 partial sums)
     res_ptr,  # [M, N] float32 residual (RESIDUAL)
-    fin_ptr,  # [M, N] the output when SPLIT and INLINE_REDUCE (out_ptr then holds the partials)
-    count_ptr,  # [tiles] int32 arrival counters, zero between launches (INLINE_REDUCE)
     M, N, chunks_per_split,
     stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     K: tl.constexpr,
@@ -380,7 +346,6 @@ def _w2a8_lanes_kernel(
     USE_ASM: tl.constexpr,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
     PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
-    INLINE_REDUCE: tl.constexpr = False,  # split-K: the last slice to finish adds the partials
 ):
     """dp4a over all BLOCK_M rows of the width with each weight word loaded and decoded once.
 
@@ -471,34 +436,26 @@ def _w2a8_lanes_kernel(
              + (tl.sum(tl.sum(acc2, axis=3), axis=2) >> 4) + (tl.sum(tl.sum(acc3, axis=3), axis=2) >> 6)
              - tl.sum(asum2, axis=1)[None, :])  # [BLOCK_N, BLOCK_M] int32
     _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
-                fin_ptr, count_ptr, GROUPED, SPLIT, RESIDUAL, INLINE_REDUCE)
+                GROUPED, SPLIT, RESIDUAL)
 
 
 @triton.jit
 def _mma_chunk(wb, c, c_hi, a_cols, mask_m, rb, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc1, acc2, acc3, asum,
                facc, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUPED: tl.constexpr,
-               ASUM_BY_DOT: tl.constexpr, ONE_ACC: tl.constexpr):
+               ASUM_BY_DOT: tl.constexpr):
     """One 128-chunk of ``_w2a8_mma_kernel``: the four lanes of the packed tile ``wb``
-    ([BLOCK_N, 32] uint8) against their activations; group scales applied per chunk.
-    ``ONE_ACC``: every lane shifted down to its code ``c`` and summed into ``acc0`` (a
-    shift and a mask per lane instead of a mask, a quarter of the accumulator registers)."""
+    ([BLOCK_N, 32] uint8) against their activations; group scales applied per chunk."""
     live = rb * 0 + c < c_hi  # [32]: a step may overshoot the slice
     if GROUPED:
         acc0 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
-        if not ONE_ACC:
-            acc1 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
-            acc2 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
-            acc3 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+        acc1 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+        acc2 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+        acc3 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
         asum = tl.zeros((16, BLOCK_M), tl.int32)
     for i in tl.static_range(4):
         ka = c * 128 + 32 * i + rb
         a = tl.load(a_cols + c * 128 + 32 * i, mask=mask_m & (live & (ka < K))[:, None], other=0)  # [32, BLOCK_M]
-        if ONE_ACC:
-            if i < 3:
-                acc0 = tl.dot(((wb >> (2 * i)) & 0x03).to(tl.int8, bitcast=True), a, acc0, out_dtype=tl.int32)
-            else:
-                acc0 = tl.dot((wb >> 6).to(tl.int8, bitcast=True), a, acc0, out_dtype=tl.int32)
-        elif i == 0:
+        if i == 0:
             acc0 = tl.dot((wb & 0x03).to(tl.int8, bitcast=True), a, acc0, out_dtype=tl.int32)
         elif i == 1:
             acc1 = tl.dot((wb & 0x0C).to(tl.int8, bitcast=True), a, acc1, out_dtype=tl.int32)
@@ -507,16 +464,13 @@ def _mma_chunk(wb, c, c_hi, a_cols, mask_m, rb, rn, N, w_scale_ptr, stride_sn, s
         else:
             acc3 = tl.dot(((wb & 0xC0) ^ 0x80).to(tl.int8, bitcast=True), a, acc3, out_dtype=tl.int32)
         if ASUM_BY_DOT:
-            if i < 3 or ONE_ACC:
+            if i < 3:
                 asum = tl.dot(tl.full((16, 32), -1, tl.int8), a, asum, out_dtype=tl.int32)
             else:
                 asum = tl.dot(tl.full((16, 32), 1, tl.int8), a, asum, out_dtype=tl.int32)
     if GROUPED:
         s = tl.load(w_scale_ptr + rn * stride_sn + c * stride_sg, mask=(rn < N) & (rn * 0 + c < c_hi), other=0.0)
-        if ONE_ACC:
-            chunk = acc0 + tl.max(asum, axis=0)[None, :]
-        else:
-            chunk = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.max(asum, axis=0)[None, :]
+        chunk = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.max(asum, axis=0)[None, :]
         facc += chunk.to(tl.float32) * s[:, None]
     return acc0, acc1, acc2, acc3, asum, facc
 
@@ -529,8 +483,6 @@ def _w2a8_mma_kernel(
     w_scale_ptr,  # [N] or [N, ceil(K/128)] float32
     out_ptr,  # [M, N] (SPLIT: [S, M, N] int32 or float32 partial sums)
     res_ptr,  # [M, N] float32 residual (RESIDUAL)
-    fin_ptr,  # [M, N] the output when SPLIT and INLINE_REDUCE (out_ptr then holds the partials)
-    count_ptr,  # [tiles] int32 arrival counters, zero between launches (INLINE_REDUCE)
     M, N, chunks_per_split,
     stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     K: tl.constexpr,
@@ -538,10 +490,8 @@ def _w2a8_mma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
     USE_ASM: tl.constexpr,
     ASUM_BY_DOT: tl.constexpr,  # group scales, rows that are not whole aligned int32 words, or asked (config)
-    ONE_ACC: tl.constexpr,  # lanes shifted down into one accumulator (LinearConfig.one_acc)
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
     PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
-    INLINE_REDUCE: tl.constexpr = False,  # split-K: the last slice to finish adds the partials
 ):
     """int8 tensor cores over all BLOCK_M (<= 128) rows of the width: each weight tile is
     loaded and decoded once for every row.
@@ -589,39 +539,32 @@ def _w2a8_mma_kernel(
     # once and decodes there (a loop-carried tile would be converted once per lane).
     acc0, acc1, acc2, acc3, asum, facc = _mma_chunk(
         wb, c_lo, c_hi, a_cols, mask_m, rb, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc1, acc2, acc3, asum,
-        facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT, ONE_ACC)
+        facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT)
     for c0 in range(c_lo + 1, c_hi, CHUNKS):
         for cc in tl.static_range(CHUNKS):
             c = c0 + cc
             wb = tl.load(w_rows + c * 32, mask=mask_n & (rn * 0 + c < c_hi)[:, None], other=0)
             acc0, acc1, acc2, acc3, asum, facc = _mma_chunk(
                 wb, c, c_hi, a_cols, mask_m, rb, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc1, acc2, acc3,
-                asum, facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT, ONE_ACC)
+                asum, facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT)
 
-    if ONE_ACC:  # the lanes' sums are already added (and acc1..3 never touched)
-        lanes = acc0
-    else:
-        lanes = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6)
     if GROUPED:
         y = facc
     elif ASUM_BY_DOT:
-        y = lanes + tl.max(asum, axis=0)[None, :]  # int32
+        y = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.max(asum, axis=0)[None, :]  # int32
     else:
-        # -sum(lanes 0..2) + sum(lane 3) (ONE_ACC: -sum of all) over this slice: bytes 0..2 of each activation word weigh
+        # -sum(lanes 0..2) + sum(lane 3) over this slice: bytes 0..2 of each activation word weigh
         # -1 and byte 3 +1 (input 32i + j of a chunk is byte j % 4 of word 8i + j // 4: lane = word // 8)
         rw = tl.arange(0, 32)  # the words of one chunk
-        if ONE_ACC:  # every lane holds c: -sum(a) over all of them
-            sign = tl.full((32,), -1, tl.int32)
-        else:  # four bytes of +1 (lane 3) or of -1 (0xFFFFFFFF)
-            sign = tl.where(rw // 8 == 3, 0x01010101, -1)
+        sign = tl.where(rw // 8 == 3, 0x01010101, -1)  # four bytes of +1 (lane 3) or of -1 (0xFFFFFFFF)
         a_words = a_ptr.to(tl.pointer_type(tl.int32)) + rm[:, None] * (stride_am // 4) + rw[None, :]
         asum2 = tl.zeros((BLOCK_M, 32), tl.int32)
         for c in range(c_lo, c_hi):
             aw = tl.load(a_words + c * 32, mask=(rm < M)[:, None] & (c * 32 + rw < K // 4)[None, :], other=0)
             asum2 = dp4a(aw, sign[None, :], asum2, USE_ASM)
-        y = lanes + tl.sum(asum2, axis=1)[None, :]  # int32
+        y = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.sum(asum2, axis=1)[None, :]  # int32
     _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
-                fin_ptr, count_ptr, GROUPED, SPLIT, RESIDUAL, INLINE_REDUCE)
+                GROUPED, SPLIT, RESIDUAL)
 
 
 def w2a8_linear(
@@ -708,20 +651,13 @@ def w2a8_linear(
     asm = {"USE_ASM": not is_interpreted(kernel), "PREFETCH": config.prefetch and pdl["USE_GDC"]}
     if kernel is _w2a8_mma_kernel:
         asm["ASUM_BY_DOT"] = grouped or not words or config.asum_by_dot
-        asm["ONE_ACC"] = config.one_acc
-    tail = ()
-    if kernel is not _w2a8_gemv_kernel:  # the tile kernels: the last K slice may reduce in the kernel
-        counters = split_counters(out.device, grid[0] * grid[1]) if split and config.inline_reduce else None
-        asm["INLINE_REDUCE"] = counters is not None
-        common["RESIDUAL"] = residual is not None and (not split or counters is not None)
-        tail = (out, counters if counters is not None else out)
     compiled = kernel[grid](
-        a_in, a_scale, w_in, w_scale, target, res, *tail, m, n, per_split,
+        a_in, a_scale, w_in, w_scale, target, res, m, n, per_split,
         a_in.stride(0), w_in.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),
         **asm, **rows, **common, **pdl,
     )
     apply_carveout(compiled)
-    if split and not asm.get("INLINE_REDUCE"):
+    if split:
         split_k_reduce(target, out, a_scale, None if grouped else w_scale, stride_sn, residual)
     return out
 

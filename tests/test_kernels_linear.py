@@ -47,9 +47,6 @@ def w2a8_configs(grouped: bool, m: int = 1) -> list[LinearConfig]:
     lanes = [LinearConfig(LANES, 8, 64, num_warps=2), LinearConfig(LANES, 16, 64, num_warps=2, split_k=3)]
     mma = [LinearConfig(MMA, 32, 64, num_warps=4), LinearConfig(MMA, 16, 64, num_warps=4, split_k=2, prefetch=True)]
     mma.append(LinearConfig(MMA, 16, 128, num_warps=2, num_stages=2, asum_by_dot=True))  # sums in the loop
-    # the lanes in one accumulator; split-K reduced by the last slice in the kernel (no second launch)
-    mma += [LinearConfig(MMA, 16, 64, num_warps=4, split_k=3, one_acc=True, inline_reduce=True),
-            LinearConfig(ROWS, 8, 64, num_warps=2, split_k=2, inline_reduce=True)]
     if m > 16:  # the width in 16-row tiles (the last one partial), side by side in the grid
         mma.append(LinearConfig(MMA, 32, 64, num_warps=4, num_stages=2, split_k=2, block_m=16))
     return configs(grouped, m) + rows + lanes + mma
@@ -212,12 +209,6 @@ def test_w2a8_real_shapes_exact_on_gpu(n, k, m):
     if m > 2:  # no K split, four chunks per step over four stages, the activation sums in the loop
         new += [LinearConfig(MMA, 32, 128, num_stages=4, block_m=16 if m > 16 else 0, asum_by_dot=True),
                 LinearConfig(MMA, 16, 128, num_warps=2, num_stages=4, block_m=16 if m > 16 else 0, asum_by_dot=True)]
-    if m > 1:  # one accumulator (the whole width, also over 8 warps); split-K reduced inside the kernel
-        new += [LinearConfig(MMA, 64, 64, num_stages=3, one_acc=True),
-                LinearConfig(MMA, 64, 64, num_stages=3, split_k=4, one_acc=True, inline_reduce=True),
-                LinearConfig(MMA, 128, 64, num_warps=8, num_stages=3, split_k=2, one_acc=True, inline_reduce=True),
-                LinearConfig(MMA, 64, 64, num_stages=3, split_k=3, inline_reduce=True),
-                LinearConfig(DOT, 64, 64, num_stages=3, split_k=4, inline_reduce=True)]
     defaults = [default_linear(m, False, n=n, k=k, sms=torch.cuda.get_device_properties(0).multi_processor_count,
                                generation=g) for g in ("v1", "v3", "v4")]
     for cfg in [None, *defaults, *([LinearConfig(LANES, 8, 256, prefetch=True)] if m <= 4 else []), *new]:
@@ -288,7 +279,7 @@ def test_w2a8_group_scales_follow_k_slices_set_by_k_alone(m):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("m", (1, 2, 9, 27, 80))
+@pytest.mark.parametrize("m", (1, 2, 9, 27, 40, 80))
 def test_w2a8_group128_real_shapes_exact_on_gpu(m):
     """Qwen3-1.7B's down projection (K = 6144: three K slices) and gate+up: every default,
     the tuned launch and the kernels the tuner may pick equal the twin bit for bit."""
@@ -300,8 +291,7 @@ def test_w2a8_group128_real_shapes_exact_on_gpu(m):
         w_s = (0.5 + torch.rand(n, k // 128, generator=gen)).to(DEVICE)
         ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32)
         cfgs = [None, *(default_linear(m, True, n=n, k=k, sms=sms, generation=g) for g in ("v1", "v3", "v4"))]
-        cfgs += [LinearConfig(MMA, 64, 32, num_stages=3, block_m=16), LinearConfig(DOT, 64, 64, num_stages=3),
-                 LinearConfig(MMA, 64, 32, num_stages=3, one_acc=True, inline_reduce=True)]
+        cfgs += [LinearConfig(MMA, 64, 32, num_stages=3, block_m=16), LinearConfig(DOT, 64, 64, num_stages=3)]
         for cfg in cfgs:
             assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg), ref,
                          f"{cfg} N={n} K={k} M={m}")
@@ -339,59 +329,6 @@ def test_w2a8_replays_inside_a_cuda_graph():
     assert_exact(out, w2a8_linear_reference(a2, s2, packed, w_s), "graph replay")
 
 
-@pytest.mark.gpu
-@needs_gpu
-@pytest.mark.parametrize("m", (9, 33))
-def test_w2a8_inline_split_reduce_replays_inside_a_cuda_graph(m):
-    """Split-K reduced by the last slice in the kernel, captured with a residual: every replay
-    equals the twin (the arrival counters are back at zero after each launch), also with
-    several such launches back to back in one graph."""
-    from kernels_ampere.common import _split_counters
-
-    gen = torch.Generator().manual_seed(50 + m)
-    _, packed = random_weight(2560, 6912, gen)
-    w_s = (0.5 + torch.rand(2560, generator=gen)).to(DEVICE)
-    a, a_s = random_activations(m, 6912, gen)
-    res = torch.randn(m, 2560, generator=gen).to(DEVICE)
-    cfgs = (LinearConfig(MMA, 64, 64, num_stages=3, split_k=4, inline_reduce=True),
-            LinearConfig(MMA, 64, 64, num_stages=3, split_k=3, one_acc=True, inline_reduce=True))
-    for cfg in cfgs:  # compile (and allocate the counters) outside the capture
-        w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res, config=cfg)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = [w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res, config=cfg)
-                for cfg in cfgs for _ in range(2)]
-    for _ in range(3):
-        a2, s2 = random_activations(m, 6912, gen)
-        a.copy_(a2)
-        a_s.copy_(s2)
-        graph.replay()
-        ref = w2a8_linear_reference(a2, s2, packed, w_s, out_dtype=torch.float32, residual=res)
-        for out in outs:
-            assert_exact(out, ref, f"graph replay M={m}")
-    torch.cuda.synchronize()
-    assert int(_split_counters[a.device].abs().sum()) == 0
-
-
-def test_split_counters_are_zero_after_every_launch_and_bounded():
-    """The interpreter runs the programs one after another: the last slice still reduces, and
-    the counters end at zero; a grid of more tiles than counters reduces with a second launch."""
-    from kernels_ampere.common import SPLIT_COUNTERS, split_counters
-
-    gen = torch.Generator().manual_seed(12)
-    _, packed = random_weight(40, 640, gen)
-    a, a_s = random_activations(5, 640, gen)
-    w_s = (0.5 + torch.rand(40, generator=gen)).to(DEVICE)
-    cfg = LinearConfig(MMA, 16, 64, split_k=3, one_acc=True, inline_reduce=True)
-    assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg),
-                 w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32), "inline split-K")
-    counters = split_counters(a.device, 1)
-    assert counters is not None and counters.numel() == SPLIT_COUNTERS and int(counters.abs().sum()) == 0
-    assert split_counters(a.device, SPLIT_COUNTERS + 1) is None
-    with pytest.raises(ValueError, match="one_acc"):
-        LinearConfig(DOT, 64, 64, one_acc=True)
-
-
 # --- K not a multiple of 128, per-tensor scales, untuned defaults --------------------------------
 
 @pytest.mark.parametrize("m,n,k", [(1, 24, 200), (3, 40, 300), (9, 24, 452)])
@@ -410,8 +347,6 @@ def test_w2a8_k_padded_to_whole_chunks(m, n, k, grouped):
         expect = (int_matmul(a.cpu(), codes).float() * a_s.cpu()[:, None] * w_s.cpu()[None, :])
         assert_exact(ref.cpu(), expect, "twin vs int_matmul")
     picks = [cfg for cfg in w2a8_configs(grouped, m) if cfg.kernel in (LANES, MMA, DOT)]
-    picks += [LinearConfig(MMA, 16, 32, split_k=2, one_acc=True, asum_by_dot=True),  # sums on the tensor cores
-              LinearConfig(DOT, 16, 32, num_warps=4, num_stages=2, split_k=3, inline_reduce=True)]
     if k % 4 == 0:
         picks.append(LinearConfig(GEMV, 8, 64, num_warps=2))
     for cfg in picks:
@@ -474,7 +409,9 @@ def test_untuned_defaults_follow_the_sm_count():
     assert orin == h200 and h200.kernel == GEMV and h200.prefetch
     orin, h200 = (default_linear(9, False, n=2560, k=6912, sms=s, generation="v3") for s in (8, 132))
     assert orin.kernel == h200.kernel == MMA and h200.num_stages == 3 and orin.split_k == 1 < h200.split_k
-    assert default_linear(40, False, n=2560, k=2560, sms=132, generation="v3").kernel == DOT
+    # M = 33..64: the M <= 32 launch (same K slices) in two 32-row tiles
+    at32, at40 = (default_linear(m, False, n=2560, k=6912, sms=132, generation="v3") for m in (32, 40))
+    assert at40.kernel == MMA and at40.block_m == 32 and at32.block_m == 0 and at40.split_k == at32.split_k > 1
     wide = default_linear(80, False, n=2560, k=2560, sms=132, generation="v3")  # 32-row tensor-core tiles from M = 65
     assert wide.kernel == MMA and wide.block_m == 32 and wide.split_k == 1
     assert default_linear(80, False, n=512, k=6912, sms=132, generation="v3").split_k > 1  # 8 x 3 tiles: sliced
@@ -498,6 +435,21 @@ def test_w2a8_defaults_of_both_generations_match_the_twin(generation, m):
     a, a_s = random_activations(m, k, gen)
     w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
     cfg = default_linear(m, False, n=n, k=k, sms=8, generation=generation)
+    assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg),
+                 w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32), f"{cfg}")
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["row", "group128"])
+def test_w2a8_default_at_widths_33_to_64_is_two_32_row_tiles(grouped):
+    """M = 40 (two 32-row tensor-core tiles, the second one partial; K = 1280 in two slices on
+    a 132-SM GPU): the untuned default equals the twin bit for bit."""
+    n, k, m = 72, 1280, 40
+    gen = torch.Generator().manual_seed(44 + grouped)
+    _, packed = random_weight(n, k, gen)
+    a, a_s = random_activations(m, k, gen)
+    w_s = (0.5 + torch.rand((n, k // 128) if grouped else (n,), generator=gen)).to(DEVICE)
+    cfg = default_linear(m, grouped, n=n, k=k, sms=132, generation="v3")
+    assert cfg.kernel == MMA and cfg.block_m == 32 and cfg.split_k == 2
     assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg),
                  w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32), f"{cfg}")
 

@@ -65,10 +65,8 @@ from tools.kernel_stack import (BOARDS, ORIN_LAUNCH_US, STACK_MODELS, STACK_WIDT
 
 # before = the previous release's table; shipped = what a call without a config launches now;
 # +pf = the same launches with the L2 prefetch before the programmatic-launch wait;
-TABLE_SCHEMES = ("tuned", "before (tuned table)", "before (tuned table)+ir", "v1 untuned", "v1 untuned+pf",
-                 "v3 untuned", "v4 untuned", "v5 untuned")
+TABLE_SCHEMES = ("tuned", "before (tuned table)", "v1 untuned", "v1 untuned+pf", "v3 untuned", "v4 untuned")
 CARVEOUT_PERCENT = 100  # the '+co' schemes: every W2A8 launch prefers the largest shared-memory split
-# +ir = the same launches with split-K reduced by the last slice inside the kernel (no second launch);
 # +co = the same launches with one fixed L1 / shared-memory split for every W2A8 kernel
 STACK_SCHEMES = ("before (tuned table)", "shipped", "v1 untuned", "v1 untuned+pf", "v2 untuned", "v3 untuned",
                  "shipped+co")
@@ -463,7 +461,7 @@ class Run:
                     log(f"stack {model:<11} M={m:<3} {scheme:<21} " + (
                         f"{row['us']:9.1f} us {row['packed_gbps']:7.0f} GB/s {row['weights_per_sm_clock']} w/SM-clk"
                         if "us" in row else row["error"]))
-                if self.sweeps(m) or m in self.table_widths():
+                if self.sweeps(m):
                     self.tuned += table_entries(st, m, measured, isolated)
                 def rate_of(name, n, k, m):  # the large-shape rate of the same K and width
                     big = best.get((2560 if k <= 4096 else 6912, m))
@@ -476,10 +474,6 @@ class Run:
                 self.save()
             st = None
             torch.cuda.empty_cache()
-
-    def table_widths(self) -> set[int]:
-        """Widths whose table entries the stack schemes decide without a per-shape sweep (``--table-widths``)."""
-        return {int(w) for w in self.args.table_widths.split(",")} if self.args.table_widths else set()
 
     def sweeps(self, m: int) -> bool:
         """Whether ``--sweep`` tunes width ``m`` of the stack (``--sweep-widths``, default all)."""
@@ -834,9 +828,6 @@ def main(argv=None) -> int:
                     help="comma list of launch schemes the stacks replay (tools/kernel_stack.scheme_configs)")
     ap.add_argument("--sweep-widths", default=None,
                     help="with --sweep: the stack widths to tune (default: every --stack-widths width)")
-    ap.add_argument("--table-widths", default=None,
-                    help="with --sweep: more widths whose table entries are the fastest table scheme's launches "
-                         "on the whole stack, without a per-shape sweep")
     ap.add_argument("--sweep", action="store_true",
                     help="tune the stacks' projections in this run (the 'tuned' scheme) and save the table")
     ap.add_argument("--legacy-table", type=Path, default=LEGACY_TABLE,

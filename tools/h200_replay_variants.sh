@@ -8,7 +8,8 @@
 #   mma64     widths 33-64 on the same mma launches over the whole width (one 64-row tile)
 #   mma16     widths 33-64 on the same mma launches in 16-row tiles
 #   nosplit   no K slices at widths 9-64 (no reduction launches): mma at 9-32, dot at 33-64
-#   ir        the shipped launches with split-K reduced by the last slice in the kernel (widths 9-64)
+#   ir        (run at commit 4161478 only: the shipped launches with split-K reduced by the last slice
+#             inside the kernel, LinearConfig.inline_reduce, since removed: it lost at every width)
 #   tuned33   widths 33-64 on the per-shape picks of the stack sweep at M = 33 (timed alone, cold L2)
 #   OUT=/tmp/rv bash tools/h200_replay_variants.sh
 set -uo pipefail
@@ -45,7 +46,6 @@ variant("mma32x2", lambda m, s, c: replace(tile32[s], block_m=32) if wide(m) els
 variant("mma64", lambda m, s, c: replace(tile32[s], block_m=0) if wide(m) else c)
 variant("mma16", lambda m, s, c: replace(tile32[s], block_m=16) if wide(m) else c)
 variant("nosplit", lambda m, s, c: replace(c, split_k=1) if 9 <= m <= 64 else c)
-variant("ir", lambda m, s, c: replace(c, inline_reduce=c.split_k > 1) if 9 <= m <= 64 else c)
 # the per-shape picks of the sweep at M = 33 (tools/results/kernels.md, 2026-12-01 05:32 run), for widths 33-64
 picks33 = {(3840, 2560): LinearConfig(DOT, 64, 64, num_warps=4, num_stages=3, split_k=2),
            (2560, 2560): LinearConfig(DOT, 64, 64, num_warps=4, num_stages=3, split_k=4),
@@ -55,7 +55,7 @@ variant("tuned33", lambda m, s, c: picks33[s] if wide(m) else c)
 print("variants:", sorted(p.name for p in out.iterdir()))
 EOF
 TABLES="before=shipped,before-nopdl=shipped"
-for v in mma32x2 mma64 mma16 nosplit ir tuned33; do TABLES="$TABLES,$v=$V/$v"; done
+for v in mma32x2 mma64 mma16 nosplit tuned33; do TABLES="$TABLES,$v=$V/$v"; done
 timeout -k 3 "${T_REPLAY:-240}" python tools/bench_replay_widths.py --tables "$TABLES" \
   --widths "${WIDTHS:-1,16,32,33,40}" --profile "${PROFILE:-1,32,33}" --profile-tables before-nopdl \
   --jobs 14 --out "$OUT" > "$OUT/replays_log.txt" 2>&1

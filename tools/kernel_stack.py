@@ -14,8 +14,7 @@ reads its weights from DRAM, as a decode step does. Reported per (scheme, M):
 * schemes (``scheme_configs``): ``before (tuned table)`` (the previous release's table),
   ``shipped`` (what a call without a config launches now), ``vN untuned`` (generation N's
   SM-count defaults), ``tuned`` (this run's per-shape ``--sweep`` picks); a ``+pf`` suffix
-  turns on the L2 prefetch, ``+ir`` the in-kernel split-K reduction, ``+co`` (bench_kernels)
-  one fixed L1/shared split.
+  turns on the L2 prefetch, ``+co`` (bench_kernels) one fixed L1/shared split.
 
 Orin projection (``project``): per call ``t = max(bytes / (η · BW), weights / (r · SMs · f)) + o``
 summed over the stack, where BW, SMs and f are the board's, η = 0.8 the share of the DRAM
@@ -119,9 +118,6 @@ def scheme_configs(stack: Stack, scheme: str, m: int, legacy_table: tuple, chose
     dev = torch.device("cuda")
     if scheme.endswith("+pf"):
         return {name: dataclasses.replace(cfg, prefetch=True)
-                for name, cfg in scheme_configs(stack, scheme[:-3], m, legacy_table, chosen).items()}
-    if scheme.endswith("+ir"):  # the same launches, split-K reduced by the last slice in the kernel
-        return {name: dataclasses.replace(cfg, inline_reduce=cfg.split_k > 1 and cfg.kernel != GEMV)
                 for name, cfg in scheme_configs(stack, scheme[:-3], m, legacy_table, chosen).items()}
     out = {}
     for name, n, k, g in stack.shapes:
