@@ -39,11 +39,13 @@ verify and a fused step (tests/test_row_invariance.py). The wide view costs the 
 nothing: a tile's workspace loop ends at its rows' last visible workspace slot.
 
 **Cold start** (``precompile.py``): before capturing at load, every state's body runs once
-with its Triton launches turned into compile requests that a thread pool compiles in
-parallel (each kernel's launcher too); capture takes each state once its own kernels are
-compiled. The graphs are the ones captured without it; a load whose kernels an earlier
-load left in the Triton cache skips it. On by default (``RuntimeOptions(precompile=False)``
-or ``BITMTP_PRECOMPILE=0`` turns it off).
+(its first layer: every layer launches the same variants) with its Triton launches turned
+into compile requests that a thread pool compiles in parallel (each kernel's launcher too);
+capture takes each state once its own kernels are compiled, after one warm-up run where the
+state launches a variant no earlier state launched and none elsewhere. The graphs are the
+ones captured without it; a load whose kernels an earlier load left in the Triton cache
+skips it. On by default (``RuntimeOptions(precompile=False)`` or ``BITMTP_PRECOMPILE=0``
+turns it off).
 
 Ablation switches (``RuntimeOptions``): ``specialize`` (M1: width-specialised kernel
 configs and the cheap draft head), ``graphs`` (M2: capture + replay instead of eager

@@ -4,8 +4,9 @@ Without this, capture's warm-up runs compile each kernel variant on its first la
 after another: most of a cold start (BitNet-2B shape on the H200: over 33 s cold without this
 pass, 12.3 s with it; warm 5.5 s with it, 7.0 s without).
 
-Here each state's graph body runs once with every Triton launch turned into a compile
-request: ``run(..., warmup=True)`` (compile, do not launch) under Triton's
+Here each state's graph body runs once (its first layer only: every layer launches the
+same kernel variants, ``FastModel.first_layers``) with every Triton launch turned into a
+compile request: ``run(..., warmup=True)`` (compile, do not launch) under Triton's
 ``AsyncCompileMode``, which hands each compile to a thread pool and returns at once, so the
 bodies keep requesting while earlier kernels compile (the threads overlap where Triton's
 passes release the GIL and in ptxas, a subprocess; ``tools/bench_startup.py`` measures it,
@@ -30,13 +31,21 @@ Two things the first H200 measurement (Triton 3.6) showed, and what answers them
   ``build_launcher`` builds it in the compile thread or process right after the kernel, so
   capture only loads it from the disk cache.
 
-A warm cache skips the pass: running the bodies costs a start that compiles nothing about
-2.5 s (H200, 2B shape). After a load's capture succeeds, ``mark_warm`` leaves a marker in
+The pass also tells capture which states need a warm-up run at all: Triton answers every
+request of a variant with the same object, so ``variants`` lists each body's variants, and
+a state whose every variant an earlier state's warm-up launched is captured with none
+(``warm_up_plan``), inside ``first_launches_refused``: a launch that would compile or load
+a kernel aborts that capture, and the state is warmed up and captured again.
+
+A warm cache skips the pass: running the (full) bodies cost a start that compiles nothing
+about 2.5 s (H200, 2B shape). After a load's capture succeeds, ``mark_warm`` leaves a marker in
 Triton's cache folder named by the load's identity (``load_identity``: Triton, torch, GPU,
 model, plan, options, replay states, the BITMTP_/TRITON_ switches, and a digest of the
 kernels' and launchers' sources and tuned tables); a later load with that identity skips the
-pass and capture loads every kernel from disk. Anything else that changed a launch would
-only make capture compile that kernel itself, as without the pass.
+pass and capture loads every kernel from disk; the marker lists the states that load warmed
+up (``warmed_up_states``), and the others are captured with none, guarded as above.
+Anything else that changed a launch would only make capture compile that kernel itself, as
+without the pass.
 
 The bodies' torch ops run for real (cheap); a skipped kernel's output is left as allocated.
 Graph bodies never read a device value on the host, so the launches they
