@@ -61,7 +61,6 @@ import hashlib
 import json
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -80,11 +79,6 @@ OVERLAP_ENV = "BITMTP_PRECOMPILE_OVERLAP"  # "0": wait for every compile before 
 WORKER_MEMORY = 512 << 20  # what one compile thread may need at its peak (LLVM + a ptxas process)
 PROCESS_MEMORY = 1 << 30  # a worker process: that, plus its own torch and Triton
 MAX_WORKERS = 8  # more threads than this only contend (a compile's Python front end holds the GIL)
-# While compile threads run: how long a thread waiting for the GIL waits before the holder
-# must drop it (Python's default: 5 ms). Every torch op releases and retakes the GIL, so with
-# the compile threads' Python front ends holding it the main thread's recording and capture
-# waited up to 5 ms per op.
-SWITCH_INTERVAL_S = 2e-4
 
 
 class PrecompileError(RuntimeError):
@@ -465,16 +459,6 @@ class CompileJob:
         self.filed: list = []  # what the requests left in the kernels' caches (``filed_requests``)
         self.wait_s = 0.0  # time spent in wait()
         self.open = True
-        self.switch_interval: float | None = None  # Python's, while the job lowers it (``SWITCH_INTERVAL_S``)
-
-    def lower_switch_interval(self) -> None:
-        self.switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(self.switch_interval, SWITCH_INTERVAL_S))
-
-    def _restore_switch_interval(self) -> None:
-        if self.switch_interval is not None:
-            sys.setswitchinterval(self.switch_interval)
-            self.switch_interval = None
 
     def _remaining(self) -> float:
         return max(self.timeout_s - (time.perf_counter() - self.t0), 0.0)
@@ -523,7 +507,6 @@ class CompileJob:
             except Exception:  # noqa: BLE001 - a Triton that re-raises a failed compile here (reported by _check)
                 pass
             unfile(self.filed)
-            self._restore_switch_interval()
             self.pool.shutdown()
 
     def abort(self) -> None:
@@ -532,7 +515,6 @@ class CompileJob:
             self.open = False
             _deactivate(self.ac)
             unfile(self.filed)
-            self._restore_switch_interval()
             self.pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -566,7 +548,6 @@ def start_precompile(bodies: Sequence[tuple[str, Callable[[], None]]], workers: 
             needs.append(future)
 
     job.mode.__enter__()
-    job.lower_switch_interval()  # until the compiles are done (``_exit``, ``abort``)
     try:
         with compile_only_launches(on_request, classes, on_result), filed_requests(job.filed, classes), \
                 zeroed_allocations():
