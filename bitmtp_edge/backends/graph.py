@@ -89,9 +89,10 @@ class RuntimeOptions:
     fused_candidates: tuple[int, ...] = (DEFAULT_CANDIDATES,)
     # Compile every Triton kernel the states at load launch, in parallel, before capturing
     # them (``precompile.py``); BITMTP_PRECOMPILE=0 turns it off, =N sets N threads. On by
-    # default: on the H200 (2B shape) a cold start took 12.3 s with it (over 33 s without),
+    # default: on the H200 (2B shape) a cold start took 9.3-9.7 s with it (over 33 s without),
     # and a warm start skips it (the warm marker) and captures after one warm-up run instead
-    # of two: 5.5 s against 7.0 s without the pass (tools/results/startup.md).
+    # of two, and most states after none: 4.3 s (5.5 s with one run each; 7.0 s without the
+    # pass: two runs each; tools/results/startup.md).
     precompile: bool = True
     precompile_mode: str = "threads"  # or "processes"; BITMTP_PRECOMPILE_MODE overrides it
     # threads: capture a state as soon as its own kernels are compiled (later states' kernels

@@ -2,7 +2,7 @@
 
 Without this, capture's warm-up runs compile each kernel variant on its first launch, one
 after another: most of a cold start (BitNet-2B shape on the H200: over 33 s cold without this
-pass, 12.3 s with it; warm 5.5 s with it, 7.0 s without).
+pass, 9.3-9.7 s with it; warm 4.3 s with it, 7.0 s without).
 
 Here each state's graph body runs once (its first layer only: every layer launches the
 same kernel variants, ``FastModel.first_layers``) with every Triton launch turned into a
