@@ -172,15 +172,19 @@ def _cdiv(a: int, b: int) -> int:
 
 
 LANES_MAX_M = 2  # widths the untuned default runs on ``lanes`` (dp4a); wider ones go to ``mma``
-MMA_MAX_M = 32  # v3: widths on the pipelined tensor-core kernel; wider ones on ``dot``
+MMA_MAX_M = 32  # v3: widths in one tile of the pipelined tensor-core kernel; wider ones in 32-row tiles
 # Which W2A8 kernels the untuned default picks (BITMTP_W2A8_KERNELS):
 # "v1" = gemv (M <= 2) / dot; "v2" = lanes / mma without software pipelining;
 # "v3" = what the H200 measured fastest per width (tools/results/kernels.md: single large
 # matrices and the whole 2B stack): gemv at M <= 2 (at M = 1 with the weights' L2 prefetch
 # before the programmatic-launch wait), ``mma`` pipelined over three stages for
-# M = 3..MMA_MAX_M (2-2.5x ``dot`` on large matrices there), ``dot`` to M = 64 and from
-# M = 65 ``mma`` again in 32-row tiles (``block_m``; the 2B stack's table at M = 80 holds them
-# for three of its four projections, 1.13x faster than ``dot``).
+# M = 3..MMA_MAX_M (2-2.5x ``dot`` on large matrices there), and beyond in 32-row tiles
+# (``block_m``): at M = 33..64 the M <= 32 launch (the same K slices) twice side by side,
+# from M = 65 with K sliced only where the tiles leave half the SMs idle (the 2B stack's
+# table at M = 80 holds them for three of its four projections, 1.13x faster than ``dot``).
+# M = 33..64 took ``dot`` until the 2B-shape replays measured the 32-row tiles 12% faster at
+# widths 33 and 40 (tools/results/kernels.md, fused widths; the stack of linears alone had
+# them even: its launches run back to back, not between the model's other kernels).
 # "v4" = v3 up to M = 16; wider widths on ``mma`` too, cut into 16-row tiles (``block_m``)
 # that share each weight tile through the L2. Measured slower than v3 on the 2B stack at
 # M = 27-40 (1551 / 1730 / 1740 against 1310 / 1591 / 1626 µs), faster at M = 80 (2742 vs
@@ -188,7 +192,7 @@ MMA_MAX_M = 32  # v3: widths on the pipelined tensor-core kernel; wider ones on 
 W2A8_GENERATIONS = ("v1", "v2", "v3", "v4")
 W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v3")
 MMA_TILED_MAX_M = 128  # v4: widths on 16-row ``mma`` tiles; wider ones as v3
-TILED_MIN_M = 64  # v3: wider widths on 32-row ``mma`` tiles
+TILED_MIN_M = 64  # v3: wider widths on 32-row ``mma`` tiles with K sliced by the tiles' count
 WIDE_BLOCK_M = 16
 
 
@@ -216,9 +220,9 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     any size gets ~N/8 programs per row, hundreds of waves on an Orin and a few on an H200;
     from M = 3 the tensor-core tiles are 64 rows wide and K is sliced until the tiles cover
     the SMs once (an H200's 132 SMs slice the 2B shapes 1-4 ways, an Orin's 8-16 never),
-    each slice keeping five chunks at least for the three-stage software pipeline; from
-    M = 65 the width's 32-row tiles multiply the programs, and K is sliced only where they
-    still leave half the SMs idle.
+    each slice keeping five chunks at least for the three-stage software pipeline (at
+    M = 33..64 that launch runs in two 32-row tiles); from M = 65 the width's 32-row tiles
+    multiply the programs, and K is sliced only where they still leave half the SMs idle.
     """
     chunks = _cdiv(k, 128) if k else 0
     sms = sms or 132
@@ -239,16 +243,17 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
             # at M = 2, where two programs ask for the same rows) runs only under programmatic launch
             step = min(32, max(8, 1 << (chunks - 1).bit_length())) if chunks else 16
             return LinearConfig(GEMV, block_n=8, block_kb=32 * step, num_warps=4, prefetch=m == 1)
-        if m <= MMA_MAX_M:  # K slices until the 64-row tiles cover the SMs once, five chunks per slice at least
+        if m <= TILED_MIN_M:  # K slices until the 64-row weight tiles cover the SMs once, five chunks per
+            # slice at least; past 32 rows the width in two 32-row tiles, each the M <= 32 launch
             split = 1
             if n and chunks:
                 split = max(1, min(_cdiv(sms, _cdiv(n, 64)), chunks // 5, 8))
-            return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split)
-        if m > TILED_MIN_M:  # 32-row tiles side by side; K sliced only where the tiles leave half the SMs idle
-            tiles = _cdiv(n, 64) * _cdiv(m, 32) if n else sms
-            split = max(1, min(_cdiv(sms, tiles), chunks // 5, 8)) if chunks and 2 * tiles < sms else 1
-            return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split, block_m=32)
-        generation = "v1"  # dot (M = 33..64)
+            return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split,
+                                block_m=32 if m > MMA_MAX_M else 0)
+        # 32-row tiles side by side; K sliced only where the tiles leave half the SMs idle
+        tiles = _cdiv(n, 64) * _cdiv(m, 32) if n else sms
+        split = max(1, min(_cdiv(sms, tiles), chunks // 5, 8)) if chunks and 2 * tiles < sms else 1
+        return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split, block_m=32)
     if not weight_only and generation == "v1":
         # gemv with dp4a at M <= 2 (a whole row per step), the int8 dot otherwise; K slices
         # until the N tiles cover the SMs (the previous H200 rule used 128 for every GPU)

@@ -7,6 +7,8 @@ runs exactly as it would inside a captured graph. The GPU tests add capture and 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -241,12 +243,38 @@ def test_gpu_server_backend_speculative_and_fused_equal_ar(tmp_path):
         assert eng.generate(PROMPT, max_new_tokens=64, policy=policy).token_ids == ar.token_ids, policy
 
 
+@contextlib.contextmanager
+def _a_first_launch_at_the_fifth():
+    """Stands in for ``first_launches_refused`` when a variant's first launch comes mid-body:
+    the fifth Triton launch raises ``FirstLaunch`` (four already entered the capture)."""
+    from triton.runtime.jit import JITFunction
+
+    from bitmtp_edge.backends.precompile import FirstLaunch
+
+    run, count = JITFunction.__dict__["run"], [0]
+
+    def refusing(self, *args, **kwargs):
+        count[0] += 1
+        if count[0] == 5:
+            raise FirstLaunch("the fifth launch (test)")
+        return run(self, *args, **kwargs)
+
+    JITFunction.run = refusing
+    try:
+        yield
+    finally:
+        JITFunction.run = run
+
+
 @gpu
 @needs_gpu
-def test_gpu_a_graph_captured_after_one_warm_up_run_replays_what_two_give(tmp_path):
-    """A precompiled load captures each state after one warm-up run instead of two: every
-    replay state's graph then writes the same outputs, chained inputs and KV, bit for bit."""
+def test_gpu_a_graph_captured_after_one_or_no_warm_up_run_replays_what_two_give(tmp_path, monkeypatch):
+    """A precompiled load captures each state after one warm-up run instead of two, and
+    after none where an earlier state launched its every variant (guarded: a first launch
+    aborts the capture, which then warms up and captures again): every replay state's graph
+    writes the same outputs, chained inputs and KV, bit for bit, all four ways."""
     from bitmtp_edge import Engine
+    from bitmtp_edge.backends import precompile as pc
 
     model = random_model(11, vocab=256, hidden=256, heads=(8, 2))
     art = write_test_artifact(model, tmp_path / "art", block_size=8, max_context=256, smallest=16)
@@ -268,14 +296,20 @@ def test_gpu_a_graph_captured_after_one_warm_up_run_replays_what_two_give(tmp_pa
     assert {s.role for s in states} == {"verify", "draft", "fused"} and kv.length > len(PROMPT)
     for state in states:
         after = {}
-        for warmups in (1, 2):
+        for warmups in (2, 1, 0, "aborted"):  # two first: the variants are loaded for none
             restore(start)
-            b._capture(state, warmups=warmups)
+            fallbacks = b.capture_fallbacks
+            if warmups == "aborted":
+                monkeypatch.setattr(pc, "first_launches_refused", _a_first_launch_at_the_fifth)
+            b._capture(state, warmups=0 if warmups == "aborted" else warmups)
+            monkeypatch.undo()
+            assert b.capture_fallbacks - fallbacks == (warmups == "aborted"), (state, warmups)
             graph = b.graphs.pop(state)
             restore(start)
             graph.replay()
             torch.cuda.synchronize()
             after[warmups] = snapshot()
-        assert all(torch.equal(x, y) for x, y in zip(after[1], after[2])), state
+        for warmups in (1, 0, "aborted"):
+            assert all(torch.equal(x, y) for x, y in zip(after[warmups], after[2])), (state, warmups)
         assert not all(torch.equal(x, y) for x, y in zip(after[1], start)), state  # the step wrote something
     restore(start)

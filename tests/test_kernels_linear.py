@@ -279,7 +279,7 @@ def test_w2a8_group_scales_follow_k_slices_set_by_k_alone(m):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("m", (1, 2, 9, 27, 80))
+@pytest.mark.parametrize("m", (1, 2, 9, 27, 40, 80))
 def test_w2a8_group128_real_shapes_exact_on_gpu(m):
     """Qwen3-1.7B's down projection (K = 6144: three K slices) and gate+up: every default,
     the tuned launch and the kernels the tuner may pick equal the twin bit for bit."""
@@ -409,7 +409,9 @@ def test_untuned_defaults_follow_the_sm_count():
     assert orin == h200 and h200.kernel == GEMV and h200.prefetch
     orin, h200 = (default_linear(9, False, n=2560, k=6912, sms=s, generation="v3") for s in (8, 132))
     assert orin.kernel == h200.kernel == MMA and h200.num_stages == 3 and orin.split_k == 1 < h200.split_k
-    assert default_linear(40, False, n=2560, k=2560, sms=132, generation="v3").kernel == DOT
+    # M = 33..64: the M <= 32 launch (same K slices) in two 32-row tiles
+    at32, at40 = (default_linear(m, False, n=2560, k=6912, sms=132, generation="v3") for m in (32, 40))
+    assert at40.kernel == MMA and at40.block_m == 32 and at32.block_m == 0 and at40.split_k == at32.split_k > 1
     wide = default_linear(80, False, n=2560, k=2560, sms=132, generation="v3")  # 32-row tensor-core tiles from M = 65
     assert wide.kernel == MMA and wide.block_m == 32 and wide.split_k == 1
     assert default_linear(80, False, n=512, k=6912, sms=132, generation="v3").split_k > 1  # 8 x 3 tiles: sliced
@@ -433,6 +435,21 @@ def test_w2a8_defaults_of_both_generations_match_the_twin(generation, m):
     a, a_s = random_activations(m, k, gen)
     w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
     cfg = default_linear(m, False, n=n, k=k, sms=8, generation=generation)
+    assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg),
+                 w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32), f"{cfg}")
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["row", "group128"])
+def test_w2a8_default_at_widths_33_to_64_is_two_32_row_tiles(grouped):
+    """M = 40 (two 32-row tensor-core tiles, the second one partial; K = 1280 in two slices on
+    a 132-SM GPU): the untuned default equals the twin bit for bit."""
+    n, k, m = 72, 1280, 40
+    gen = torch.Generator().manual_seed(44 + grouped)
+    _, packed = random_weight(n, k, gen)
+    a, a_s = random_activations(m, k, gen)
+    w_s = (0.5 + torch.rand((n, k // 128) if grouped else (n,), generator=gen)).to(DEVICE)
+    cfg = default_linear(m, grouped, n=n, k=k, sms=132, generation="v3")
+    assert cfg.kernel == MMA and cfg.block_m == 32 and cfg.split_k == 2
     assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg),
                  w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32), f"{cfg}")
 

@@ -10,6 +10,7 @@ compiles nothing and decodes the same tokens.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import threading
@@ -478,6 +479,59 @@ def test_each_state_requests_exactly_the_launches_its_body_makes():
     assert all("_attention_split_kernel" in r and "_w2a8_" in " ".join(r) for r in report.requests.values())
 
 
+def _launch_variants(backend, state, layers: int | None = None) -> list[tuple[str, str]]:
+    """(kernel, specialisation) of each Triton launch one run of ``state``'s body makes (its
+    first ``layers`` layers only, when given): the key Triton's launch path computes for an
+    sm_90 target, from the very arguments, with no GPU (the binder every launch runs). No
+    kernel runs (allocations zero-filled, as in the pass)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    target, binders, seen = CUDABackend(GPUTarget("cuda", 90, 32)), {}, []
+    run = InterpretedFunction.__dict__["run"]
+
+    def recording(self, *args, grid, warmup, **kwargs):
+        if id(self) not in binders:
+            jit = JITFunction(self.fn, **{n: v for n, v in self.kwargs.items() if n.startswith("do_not_specialize") and v})
+            binders[id(self)] = create_function_from_signature(jit.signature, jit.params, target)
+        _, specialization, options = binders[id(self)](*args, **kwargs)
+        seen.append((pc.kernel_name(self), repr((specialization, sorted(options.items())))))
+        return pc.NOT_LAUNCHED  # as in the pass: the key needs the arguments only, not the results
+
+    mutable = backend.static.mutable()
+    saved = [t.clone() for t in mutable]
+    InterpretedFunction.run = recording
+    try:
+        backend.static.history_len.fill_(1)
+        with backend.fast.first_layers(layers) if layers else contextlib.nullcontext(), pc.zeroed_allocations():
+            backend._body(state)()
+    finally:
+        InterpretedFunction.run = run
+        for t, s in zip(mutable, saved):
+            t.copy_(s)
+    return seen
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter path (CPU)")
+def test_every_layer_launches_the_variants_the_first_one_launches():
+    """What lets the pass request one layer's launches: running all layers launches no
+    kernel variant (Triton's specialisation key, from the real arguments) that running the
+    first one does not, in every replay state; layers only repeat them."""
+    backend = fast_backend(random_model(0, layers=3), block_size=3, max_context=64, smallest=32, kernels=True,
+                           head_dtype=torch.float16,
+                           options=RuntimeOptions(graphs=False, kv_dtype=torch.float32, precompile=True))
+    states = backend.states()
+    assert {s.role for s in states} == {"verify", "draft", "fused"} and len(backend.fast.layers) == 3
+    for state in states:
+        every, first = _launch_variants(backend, state), _launch_variants(backend, state, layers=1)
+        assert set(every) == set(first) and len(every) > len(first), state
+    assert len(backend.fast.layers) == 3
+    with pytest.raises(ValueError, match="n must be >= 1"), backend.fast.first_layers(0):
+        pass
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter path (CPU)")
 @pytest.mark.parametrize("how", ["option", "env"])
 def test_the_pass_can_be_turned_off(monkeypatch, how):
@@ -552,10 +606,121 @@ def test_a_state_whose_kernels_were_precompiled_is_captured_after_one_warm_up_ru
     assert captured == [expected] * len(backend.states()) and backend.capture_warmups == expected
 
 
-def test_capture_refuses_to_capture_a_first_launch():
+def test_capture_refuses_a_negative_warm_up_count():
     backend = fast_backend(random_model(0), block_size=3, max_context=64, smallest=32)
-    with pytest.raises(ValueError, match="warmups must be >= 1"):
-        backend._capture(backend.states()[0], warmups=0)
+    with pytest.raises(ValueError, match="warmups must be >= 0"):
+        backend._capture(backend.states()[0], warmups=-1)
+
+
+# -- no warm-up run where an earlier state's launched every variant --------------------------
+
+def test_the_warm_up_plan_warms_up_only_states_with_a_variant_no_earlier_state_launched():
+    a, b, c = object(), object(), object()
+    variants = {"s1": [a, b], "s2": [b], "s3": [a, c], "s4": [c, b, a], "s6": []}
+    plan = pc.warm_up_plan(["s1", "s2", "s3", "s4", "s5", "s6"], variants)
+    assert plan == {"s1": 1, "s2": 0, "s3": 1, "s4": 0, "s5": 1, "s6": 1}  # s5, s6: no record
+    assert pc.warm_up_plan(["s2", "s1"], variants) == {"s2": 1, "s1": 1}  # order decides
+
+
+def test_the_pass_names_each_bodys_variants_one_object_each():
+    """Triton returns the same object for every request of a variant (the future kernel filed
+    at its first request): ``job.variants`` lists each body's variants once, shared between
+    bodies that launch the same variant, so ``warm_up_plan`` can compare them."""
+    a, b = Triton36Kernel("a"), Triton36Kernel("b")
+    x = torch.zeros(4)
+    bodies = [("s1", lambda: [a[(1,)](x, n) for n in (1, 16) * 3]),
+              ("s2", lambda: [a[(1,)](x, 16), a[(1,)](x, 1)]),
+              ("s3", lambda: [a[(1,)](x, 1), b[(1,)](x, 1)])]
+    job = pc.start_precompile(bodies, workers=2, timeout_s=60, classes=[Triton36Kernel])
+    try:
+        v = job.variants
+        assert [len(v[s]) for s in ("s1", "s2", "s3")] == [2, 2, 2]
+        assert {id(k) for k in v["s2"]} == {id(k) for k in v["s1"]} and v["s3"][0] is v["s1"][0]
+        assert pc.warm_up_plan(["s1", "s2", "s3"], v) == {"s1": 1, "s2": 0, "s3": 1}
+        job.finish()
+    finally:
+        job.abort()
+    variants: dict = {}
+    pc.record_variants(bodies, pc.PrecompileReport(), classes=[Triton36Kernel], launched=variants)  # processes
+    assert pc.warm_up_plan(["s1", "s2", "s3"], variants) == {"s1": 1, "s2": 0, "s3": 1}
+
+
+def test_first_launches_are_refused_inside_only(monkeypatch):
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime.jit import JITFunction
+
+    assert pc.can_refuse_first_launches()
+    loaded, calls = [], []
+    monkeypatch.setattr(CompiledKernel, "_init_handles", lambda self: calls.append(self.name))
+    monkeypatch.setattr(JITFunction, "_do_compile", lambda self, *a, **k: "compiled")
+    init, do_compile = CompiledKernel.__dict__["_init_handles"], JITFunction.__dict__["_do_compile"]
+    fresh = SimpleNamespace(name="fresh", module=None)
+    ready = SimpleNamespace(name="ready", module="loaded module")
+    kernel = SimpleNamespace(fn=SimpleNamespace(__name__="my_kernel"))
+    with pc.first_launches_refused():
+        with pytest.raises(pc.FirstLaunch, match="my_kernel: a variant not compiled"):
+            JITFunction._do_compile(kernel, "key", "sig", 0)
+        with pytest.raises(pc.FirstLaunch, match="fresh: its module is not loaded"):
+            CompiledKernel._init_handles(fresh)
+        CompiledKernel._init_handles(ready)  # loaded: Triton's own (here: recorded)
+        loaded.append("ready")
+    assert calls == ["ready"] and loaded == ["ready"]
+    assert CompiledKernel.__dict__["_init_handles"] is init and JITFunction.__dict__["_do_compile"] is do_compile
+    assert JITFunction._do_compile(kernel, "key") == "compiled"
+    CompiledKernel._init_handles(fresh)
+    assert calls == ["ready", "fresh"]
+
+
+def test_capture_all_follows_the_plan_and_the_warm_marker_keeps_it(monkeypatch, tmp_path):
+    """A cold load captures the states the pass saw launch a new variant after one run and
+    the others after none; a first launch that still comes (a guarded capture falls back)
+    makes its state warm up; the warm marker lists the states that warmed up, and a warm
+    load (the pass skipped) warms up exactly those."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+
+    def backend():
+        b = fast_backend(random_model(0), block_size=3, max_context=64, smallest=32)
+        states = [str(s) for s in b.states()]
+        shared = [object() for _ in range(3)]
+        variants = {label: [shared[i % 3]] for i, label in enumerate(states)}  # states 0-2 new, the rest not
+        identity = {"load": "x"}
+
+        def precompile(_):
+            marker = pc.warm_marker(identity)
+            if marker.exists():
+                b.precompile_warm, b._warmed_up = True, pc.warmed_up_states(marker)
+            else:
+                b.precompile_report, b._variants = pc.PrecompileReport(), variants
+                b._warm_marker = (marker, identity)
+
+        captured = []
+
+        def capture(state, warmups):
+            if warmups == 0 and str(state) == states[4]:  # a first launch the plan did not foresee
+                b.capture_fallbacks += 1
+            captured.append(warmups)
+
+        monkeypatch.setattr(b, "precompile", precompile)
+        monkeypatch.setattr(b, "_capture", capture)
+        monkeypatch.setattr(pc, "can_refuse_first_launches", lambda: True)
+        b.capture_all()
+        return b, captured, states
+
+    cold, captured, states = backend()
+    assert len(states) > 5 and captured == [1, 1, 1] + [0] * (len(states) - 3)
+    assert cold.captured_without_warmup == len(states) - 3 and cold.capture_fallbacks == 1
+    assert pc.warmed_up_states(pc.warm_marker({"load": "x"})) == states[:3] + [states[4]]
+    warm, captured, _ = backend()
+    assert warm.precompile_warm and captured == [1, 1, 1, 0, 1] + [0] * (len(states) - 5)
+
+
+def test_a_marker_that_does_not_say_warms_every_state_up(tmp_path):
+    marker = tmp_path / "m.json"
+    for text in ("not json", json.dumps({"identity": {}}), json.dumps(["a"]), json.dumps({"warmed_up": [1]})):
+        marker.write_text(text)
+        assert pc.warmed_up_states(marker) is None
+    pc.mark_warm(marker, {"x": 1}, warmed_up=["(M=1)"])
+    assert pc.warmed_up_states(marker) == ["(M=1)"]
 
 
 def test_a_compile_failing_during_an_overlapped_capture_aborts_the_job(monkeypatch):
@@ -679,9 +844,14 @@ def test_engine_reports_the_startup_split(tmp_path):
 
     art = write_test_artifact(random_model(0, layers=1), tmp_path / "art", block_size=3, max_context=64)
     split = Engine.load(art, backend="reference", device="cpu").startup
-    assert set(split) == {"total_s", "load_s", "precompile_s", "capture_s", "kernels_precompiled", "compile_wait_s"}
+    assert set(split) == {"total_s", "load_s", "precompile_s", "capture_s", "kernels_precompiled", "compile_wait_s",
+                          "load_parts"}
     assert split["total_s"] > 0 and split["load_s"] == split["total_s"]  # no graphs, no pass on the reference
     assert split["precompile_s"] == split["capture_s"] == 0.0 and split["kernels_precompiled"] == 0
+    parts = split["load_parts"]  # the checksums ran beside reading and building
+    assert set(parts) == {"read_s", "build_s", "checksums_s", "checksums_wait_s"}
+    assert all(v >= 0 for v in parts.values()) and parts["checksums_s"] > 0
+    assert parts["read_s"] + parts["build_s"] + parts["checksums_wait_s"] <= split["load_s"]
 
 
 # -- a warm cache skips the pass ---------------------------------------------------------------
@@ -714,8 +884,8 @@ def test_the_identity_follows_sources_switches_and_fields_not_the_precompile_swi
 
 def test_mark_warm_writes_atomically_and_survives_a_read_only_cache(tmp_path, caplog):
     marker = tmp_path / pc.MARKER_FOLDER / "abc.json"
-    pc.mark_warm(marker, {"states": ["s"], "env": {}})
-    assert json.loads(marker.read_text())["states"] == ["s"]
+    pc.mark_warm(marker, {"states": ["s"], "env": {}}, warmed_up=["s"])
+    assert json.loads(marker.read_text()) == {"identity": {"states": ["s"], "env": {}}, "warmed_up": ["s"]}
     assert [p.name for p in marker.parent.iterdir()] == ["abc.json"]  # no temporary left
     blocked = tmp_path / "file"
     blocked.write_text("")

@@ -126,7 +126,9 @@ def child(artifact: Path, workers: int, tokens: int) -> dict:
     unrequested = sorted(keys["capture"] - keys["precompile"])
     out = {"startup_s": wall, "split": eng.startup, "graphs": len(getattr(eng.backend, "graphs", {})),
            "precompile_warm": getattr(eng.backend, "precompile_warm", False),
-           "capture_warmups": getattr(eng.backend, "capture_warmups", None),  # runs of each body before capture
+           "capture_warmups": getattr(eng.backend, "capture_warmups", None),  # runs before a state that needs them
+           "captured_without_warmup": getattr(eng.backend, "captured_without_warmup", None),  # states with none
+           "capture_fallbacks": getattr(eng.backend, "capture_fallbacks", None),  # of those: a first launch came
            "kernels_compiled": cache_entries(cache) - before, "compile_calls": compiles,
            "launchers_built": len(list(cache.glob("*/__triton_launcher*"))) - launchers_before,
            "variants": {"requested": len(keys["precompile"]), "capture": len(keys["capture"]),
@@ -184,7 +186,8 @@ def markdown(report: dict) -> str:
              f"Triton {report.get('triton', '?')}", f"- date: {report['date']}",
              f"- commit: {report['commit']}", f"- command: `{report['command']}`",
              f"- artifact: {report['artifact']}", "",
-             "| start | startup s | load s | precompile s | capture s (warm-up runs) | compile wait s | kernels "
+             "| start | startup s | load s (read / build / checksums beside, waited) | precompile s | capture s "
+             "(warm-up runs) | compile wait s | kernels "
              "compiled (launchers) | variants requested / entered in capture / not requested | workers | graphs "
              "| first generate s | AR tok/s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -202,8 +205,16 @@ def markdown(report: dict) -> str:
         if r.get("precompile_warm"):
             pre_s = "skipped (warm cache)"
         v = r.get("variants") or {}
-        lines.append(f"| {name} | {r['startup_s']:.1f} | {sp['load_s']:.1f} | {pre_s} | "
-                     f"{sp['capture_s']:.1f} ({r.get('capture_warmups') or '-'}) | {sp.get('compile_wait_s', 0.0):.1f} | "
+        lp = sp.get("load_parts") or {}
+        load_s = f"{sp['load_s']:.1f}" + (f" ({lp['read_s']:.1f} / {lp['build_s']:.1f} / {lp['checksums_s']:.1f}, "
+                                          f"{lp['checksums_wait_s']:.1f})" if lp else "")
+        warmups = r.get("capture_warmups") or "-"
+        if r.get("captured_without_warmup") is not None:  # the states captured with none, those a first launch aborted
+            n = r["graphs"] - r["captured_without_warmup"]
+            warmups = (f"{warmups} in {n} states, none in {r['captured_without_warmup']}, "
+                       f"{r['capture_fallbacks']} aborted" if r["captured_without_warmup"] else f"{warmups}")
+        lines.append(f"| {name} | {r['startup_s']:.1f} | {load_s} | {pre_s} | "
+                     f"{sp['capture_s']:.1f} ({warmups}) | {sp.get('compile_wait_s', 0.0):.1f} | "
                      f"{r['kernels_compiled']} "
                      f"({r.get('launchers_built', '-')}) | {v.get('requested', '-')} / {v.get('capture', '-')} / "
                      f"{v.get('capture_unrequested', '-')} | "
@@ -217,7 +228,9 @@ def markdown(report: dict) -> str:
               f"Kernel binaries (cache entries by hash) identical in every run that started cold: "
               f"{report.get('binaries_identical')}.", "",
               "Startup: `Engine.load` wall time (reads and checks the artifact, builds the model, "
-              "precompiles, captures). Kernels compiled: new entries in the run's Triton cache folder. "
+              "precompiles, captures). Load: reading the weights and tokenizer, building the model on the "
+              "device, and the checksums (sha256 of every file) in a thread beside both, then the wait for "
+              "them (`Engine.startup['load_parts']`). Kernels compiled: new entries in the run's Triton cache folder. "
               "Compile wait: of the load, waiting for compiles still running (inside capture s when "
               "capture overlaps them). Triton compiles in capture: kernels capture found neither "
               "compiled in the process nor "
@@ -227,8 +240,9 @@ def markdown(report: dict) -> str:
               "capture loads the workers' kernels from disk through that path). "
               "First generate: AR then fused, including the prefill's own first compiles. AR tok/s: "
               "a second AR decode (128 tokens with its prefill), the same replays in every run. Warm-up "
-              "runs: eager runs of each state's body before capturing it (one once the pass compiled, or a "
-              "warm cache holds, its kernels).", ""]
+              "runs: eager runs of a state's body before capturing it (one once the pass compiled, or a "
+              "warm cache holds, its kernels; none where an earlier state's run launched every kernel variant "
+              "it launches, the capture guarded: aborted = a first launch came, then one run and again).", ""]
     return "\n".join(lines)
 
 

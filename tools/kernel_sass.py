@@ -70,7 +70,7 @@ def block_m(cfg: LinearConfig, m: int) -> int:
         return min(p2, w2a8.ROWS_MAX_BLOCK_M)
     if cfg.kernel == LANES:
         return min(p2, w2a8.LANES_MAX_BLOCK_M)
-    return max(16, min(p2, 64 if cfg.kernel == DOT else w2a8.MMA_MAX_BLOCK_M))
+    return max(16, min(p2, 64 if cfg.kernel == DOT else (cfg.block_m or w2a8.MMA_MAX_BLOCK_M)))
 
 
 def compile_config(cfg: LinearConfig, m: int, k: int, arch: int, grouped: bool = False, n: int = 2560):
@@ -88,7 +88,7 @@ def compile_config(cfg: LinearConfig, m: int, k: int, arch: int, grouped: bool =
     if cfg.kernel != GEMV:
         const["BLOCK_M"] = block_m(cfg, m)
     if cfg.kernel == MMA:
-        const["ASUM_BY_DOT"] = grouped or k % 4 != 0
+        const["ASUM_BY_DOT"] = grouped or k % 4 != 0 or cfg.asum_by_dot
     chunks_total = -(-k // 128)
     per_split = -(-chunks_total // cfg.split_k)
     per_split = -(-per_split // chunks) * chunks

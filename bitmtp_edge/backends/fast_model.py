@@ -13,6 +13,8 @@ on the reference backend's.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -102,6 +104,21 @@ class FastModel:
             self.draft_head = quantize_rows_fp8(head.to(dev))
         elif DRAFT_HEAD_WEIGHT in tensors and manifest.draft_head == DRAFT_HEAD_INT8:
             self.draft_head = (t(DRAFT_HEAD_WEIGHT, torch.int8).contiguous(), t(DRAFT_HEAD_SCALE))
+
+    @contextlib.contextmanager
+    def first_layers(self, n: int) -> Iterator[None]:
+        """Inside: ``forward`` runs only the first ``n`` layers. The kernel precompile pass
+        requests one layer's launches: every layer launches the same kernel variants (the
+        same shapes, dtypes, strides and alignments; tests/test_precompile.py checks it), so
+        the other layers would only repeat the same requests (29 of every 30 on BitNet-2B)."""
+        if n < 1:
+            raise ValueError(f"first_layers: n must be >= 1, got {n}")
+        layers = self.layers
+        self.layers = layers[:n]
+        try:
+            yield
+        finally:
+            self.layers = layers
 
     # -- the step ---------------------------------------------------------------------------
     def forward(self, tokens, positions, k_cache, v_cache, write_slots, mask, history_len, capacity: int,

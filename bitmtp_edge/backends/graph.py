@@ -39,11 +39,13 @@ verify and a fused step (tests/test_row_invariance.py). The wide view costs the 
 nothing: a tile's workspace loop ends at its rows' last visible workspace slot.
 
 **Cold start** (``precompile.py``): before capturing at load, every state's body runs once
-with its Triton launches turned into compile requests that a thread pool compiles in
-parallel (each kernel's launcher too); capture takes each state once its own kernels are
-compiled. The graphs are the ones captured without it; a load whose kernels an earlier
-load left in the Triton cache skips it. On by default (``RuntimeOptions(precompile=False)``
-or ``BITMTP_PRECOMPILE=0`` turns it off).
+(its first layer: every layer launches the same variants) with its Triton launches turned
+into compile requests that a thread pool compiles in parallel (each kernel's launcher too);
+capture takes each state once its own kernels are compiled, after one warm-up run where the
+state launches a variant no earlier state launched and none elsewhere. The graphs are the
+ones captured without it; a load whose kernels an earlier load left in the Triton cache
+skips it. On by default (``RuntimeOptions(precompile=False)`` or ``BITMTP_PRECOMPILE=0``
+turns it off).
 
 Ablation switches (``RuntimeOptions``): ``specialize`` (M1: width-specialised kernel
 configs and the cheap draft head), ``graphs`` (M2: capture + replay instead of eager
@@ -52,6 +54,7 @@ launches), ``hoist_verify`` (M3). Generic = none of them, Full = all three.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import logging
@@ -87,9 +90,10 @@ class RuntimeOptions:
     fused_candidates: tuple[int, ...] = (DEFAULT_CANDIDATES,)
     # Compile every Triton kernel the states at load launch, in parallel, before capturing
     # them (``precompile.py``); BITMTP_PRECOMPILE=0 turns it off, =N sets N threads. On by
-    # default: on the H200 (2B shape) a cold start took 12.3 s with it (over 33 s without),
+    # default: on the H200 (2B shape) a cold start took 9.3-9.7 s with it (over 33 s without),
     # and a warm start skips it (the warm marker) and captures after one warm-up run instead
-    # of two: 5.5 s against 7.0 s without the pass (tools/results/startup.md).
+    # of two, and most states after none: 4.3 s (5.5 s with one run each; 7.0 s without the
+    # pass: two runs each; tools/results/startup.md).
     precompile: bool = True
     precompile_mode: str = "threads"  # or "processes"; BITMTP_PRECOMPILE_MODE overrides it
     # threads: capture a state as soon as its own kernels are compiled (later states' kernels
@@ -250,7 +254,11 @@ class GraphBackend:
         self.precompile_report = None  # precompile.PrecompileReport of the load, when it ran
         self.precompile_warm = False  # the pass was skipped: an earlier load left every kernel in the cache
         self._warm_marker = None  # (marker, identity) to write once capture succeeds
-        self.capture_warmups = 0  # eager runs of each state's body before capturing it at load (``_capture``)
+        self.capture_warmups = 0  # eager runs before capturing a state at load that needs them (``_capture``)
+        self.captured_without_warmup = 0  # states at load whose variants an earlier state's warm-up launched
+        self.capture_fallbacks = 0  # of those, captures a first launch aborted (then warmed up and captured)
+        self._variants: dict[str, list] | None = None  # state label -> the kernel variants the pass saw it launch
+        self._warmed_up: list[str] | None = None  # the states a warm marker's load captured after a warm-up
         self.graph_pool_bytes = 0
         if options.graphs and options.capture == "load":
             self.capture_all(progress)
@@ -408,26 +416,50 @@ class GraphBackend:
         ran (or a warm cache vouches for) the states' kernels; two stay where capture also
         compiles (the pass off, sampled graphs at first use), the path measured before.
 
+        ``warmups=0``: no run, for a state whose every kernel variant an earlier state's run
+        already launched (``capture_all``); everything above then happened already. The
+        capture is guarded (``precompile.first_launches_refused``): a launch that would be a
+        variant's first aborts it before entering it, and the state is captured again after
+        one warm-up run (``capture_fallbacks``).
+
         Warm-up runs mutate L and the chained inputs, so those are restored afterwards. Their
         KV writes land at or past slot L - 1; mid-stream (lazy capture) the step's inputs are
         already staged, so slot L - 1 gets the very row the real step writes, and everything
         past L is invisible."""
-        if warmups < 1:
-            raise ValueError(f"_capture: warmups must be >= 1 (the first launch must not be captured), got {warmups}")
+        if warmups < 0:
+            raise ValueError(f"_capture: warmups must be >= 0, got {warmups}")
         mutable = self.static.mutable()
         saved = [t.clone() for t in mutable]
         body = self._body(state, sampled)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(warmups):
-                if self.kv.length == 0:  # at load: a verify recomputes slot L - 1, so L must be >= 1
-                    self.static.history_len.fill_(1)
-                body()
-                for t, s in zip(mutable, saved):
-                    t.copy_(s)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        torch.cuda.synchronize(self.device)
+        graph = None
+        if warmups == 0:
+            graph = self._record_graph(body, mutable, saved, guarded=True)
+            if graph is None:
+                self.capture_fallbacks += 1
+                warmups = 1
+        if graph is None:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(warmups):
+                    if self.kv.length == 0:  # at load: a verify recomputes slot L - 1, so L must be >= 1
+                        self.static.history_len.fill_(1)
+                    body()
+                    for t, s in zip(mutable, saved):
+                        t.copy_(s)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            torch.cuda.synchronize(self.device)
+            graph = self._record_graph(body, mutable, saved, guarded=False)
+        if sampled is None:
+            self.graphs[state] = graph
+        else:
+            self.sample_graphs[(state, sampled)] = graph
+
+    def _record_graph(self, body, mutable: list[torch.Tensor], saved: list[torch.Tensor], guarded: bool):
+        """Capture ``body`` into a new graph in the shared pool; the inputs it changed are
+        restored after. ``guarded``: refuse first launches; -> None when one aborted it."""
+        from .precompile import FirstLaunch, first_launches_refused
+
         # A graph's intermediates are freed back into its private pool when capture ends:
         # allocated memory does not move, the pool's reserved segments do.
         before = torch.cuda.memory_reserved(self.device)
@@ -438,8 +470,12 @@ class GraphBackend:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            with torch.cuda.graph(graph, pool=self.pool):
-                body()
+            with first_launches_refused() if guarded else contextlib.nullcontext():
+                with torch.cuda.graph(graph, pool=self.pool):
+                    body()
+        except FirstLaunch as e:  # nothing ran (capture only records): the restore below suffices
+            log.info("capturing without a warm-up run stopped at a first launch (%s); warming up first", e)
+            graph = None
         finally:
             if collecting:
                 gc.enable()
@@ -447,24 +483,24 @@ class GraphBackend:
             t.copy_(s)
         torch.cuda.synchronize(self.device)
         self.graph_pool_bytes += max(torch.cuda.memory_reserved(self.device) - before, 0)
-        if sampled is None:
-            self.graphs[state] = graph
-        else:
-            self.sample_graphs[(state, sampled)] = graph
+        return graph
 
     def capture_all(self, progress=None) -> None:
         gc.collect()  # free unreachable graphs now, not while capturing (see ``_capture``)
         states = self.states()
         job = self.precompile(states)  # compiles still running (overlap), or None
-        # the pass requested every state's kernels, or an earlier load's did: one warm-up run
-        # loads them (``_capture``); 48 states x 30 ms of host Python a run on the 2B shape
-        self.capture_warmups = 1 if self.precompile_warm or self.precompile_report is not None else 2
+        warmups = self._warm_up_plan(states)
         t0 = time.perf_counter()
         try:
             for i, state in enumerate(states):
                 if job is not None:
                     job.wait(str(state))  # this state's kernels compiled (bounded, errors named)
-                self._capture(state, warmups=self.capture_warmups)
+                fallbacks = self.capture_fallbacks
+                self._capture(state, warmups=warmups[str(state)])
+                if warmups[str(state)] == 0:
+                    self.captured_without_warmup += 1
+                    if self.capture_fallbacks > fallbacks:
+                        warmups[str(state)] = 1  # a later load warms it up at once
                 if progress is not None:
                     progress(i + 1, len(states))
             if job is not None:
@@ -473,13 +509,34 @@ class GraphBackend:
             if self._warm_marker is not None:  # every kernel of these states is in the cache now
                 from .precompile import mark_warm
 
-                mark_warm(*self._warm_marker)
+                mark_warm(*self._warm_marker, warmed_up=[label for label, n in warmups.items() if n])
                 self._warm_marker = None
         except BaseException:
             if job is not None:
                 job.abort()
             raise
         self.capture_s = time.perf_counter() - t0
+
+    def _warm_up_plan(self, states: list[ReplayState]) -> dict[str, int]:
+        """Warm-up runs before capturing each state at load (``_capture``). Two where capture
+        also compiles (the pass off). Once the pass ran (or a warm cache holds every kernel):
+        one for a state that launches a kernel variant no earlier state launched, none for
+        the others (their variants are loaded; the capture is guarded), as the pass saw the
+        states launch them (``precompile.warm_up_plan``) or the warm marker's load captured
+        them. 48 states x 30 ms of host Python a run on the 2B shape."""
+        from .precompile import can_refuse_first_launches, warm_up_plan
+
+        labels = [str(s) for s in states]
+        if not (self.precompile_warm or self.precompile_report is not None):
+            self.capture_warmups = 2
+            return dict.fromkeys(labels, 2)
+        self.capture_warmups = 1
+        if not can_refuse_first_launches():
+            return dict.fromkeys(labels, 1)
+        if self._variants is not None:
+            return warm_up_plan(labels, self._variants)
+        warmed = set(self._warmed_up) if self._warmed_up is not None else set(labels)
+        return {label: 1 if label in warmed else 0 for label in labels}
 
     def precompile(self, states: list[ReplayState]):
         """Compile the Triton kernels ``states`` launch, in parallel, so that capture finds
@@ -497,8 +554,11 @@ class GraphBackend:
         identity = self._kernel_identity(states)
         marker = warm_marker(identity)
         if marker.exists():  # an earlier load compiled all of them into this cache: capture loads them
+            from .precompile import warmed_up_states
+
             log.info("precompile skipped: the Triton cache holds this load's kernels (%s)", marker)
             self.precompile_warm = True
+            self._warmed_up = warmed_up_states(marker)
             return None
         self._warm_marker = (marker, identity)  # written once capture has succeeded
         mutable = self.static.mutable()
@@ -510,7 +570,8 @@ class GraphBackend:
             def run() -> None:
                 if self.kv.length == 0:
                     self.static.history_len.fill_(1)
-                body()
+                with self.fast.first_layers(1):  # every layer launches the first one's variants
+                    body()
                 for t, s in zip(mutable, saved):
                     t.copy_(s)
 
@@ -523,6 +584,7 @@ class GraphBackend:
         job = start(bodies, workers, self.opts.precompile_timeout_s)
         if job is not None:
             self.precompile_report = job.report
+            self._variants = job.variants
             if not precompile_overlap(self.opts.precompile_overlap):
                 t1 = time.perf_counter()
                 self.precompile_report = job.finish()

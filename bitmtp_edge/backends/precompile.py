@@ -2,10 +2,11 @@
 
 Without this, capture's warm-up runs compile each kernel variant on its first launch, one
 after another: most of a cold start (BitNet-2B shape on the H200: over 33 s cold without this
-pass, 12.3 s with it; warm 5.5 s with it, 7.0 s without).
+pass, 9.3-9.7 s with it; warm 4.3 s with it, 7.0 s without).
 
-Here each state's graph body runs once with every Triton launch turned into a compile
-request: ``run(..., warmup=True)`` (compile, do not launch) under Triton's
+Here each state's graph body runs once (its first layer only: every layer launches the
+same kernel variants, ``FastModel.first_layers``) with every Triton launch turned into a
+compile request: ``run(..., warmup=True)`` (compile, do not launch) under Triton's
 ``AsyncCompileMode``, which hands each compile to a thread pool and returns at once, so the
 bodies keep requesting while earlier kernels compile (the threads overlap where Triton's
 passes release the GIL and in ptxas, a subprocess; ``tools/bench_startup.py`` measures it,
@@ -30,13 +31,21 @@ Two things the first H200 measurement (Triton 3.6) showed, and what answers them
   ``build_launcher`` builds it in the compile thread or process right after the kernel, so
   capture only loads it from the disk cache.
 
-A warm cache skips the pass: running the bodies costs a start that compiles nothing about
-2.5 s (H200, 2B shape). After a load's capture succeeds, ``mark_warm`` leaves a marker in
+The pass also tells capture which states need a warm-up run at all: Triton answers every
+request of a variant with the same object, so ``variants`` lists each body's variants, and
+a state whose every variant an earlier state's warm-up launched is captured with none
+(``warm_up_plan``), inside ``first_launches_refused``: a launch that would compile or load
+a kernel aborts that capture, and the state is warmed up and captured again.
+
+A warm cache skips the pass: running the (full) bodies cost a start that compiles nothing
+about 2.5 s (H200, 2B shape). After a load's capture succeeds, ``mark_warm`` leaves a marker in
 Triton's cache folder named by the load's identity (``load_identity``: Triton, torch, GPU,
 model, plan, options, replay states, the BITMTP_/TRITON_ switches, and a digest of the
 kernels' and launchers' sources and tuned tables); a later load with that identity skips the
-pass and capture loads every kernel from disk. Anything else that changed a launch would
-only make capture compile that kernel itself, as without the pass.
+pass and capture loads every kernel from disk; the marker lists the states that load warmed
+up (``warmed_up_states``), and the others are captured with none, guarded as above.
+Anything else that changed a launch would only make capture compile that kernel itself, as
+without the pass.
 
 The bodies' torch ops run for real (cheap); a skipped kernel's output is left as allocated.
 Graph bodies never read a device value on the host, so the launches they
@@ -168,6 +177,76 @@ def run_bodies(bodies: Sequence[tuple[str, Callable[[], None]]], label: list[str
             body()
         except Exception as e:  # e.g. a kernel's launcher rejecting its arguments
             raise PrecompileError(f"requesting the kernels of {label[0]} failed: {type(e).__name__}: {e}") from e
+
+
+def note_variant(variants: dict[str, list], label: str, result) -> None:
+    """Add what a request returned to ``variants[label]`` unless there: Triton returns one
+    object per kernel variant (the future kernel filed at its first request, the compiled
+    kernel, or the handle ``record_variants`` filed), so the objects name the variants."""
+    if result is None:
+        return
+    seen = variants.setdefault(label, [])
+    if not any(v is result for v in seen):
+        seen.append(result)
+
+
+def warm_up_plan(labels: Sequence[str], variants: dict[str, list]) -> dict[str, int]:
+    """Warm-up runs before capturing each body, in capture order (``labels``): 1 where the
+    body launches a variant no earlier body launched (its first launch compiles or loads it,
+    which must not happen inside capture), 0 where an earlier body's warm-up already
+    launched every variant it launches; 1 for a body ``variants`` has no record of."""
+    launched: set[int] = set()
+    plan = {}
+    for label in labels:
+        mine = variants.get(label)
+        ids = {id(v) for v in mine} if mine else None
+        plan[label] = 0 if ids is not None and ids <= launched else 1
+        launched |= ids or set()
+    return plan
+
+
+class FirstLaunch(RuntimeError):
+    """A launch inside ``first_launches_refused`` would have compiled or loaded a kernel."""
+
+
+def can_refuse_first_launches() -> bool:
+    """Whether this Triton has the two places ``first_launches_refused`` watches."""
+    try:
+        from triton.compiler.compiler import CompiledKernel
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return False
+    return callable(getattr(CompiledKernel, "_init_handles", None)) and callable(getattr(JITFunction, "_do_compile", None))
+
+
+@contextlib.contextmanager
+def first_launches_refused() -> Iterator[None]:
+    """Inside: a Triton launch that would be a kernel variant's first in this process raises
+    ``FirstLaunch`` before it does anything: one that is not in the kernel's cache (Triton
+    would compile it, or load it from the disk cache) or whose module is not loaded yet
+    (Triton would load it and build its launcher). A graph captured without a warm-up run
+    is captured inside this: a first launch aborts that capture instead of entering it.
+    Needs ``can_refuse_first_launches()``."""
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime.jit import JITFunction
+
+    def refuse_compile(original):
+        def _do_compile(self, *args, **kwargs):
+            raise FirstLaunch(f"{kernel_name(self)}: a variant not compiled in this process")
+
+        return _do_compile
+
+    def refuse_load(original):
+        def _init_handles(self):
+            if getattr(self, "module", None) is None:
+                raise FirstLaunch(f"{getattr(self, 'name', self)}: its module is not loaded yet")
+            return original(self)
+
+        return _init_handles
+
+    with _methods_replaced([JITFunction], "_do_compile", refuse_compile), \
+            _methods_replaced([CompiledKernel], "_init_handles", refuse_load):
+        yield
 
 
 class _NotLaunched:
@@ -376,6 +455,7 @@ class CompileJob:
     def __init__(self, ac, mode, pool: _LabelledPool, report: PrecompileReport, t0: float, timeout_s: float):
         self.ac, self.mode, self.pool, self.report, self.t0, self.timeout_s = ac, mode, pool, report, t0, timeout_s
         self.needs: dict[str, list[Future]] = {}  # body label -> the compiles its launches wait for
+        self.variants: dict[str, list] = {}  # body label -> the variants it launches (``note_variant``)
         self.filed: list = []  # what the requests left in the kernels' caches (``filed_requests``)
         self.wait_s = 0.0  # time spent in wait()
         self.open = True
@@ -461,6 +541,7 @@ def start_precompile(bodies: Sequence[tuple[str, Callable[[], None]]], workers: 
         report.requests.setdefault(label[0], []).append(pool.current[1])
 
     def on_result(result) -> None:  # a kernel still compiling: this body's capture waits for it
+        note_variant(job.variants, label[0], result)
         future = getattr(result, "future", None) if isinstance(result, ac.FutureKernel) else None
         needs = job.needs.setdefault(label[0], [])
         if future is not None and future not in needs:
@@ -533,15 +614,28 @@ def warm_marker(identity: dict, cache_dir: Path | None = None) -> Path:
     return (cache_dir or triton_cache_dir()) / MARKER_FOLDER / f"{digest}.json"
 
 
-def mark_warm(marker: Path, identity: dict) -> None:
-    """Write ``marker`` atomically (best effort: a read-only cache just keeps running the pass)."""
+def mark_warm(marker: Path, identity: dict, warmed_up: Sequence[str] | None = None) -> None:
+    """Write ``marker`` atomically (best effort: a read-only cache just keeps running the pass),
+    with ``warmed_up``: the states captured after a warm-up run (``warmed_up_states``)."""
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)
         tmp = marker.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(identity, sort_keys=True, indent=1, default=str))
+        record = {"identity": identity, "warmed_up": None if warmed_up is None else list(warmed_up)}
+        tmp.write_text(json.dumps(record, sort_keys=True, indent=1, default=str))
         os.replace(tmp, marker)
     except OSError as e:
         log.warning("could not record the warm Triton cache in %s: %s", marker, e)
+
+
+def warmed_up_states(marker: Path) -> list[str] | None:
+    """The states ``marker`` says its load captured after a warm-up run (each launched a
+    variant no earlier state had; the others, and so a later load's, need none); None when
+    the marker does not say (then every state gets one)."""
+    try:
+        states = json.loads(marker.read_text()).get("warmed_up")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return states if isinstance(states, list) and all(isinstance(s, str) for s in states) else None
 
 
 # -- processes: record the variants, compile them in worker processes -----------------------------
@@ -556,13 +650,15 @@ class _Recorded(_Skipped):
 
 def record_variants(bodies: Sequence[tuple[str, Callable[[], None]]], report: PrecompileReport,
                     classes: Sequence[type] | None = None, submit: Callable[[str, str, str, str], object] | None = None,
-                    needs: dict[str, list] | None = None) -> dict[str, tuple[str, str, str]]:
+                    needs: dict[str, list] | None = None,
+                    launched: dict[str, list] | None = None) -> dict[str, tuple[str, str, str]]:
     """Run the bodies with their launches as compile requests that Triton's ``jit_cache_hook``
     answers "skip": -> {specialisation data (Triton's JSON): (module, kernel, body label)}
     for every variant this process has not compiled. ``submit(module, kernel, data, label)``,
     when given, is called at each variant's first request (a worker starts compiling it while
     the bodies still run) and returns a handle; ``needs`` then gets, per body label, the
-    handles of every variant that body launches."""
+    handles of every variant that body launches, and ``launched`` (``note_variant``) the
+    variants themselves."""
     from triton import knobs
 
     variants: dict[str, tuple[str, str, str]] = {}
@@ -582,6 +678,8 @@ def record_variants(bodies: Sequence[tuple[str, Callable[[], None]]], report: Pr
         report.requests.setdefault(label[0], []).append(kernel_name(kernel))
 
     def on_result(result) -> None:
+        if launched is not None:
+            note_variant(launched, label[0], result)
         if needs is not None and isinstance(result, _Recorded) and result.handle is not None:
             wanted = needs.setdefault(label[0], [])
             if result.handle not in wanted:
@@ -642,6 +740,7 @@ class ProcessJob:
         self.pool, self.report, self.t0, self.timeout_s, self.compile_fn = pool, report, t0, timeout_s, compile_fn
         self.jobs: list[tuple[object, str, str]] = []  # (AsyncResult, kernel, body label)
         self.needs: dict[str, list] = {}  # body label -> the compiles its launches wait for
+        self.variants: dict[str, list] = {}  # body label -> the variants it launches (``note_variant``)
         self.wait_s = 0.0
         self.open = True
 
@@ -727,7 +826,7 @@ def start_precompile_processes(bodies: Sequence[tuple[str, Callable[[], None]]],
     report = PrecompileReport(workers=max(1, workers), mode="processes")
     job = ProcessJob(start_workers(report.workers), report, t0, timeout_s, compile_fn)
     try:
-        record_variants(bodies, report, classes, submit=job.submit, needs=job.needs)
+        record_variants(bodies, report, classes, submit=job.submit, needs=job.needs, launched=job.variants)
     except BaseException:
         job.abort()
         raise
@@ -744,6 +843,8 @@ def precompile_processes(bodies: Sequence[tuple[str, Callable[[], None]]], worke
 __all__ = ["ENV", "MODES", "MODE_ENV", "NOT_LAUNCHED", "OVERLAP_ENV", "CompileJob", "PrecompileError",
            "PrecompileReport", "ProcessJob", "compile_in_processes", "compile_only_launches", "default_workers", "kernel_classes",
            "precompile", "precompile_mode", "precompile_overlap", "precompile_processes", "precompile_setting",
-           "SKIPPED", "build_launcher", "filed_requests", "load_identity", "mark_warm", "record_variants",
-           "source_digest", "start_precompile", "start_precompile_processes", "start_workers", "triton_cache_dir", "unfile", "warm_marker",
+           "SKIPPED", "FirstLaunch", "build_launcher", "can_refuse_first_launches", "filed_requests",
+           "first_launches_refused", "load_identity", "mark_warm", "note_variant", "record_variants",
+           "source_digest", "start_precompile", "start_precompile_processes", "start_workers", "triton_cache_dir", "unfile",
+           "warm_marker", "warm_up_plan", "warmed_up_states",
            "zeroed_allocations"]

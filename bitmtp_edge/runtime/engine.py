@@ -11,6 +11,7 @@ from __future__ import annotations
 import numbers
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -46,15 +47,23 @@ class GenerationResult:
     stats: DecodeStats
 
 
-def startup_split(backend, total_s: float) -> dict:
+def startup_split(backend, total_s: float, load_parts: dict | None = None) -> dict:
     """Where a load's seconds went: reading and building the model (``load_s``), the kernel
-    precompile pass (``precompile_s``), capturing the graphs (``capture_s``)."""
+    precompile pass (``precompile_s``), capturing the graphs (``capture_s``); ``load_parts``
+    splits ``load_s`` (``Engine.load``)."""
     precompile_s, capture_s = getattr(backend, "precompile_s", 0.0), getattr(backend, "capture_s", 0.0)
     report = getattr(backend, "precompile_report", None)
     return {"total_s": total_s, "load_s": max(total_s - precompile_s - capture_s, 0.0), "precompile_s": precompile_s,
             "capture_s": capture_s, "kernels_precompiled": report.compiled if report is not None else 0,
             # waiting for compiles, inside precompile_s, or inside capture_s when capture overlaps them
-            "compile_wait_s": getattr(backend, "compile_wait_s", 0.0)}
+            "compile_wait_s": getattr(backend, "compile_wait_s", 0.0), "load_parts": dict(load_parts or {})}
+
+
+def _timed(fn, *args) -> float:
+    """``fn(*args)`` -> the seconds it took."""
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:
@@ -95,33 +104,52 @@ class Engine:
         # Untrusted input: every size is checked (manifest, then against the safetensors
         # header) before anything is allocated from it; see format/validate.py.
         manifest = read_manifest(folder)
-        verify_files(folder, manifest)
-        check_weights_header(manifest, artifact_file(folder, WEIGHTS))
-        if chosen == "reference" and dtype is None:
-            dtype = torch.float64 if dev.type == "cpu" else torch.float32
-        kv_dtype = dtype if chosen == "reference" else opts.kv_dtype
-        check_kv_fits(manifest, torch.empty(0, dtype=kv_dtype).element_size(), dev)
-        tensors = load_tensors(folder)
-        check_finite(tensors)
-        tokenizer = _load_tokenizer(folder)
+        # The checksums (sha256 of every file: about a second per GB) run in a thread beside
+        # reading the weights and building the model (hashing releases the GIL). The load
+        # waits for them before it builds a backend, and a mismatch is the error a corrupt or
+        # modified file gets, as when they ran first.
+        parts = {}
+        with ThreadPoolExecutor(1, thread_name_prefix="bitmtp-checksums") as pool:
+            checksums = pool.submit(_timed, verify_files, folder, manifest)
+            try:
+                t1 = time.perf_counter()
+                check_weights_header(manifest, artifact_file(folder, WEIGHTS))
+                if chosen == "reference" and dtype is None:
+                    dtype = torch.float64 if dev.type == "cpu" else torch.float32
+                kv_dtype = dtype if chosen == "reference" else opts.kv_dtype
+                check_kv_fits(manifest, torch.empty(0, dtype=kv_dtype).element_size(), dev)
+                tensors = load_tensors(folder)
+                check_finite(tensors)
+                tokenizer = _load_tokenizer(folder)
+                t2 = time.perf_counter()
+                if chosen == "reference":
+                    threads = choose_cpu_threads() if dev.type == "cpu" else None
+                    if threads is not None:
+                        torch.set_num_threads(threads)
+                    try:
+                        model = build_model(manifest, tensors, dtype, dev)
+                    except (ValueError, RuntimeError) as e:  # e.g. a code the packing never writes
+                        raise ArtifactError(f"{folder / WEIGHTS}: cannot build the model ({e}); "
+                                            "re-export the artifact") from None
+                else:
+                    fast = FastModel(manifest, tensors, kernel_ops(specialize_widths=opts.specialize), dev,
+                                     draft_head="fp8" if chosen == "server" else "int8")
+            except BaseException:
+                checksums.result()  # raises the mismatch first
+                raise
+            t3 = time.perf_counter()
+            parts = {"read_s": t2 - t1, "build_s": t3 - t2, "checksums_s": checksums.result(),
+                     "checksums_wait_s": time.perf_counter() - t3}  # the checksums beside read + build
+        del tensors  # the backend holds what it needs (on the GPU: a copy)
         mask_id = manifest.mtp.mask_token_id if manifest.mtp else None
         calibration = ConfidenceCalibration.for_model(manifest.mtp, dev)
         if chosen == "reference":
-            threads = choose_cpu_threads() if dev.type == "cpu" else None
-            if threads is not None:
-                torch.set_num_threads(threads)
-            try:
-                model = build_model(manifest, tensors, dtype, dev)
-            except (ValueError, RuntimeError) as e:  # e.g. a code the packing never writes
-                raise ArtifactError(f"{folder / WEIGHTS}: cannot build the model ({e}); re-export the artifact") from None
             runtime_backend = ReferenceBackend(model, manifest.kv, mask_id, dtype, dev, calibration=calibration)
         else:
-            fast = FastModel(manifest, tensors, kernel_ops(specialize_widths=opts.specialize), dev,
-                             draft_head="fp8" if chosen == "server" else "int8")
             runtime_backend = GraphBackend(fast, manifest.kv, mask_id, manifest.mtp.block_size if manifest.mtp else None,
                                            opts, name=chosen, progress=progress, calibration=calibration)
         engine = cls(folder, manifest, runtime_backend, tokenizer, dev)
-        engine.startup = startup_split(runtime_backend, time.perf_counter() - t0)
+        engine.startup = startup_split(runtime_backend, time.perf_counter() - t0, parts)
         return engine
 
     # -- properties ------------------------------------------------------------------------

@@ -1,0 +1,230 @@
+"""Replay cost of chosen widths of the BitNet-2B shape under several W2A8 tables, per kernel.
+
+The random-weight BitNet-2B artifact of ``bench_e2e.py`` (D = 8) loads once on the graph
+backend (runtime ``full``); for each tuned table given (``--tables name=folder``, a folder
+holding ``<gpu>.json``; ``shipped`` = ``kernels_ampere/tuned``) the replay states of the
+asked widths are captured again with that table's launches and timed as ``bench_e2e.py``
+times them (history length reset before every replay, the reset's own time subtracted):
+width 1 = the AR replay, every other width = the fused state of that width (D = 8: 16, 24,
+32, 40 after a fused hit, 17, 25, 33, 41 after a draft step). ``--profile`` widths are then
+replayed under ``torch.profiler``: the kernels of one replay grouped by name, GPU µs each
+(kernel durations overlap under programmatic launch, so their sum can exceed the replay: a
+kernel starts early and waits for its producer; a table named ``<name>-nopdl`` is captured
+without programmatic launch, so its kernels run one after another and their durations add up).
+
+    python tools/bench_replay_widths.py --tables before=/tmp/old,after=shipped --widths 1,16,32,33,40 \\
+        --profile 32,33 --out /tmp/replays
+
+Writes ``replay_widths.json`` and ``replay_widths.md`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bitmtp_edge import Engine  # noqa: E402
+from bitmtp_edge.backends.fused_graph import fused_width  # noqa: E402
+from bitmtp_edge.runtime.replay import ReplayState  # noqa: E402
+from kernels_ampere import tuning  # noqa: E402
+from kernels_ampere.autotune import precompile  # noqa: E402
+from tools.bench_e2e import BITNET_2B, cuda_ms, export, make_random_bitnet_2b  # noqa: E402
+from tools.provenance import commit  # noqa: E402
+
+PROMPT_LEN = 32
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def parse_tables(text: str) -> dict[str, Path]:
+    out = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, _, folder = item.partition("=")
+        if not folder:
+            raise SystemExit(f"bench_replay_widths: --tables item {item!r} is not name=folder")
+        path = tuning.TUNED_DIR if folder == "shipped" else Path(folder)
+        if not path.is_dir():
+            raise SystemExit(f"bench_replay_widths: --tables {name}: {path} is not a folder (it holds <gpu>.json)")
+        out[name] = path
+    return out
+
+
+def use_table(folder: Path) -> None:
+    """Every later lookup reads this folder's table (the launchers look up at capture)."""
+    tuning.TUNED_DIR = folder
+    tuning.load_table.cache_clear()
+
+
+def states(block: int, widths: list[int]) -> list[ReplayState]:
+    fused = {fused_width(block, n, c) for c in range(1, block + 2) for n in (block + 1, block)}
+    out = []
+    for w in widths:
+        if w == 1:
+            out.append(ReplayState(1, 0, "verify"))
+        elif w in fused:
+            out.append(ReplayState(w, 0, "fused"))
+        else:
+            raise SystemExit(f"bench_replay_widths: width {w} is neither 1 nor a fused width ({sorted(fused)})")
+    return out
+
+
+def precompile_table(eng: Engine, widths: list[int], jobs: int) -> None:
+    """Compile the table's W2A8 launches of the model's projections at ``widths`` in worker
+    processes (Triton's disk cache), so capture only loads them."""
+    fast = eng.backend.fast
+    layer = fast.layers[0]
+    projections = [(layer.qkv, False), (layer.o, True), (layer.gate_up, False), (layer.down, True)]
+    work = []
+    for m in widths:
+        for proj, residual in projections:
+            n, k = proj.packed.shape[0], proj.packed.shape[1] * 4
+            key = tuning.linear_key(n, k, m, proj.scale.dim() == 2)
+            cfg = tuning.lookup("w2a8_linear", key, proj.packed.device)
+            work.append(("w2a8_linear", n, k, key["scales"] == "group128", m, residual, cfg))
+    precompile(work, jobs)
+
+
+def time_states(eng: Engine, wanted: list[ReplayState], repeats: int, pdl: bool = True) -> dict[int, float]:
+    from kernels_ampere.common import programmatic_launch
+
+    b = eng.backend
+    b.static.history_len.fill_(PROMPT_LEN)
+    b.kv.length = PROMPT_LEN
+    previous = programmatic_launch()
+    programmatic_launch(pdl)  # a graph keeps the launch mode it was captured with
+    try:
+        for state in wanted:  # this table's launches: capture again
+            b._capture(state)
+    finally:
+        programmatic_launch(previous)
+    reset = lambda: b.static.history_len.fill_(PROMPT_LEN)  # noqa: E731
+    t_reset = cuda_ms(reset, repeats)
+    out = {}
+    for state in wanted:
+        graph = b.graphs[state]
+
+        def one():
+            reset()
+            graph.replay()
+
+        one()
+        out[state.width] = 1000 * (cuda_ms(one, repeats) - t_reset)
+    b.reset()
+    return out
+
+
+def profile_state(eng: Engine, state: ReplayState, replays: int = 5) -> list[dict]:
+    from torch.profiler import ProfilerActivity, profile
+
+    b = eng.backend
+    graph = b.graphs[state]
+    b.static.history_len.fill_(PROMPT_LEN)
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            b.static.history_len.fill_(PROMPT_LEN)
+            graph.replay()
+        torch.cuda.synchronize()
+    rows = defaultdict(lambda: [0, 0.0])
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            rows[evt.name][0] += 1
+            rows[evt.name][1] += evt.device_time
+    b.reset()
+    out = [{"kernel": name[:60], "launches": n / replays, "us": us / replays} for name, (n, us) in rows.items()]
+    return sorted(out, key=lambda r: -r["us"])
+
+
+def markdown(report: dict) -> str:
+    widths = report["widths"]
+    lines = ["# Replay cost per width, BitNet-2B shape (random weights, D = 8)", "",
+             f"- device: {report['device']}", f"- date: {report['date']}", f"- commit: {report['commit']}",
+             f"- command: `{report['command']}`", "",
+             "µs per replay (history 32, median-free mean of the repeats, reset subtracted); width 1 = AR, "
+             "others = the fused state of that width.", "",
+             "| table | " + " | ".join(f"M = {w}" for w in widths) + " | " +
+             " | ".join(f"M = {w} / AR" for w in widths if w != 1) + " |",
+             "|---|" + "---|" * (2 * len(widths) - (1 in widths))]
+    for name, t in report["tables"].items():
+        us = t["replay_us"]
+        ar = us.get("1")
+        lines.append(f"| {name} | " + " | ".join(f"{us[str(w)]:.1f}" for w in widths) + " | " +
+                     " | ".join(f"{us[str(w)] / ar:.2f}x" if ar else "" for w in widths if w != 1) + " |")
+    for name, t in report["tables"].items():
+        for w, rows in t.get("profile", {}).items():
+            total = sum(r["us"] for r in rows)
+            lines += ["", f"## {name}, M = {w}: kernels of one replay (GPU µs, sum {total:.0f})", "",
+                      "| kernel | launches | µs |", "|---|---|---|"]
+            lines += [f"| `{r['kernel']}` | {r['launches']:.0f} | {r['us']:.1f} |" for r in rows[:12]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tables", default="shipped=shipped", help="comma list of name=folder (shipped: the repo's)")
+    ap.add_argument("--widths", default="1,16,32,33,40")
+    ap.add_argument("--profile", default="32,33", help="widths whose replay is profiled per kernel")
+    ap.add_argument("--profile-tables", default=None, help="comma list of the tables whose replays are profiled "
+                    "(default: all); a table named '<name>-nopdl' is captured without programmatic launch")
+    ap.add_argument("--artifact", type=Path, default=None, help="an exported 2B-shaped artifact (default: build one)")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/bitmtp_replay_widths"))
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--jobs", type=int, default=8, help="compile processes for each table's launches")
+    ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_replay_widths: needs a CUDA device", file=sys.stderr)
+        return 2
+    tables = parse_tables(args.tables)
+    widths = [int(w) for w in args.widths.split(",")]
+    profiled = [int(w) for w in args.profile.split(",") if w.strip()]
+    art = args.artifact
+    if art is None:
+        log("building the random 2B-shaped checkpoint and exporting it")
+        ckpt = make_random_bitnet_2b(args.work / "bitnet2b-ckpt", dict(BITNET_2B), block_size=8)
+        art = export(ckpt, args.work / "bitnet2b-artifact", max_context=2048)  # as bench_e2e: segment 0 = 256 history slots
+    report = {"device": torch.cuda.get_device_name(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "commit": commit(), "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
+              "widths": widths, "tables": {}}
+    args.out.mkdir(parents=True, exist_ok=True)
+    eng = None
+    for name, folder in tables.items():
+        use_table(folder)
+        if eng is None:
+            log(f"loading {art} with table {name}")
+            eng = Engine.load(art, backend="ampere", device="cuda", runtime="full")
+        wanted = states(eng.block_size, widths)
+        precompile_table(eng, widths, args.jobs)
+        t0 = time.perf_counter()
+        pdl = not name.endswith("-nopdl")
+        us = time_states(eng, wanted, args.repeats, pdl)
+        log(f"{name}: " + ", ".join(f"M={w} {v:.1f} us" for w, v in us.items()) + f" ({time.perf_counter() - t0:.0f} s)")
+        entry = {"folder": str(folder), "programmatic_launch": pdl,
+                 "replay_us": {str(w): round(v, 1) for w, v in us.items()}, "profile": {}}
+        for w in (profiled if not args.profile_tables or name in args.profile_tables.split(",") else ()):
+            try:
+                entry["profile"][str(w)] = profile_state(eng, next(s for s in wanted if s.width == w))
+            except Exception as e:  # a profiler without graph kernel records: the timings still stand
+                entry["profile_error"] = f"{type(e).__name__}: {e}"[:300]
+        report["tables"][name] = entry
+        (args.out / "replay_widths.json").write_text(json.dumps(report, indent=1) + "\n")
+        (args.out / "replay_widths.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
