@@ -120,7 +120,8 @@ class MTPConfig:
     ``confidence_calibration``: optional per-slot (a_j, b_j), one pair per block slot; a greedy
     draft's confidence c of slot j becomes sigmoid(a_j · logit(c) + b_j) (Platt scaling fitted
     on training-split prompts by ``tools.calibrate``: c then estimates the chance that the
-    verifier agrees). None: the raw max-softmax, as models without it always had."""
+    verifier agrees with the draft, or with it and every draft before it, as fitted). None:
+    the raw max-softmax, as models without it always had."""
 
     block_size: int
     mask_token_id: int

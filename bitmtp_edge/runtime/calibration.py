@@ -8,10 +8,13 @@ training-split prompts by ``tools.calibrate``). An artifact may carry one (a_j, 
 
     c' = sigmoid(a_j · logit(c) + b_j)            (Platt scaling; a_j > 0: increasing in c)
 
-applied wherever a backend computes greedy drafts' confidences (draft steps and the fused
-step's next drafts), on the confidences the heads already return, so the drafts themselves
-(the argmax) are untouched on every backend. Without a calibration nothing changes. Sampled
-drafts keep q_j(d_j) (the calibration is fitted for greedy drafts).
+fitted so that c' is the chance the verifier agrees with the draft and with every draft before
+it in the block (what committing the prefix through slot j unverified bets on) or, fitted on
+per-draft labels, with the draft alone. It is applied wherever a backend computes greedy
+drafts' confidences (draft steps and the fused step's next drafts), on the confidences the
+heads already return, so the drafts themselves (the argmax) are untouched on every backend.
+Without a calibration nothing changes. Sampled drafts keep q_j(d_j) (the calibration is
+fitted for greedy drafts).
 """
 
 from __future__ import annotations
