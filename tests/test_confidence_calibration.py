@@ -212,7 +212,7 @@ def test_gpu_ampere_backend_applies_the_artifacts_calibration(tmp_path):
         assert lifted.generate(PROMPT, max_new_tokens=64, policy=policy).token_ids == ar, policy
     p = plain.generate(PROMPT, max_new_tokens=64, policy="hybrid", tau=0.9, min_prefix=2).stats
     q = lifted.generate(PROMPT, max_new_tokens=64, policy="hybrid", tau=0.9, min_prefix=2).stats
-    assert p.verifier_calls == p.iterations and q.verifier_calls == 0
+    assert p.verifier_calls > 0 and q.verifier_calls == 0  # lifted: every block committed unverified
 
 
 def test_export_carries_the_checkpoints_calibration_into_the_manifest(tmp_path):
