@@ -436,26 +436,35 @@ def test_default_workers_follow_cores_and_memory():
 
 # -- the graph backend's pass, with the real kernels under the interpreter --------------------
 
-def _eager_launches(backend, state) -> list[str]:
-    """The Triton kernels one eager run of ``state``'s body launches, in order."""
+def _run_body_with(backend, state, launch, context=contextlib.nullcontext) -> None:
+    """One eager run of ``state``'s body with every interpreted Triton launch going through
+    ``launch(original_run, fn, *args, **kwargs)``, inside ``context()``; the static inputs
+    are restored afterwards."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    launched, run = [], InterpretedFunction.__dict__["run"]
-
-    def recording(self, *args, grid, warmup, **kwargs):
-        launched.append(pc.kernel_name(self))
-        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
-
+    run = InterpretedFunction.__dict__["run"]
     mutable = backend.static.mutable()
     saved = [t.clone() for t in mutable]
-    InterpretedFunction.run = recording
+    InterpretedFunction.run = lambda self, *args, **kwargs: launch(run, self, *args, **kwargs)
     try:
         backend.static.history_len.fill_(1)
-        backend._body(state)()
+        with context():
+            backend._body(state)()
     finally:
         InterpretedFunction.run = run
         for t, s in zip(mutable, saved):
             t.copy_(s)
+
+
+def _eager_launches(backend, state) -> list[str]:
+    """The Triton kernels one eager run of ``state``'s body launches, in order."""
+    launched = []
+
+    def recording(run, fn, *args, **kwargs):
+        launched.append(pc.kernel_name(fn))
+        return run(fn, *args, **kwargs)
+
+    _run_body_with(backend, state, recording)
     return launched
 
 
@@ -486,31 +495,24 @@ def _launch_variants(backend, state, layers: int | None = None) -> list[tuple[st
     kernel runs (allocations zero-filled, as in the pass)."""
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import CUDABackend
-    from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction, create_function_from_signature
 
     target, binders, seen = CUDABackend(GPUTarget("cuda", 90, 32)), {}, []
-    run = InterpretedFunction.__dict__["run"]
 
-    def recording(self, *args, grid, warmup, **kwargs):
-        if id(self) not in binders:
-            jit = JITFunction(self.fn, **{n: v for n, v in self.kwargs.items() if n.startswith("do_not_specialize") and v})
-            binders[id(self)] = create_function_from_signature(jit.signature, jit.params, target)
-        _, specialization, options = binders[id(self)](*args, **kwargs)
-        seen.append((pc.kernel_name(self), repr((specialization, sorted(options.items())))))
+    def recording(run, fn, *args, grid, warmup, **kwargs):
+        if id(fn) not in binders:
+            jit = JITFunction(fn.fn, **{n: v for n, v in fn.kwargs.items() if n.startswith("do_not_specialize") and v})
+            binders[id(fn)] = create_function_from_signature(jit.signature, jit.params, target)
+        _, specialization, options = binders[id(fn)](*args, **kwargs)
+        seen.append((pc.kernel_name(fn), repr((specialization, sorted(options.items())))))
         return pc.NOT_LAUNCHED  # as in the pass: the key needs the arguments only, not the results
 
-    mutable = backend.static.mutable()
-    saved = [t.clone() for t in mutable]
-    InterpretedFunction.run = recording
-    try:
-        backend.static.history_len.fill_(1)
+    @contextlib.contextmanager
+    def first_layers_zeroed():
         with backend.fast.first_layers(layers) if layers else contextlib.nullcontext(), pc.zeroed_allocations():
-            backend._body(state)()
-    finally:
-        InterpretedFunction.run = run
-        for t, s in zip(mutable, saved):
-            t.copy_(s)
+            yield
+
+    _run_body_with(backend, state, recording, first_layers_zeroed)
     return seen
 
 
