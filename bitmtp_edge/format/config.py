@@ -3,6 +3,7 @@ from the artifact manifest (``manifest.json``) and from Hugging Face ``config.js
 
 from __future__ import annotations
 
+import math
 from dataclasses import MISSING as _MISSING, asdict, dataclass, fields
 from typing import Any, Literal
 
@@ -158,8 +159,6 @@ class MTPConfig:
 def _calibration_pairs(value: Any, block_size: int) -> tuple[tuple[float, float], ...]:
     """[[a, b] per slot] -> a tuple of float pairs, checked: one pair per slot, finite, a > 0
     (increasing in c, so a calibration never reorders confidences within a slot)."""
-    import math
-
     if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != block_size:
         raise ConfigError(f"confidence_calibration must hold one [a, b] pair per block slot ({block_size}), "
                           f"got {value!r}")
