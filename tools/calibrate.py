@@ -46,7 +46,9 @@ BINS = (0.0, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 1.0001)
 
 def _file_list(data: Path) -> list[tuple[str, str, str, int]]:
     """(split, key, sha256, size) rows of a corpus' ``files.tsv`` (or ``.tsv.gz``)."""
-    for name, opener in (("files.tsv", open), ("files.tsv.gz", gzip.open)):
+    from tools.corpus import FILE_LIST
+
+    for name, opener in ((FILE_LIST, open), (FILE_LIST + ".gz", gzip.open)):
         if (data / name).is_file():
             with opener(data / name, "rt") as f:
                 rows = [line.rstrip("\n").split("\t") for line in f if line.strip()]
@@ -251,14 +253,13 @@ def main(argv: list[str] | None = None) -> None:
     @click.option("--count", default=64, show_default=True)
     @click.option("--out", required=True, help="prompts.jsonl to write")
     def prompts_cmd(data, roots, count, out):
+        from tools.corpus import _parse_root
         from tools.prompts import write_prompts
 
-        parsed = {}
-        for spec in roots:
-            label, sep, path = spec.partition("=")
-            if not sep or not label or not path:
-                raise click.BadParameter(f"{spec!r}: expected LABEL=PATH", param_hint="--root")
-            parsed[label] = path
+        try:  # the corpus builder's own --root syntax
+            parsed = {r.label: str(r.path) for r in map(_parse_root, roots)}
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--root") from None
         found, n_docs = train_split_prompts(data, parsed, count)
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         write_prompts(Path(out), found)

@@ -286,7 +286,7 @@ def load_split(folder: str | Path, split: str) -> np.ndarray:
 
 def _parse_root(spec: str) -> SourceRoot:
     label, sep, path = spec.partition("=")
-    if not sep or not label or "/" in label:
+    if not sep or not label or not path or "/" in label:
         raise ValueError(f"--root {spec!r}: expected LABEL=PATH, e.g. stdlib=/usr/lib/python3.12")
     return SourceRoot(label, Path(path).expanduser())
 

@@ -108,7 +108,6 @@ class Engine:
         # reading the weights and building the model (hashing releases the GIL). The load
         # waits for them before it builds a backend, and a mismatch is the error a corrupt or
         # modified file gets, as when they ran first.
-        parts = {}
         with ThreadPoolExecutor(1, thread_name_prefix="bitmtp-checksums") as pool:
             checksums = pool.submit(_timed, verify_files, folder, manifest)
             try:
