@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from tools.eval_acceptance import block_logits, exact_float32_int_matmul, replay
+from tools.eval_acceptance import REPLAY_COUNTS, block_logits, exact_float32_int_matmul, replay, replay_rates
 
 GRID = tuple(round(0.30 + 0.05 * i, 2) for i in range(35))  # 0.30 .. 2.00
 BINS = (0.0, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 1.0001)
@@ -202,13 +202,14 @@ def summarise(data: dict, tau: float, min_prefix: int, max_new: int) -> dict:
                       "platt_prefix_fitted": stats(platt(confs[one, :, j], *plat_prefix[j]), chain[:, j])})
 
     def replayed(conf_of) -> dict:
-        tot = {"tokens": 0, "iterations": 0, "forward_passes": 0, "verifier_calls": 0, "unverified_mistakes": 0}
+        tot = dict.fromkeys(REPLAY_COUNTS, 0)
         for t in tables:
             c = torch.stack([conf_of(t["conf"], j) for j in range(d)], dim=1).tolist()
             for k, v in replay(t["cont"], t["drafts"], c, t["stop"], max_new, "hybrid", tau, min_prefix).items():
                 tot[k] += v
-        return {**tot, "tokens_per_forward": round(tot["tokens"] / max(tot["forward_passes"], 1), 4),
-                "verifier_call_rate": round(tot["verifier_calls"] / max(tot["iterations"], 1), 4)}
+        rates = replay_rates(tot)
+        return {**tot, "tokens_per_forward": round(rates["tokens_per_forward"], 4),
+                "verifier_call_rate": round(rates["verifier_call_rate"], 4)}
 
     hybrid = {"as_trained": replayed(lambda c, j: c[one, :, j]),
               "temperature": replayed(lambda c, j: c[GRID.index(fitted[j]), :, j]),

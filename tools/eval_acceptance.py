@@ -96,6 +96,9 @@ def prompt_tables(model, prompt: list[int], block_size: int, mask_id: int, max_n
     return cont, top.tolist(), conf.tolist(), stop
 
 
+REPLAY_COUNTS = ("tokens", "iterations", "forward_passes", "verifier_calls", "unverified_mistakes")  # replay's keys
+
+
 def replay(cont, drafts, confs, stop, max_new: int, policy: str, tau: float, min_prefix: int) -> dict:
     """Iterations, forward passes and tokens of one policy over one prompt's tables."""
     limit = min(stop if stop is not None else max_new, max_new)  # tokens the user sees
@@ -140,8 +143,7 @@ def _evaluate(path, prompts, tau, min_prefix, max_new, log, dtype, device) -> di
     tok = load_tokenizer(Path(path))
     eos = set(ck.model.eos_token_ids)
     calibration = ConfidenceCalibration.for_model(ck.mtp, device)
-    totals = {p: {"tokens": 0, "iterations": 0, "forward_passes": 0, "verifier_calls": 0, "unverified_mistakes": 0}
-              for p in ("speculative", "hybrid")}
+    totals = {p: dict.fromkeys(REPLAY_COUNTS, 0) for p in ("speculative", "hybrid")}
     t0 = time.perf_counter()
     for i, p in enumerate(prompts):
         ids = tok.encode(p.model_prompt, add_special_tokens=False).ids
@@ -151,12 +153,15 @@ def _evaluate(path, prompts, tau, min_prefix, max_new, log, dtype, device) -> di
                 tot[k] += v
         if (i + 1) % 10 == 0:
             log(f"  {Path(path).name}: {i + 1}/{len(prompts)} prompts ({time.perf_counter() - t0:.0f}s)")
-    out = {}
-    for pol, t in totals.items():
-        out[pol] = {**t, "tokens_per_iteration": t["tokens"] / max(t["iterations"], 1),
-                    "tokens_per_forward": t["tokens"] / max(t["forward_passes"], 1),
-                    "verifier_call_rate": t["verifier_calls"] / max(t["iterations"], 1)}
-    return out
+    return {pol: replay_rates(t) for pol, t in totals.items()}
+
+
+def replay_rates(t: dict) -> dict:
+    """Summed ``replay`` counts -> the same, with tokens per iteration and per forward pass and
+    the verifier call rate."""
+    return {**t, "tokens_per_iteration": t["tokens"] / max(t["iterations"], 1),
+            "tokens_per_forward": t["tokens"] / max(t["forward_passes"], 1),
+            "verifier_call_rate": t["verifier_calls"] / max(t["iterations"], 1)}
 
 
 def main(argv: list[str] | None = None) -> None:
