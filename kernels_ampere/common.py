@@ -324,10 +324,12 @@ def _split_k_reduce_kernel(
     BLOCK_N: tl.constexpr,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
-    gdc_prologue(USE_GDC)
     m = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = rn < N
+    if HAS_W_SCALE:  # the weights' scales are constants: read before waiting for the partials
+        w_scale = tl.load(w_scale_ptr + rn * stride_sn, mask=mask, other=0.0)
+    gdc_prologue(USE_GDC)
     # slices are added in order, so the result does not depend on scheduling; int32 partials
     # stay exact until the single float conversion
     tot = tl.load(part_ptr + m * N + rn, mask=mask, other=0)
@@ -337,7 +339,7 @@ def _split_k_reduce_kernel(
     if HAS_A_SCALE:
         y = y * tl.load(a_scale_ptr + m)
     if HAS_W_SCALE:
-        y = y * tl.load(w_scale_ptr + rn * stride_sn, mask=mask, other=0.0)
+        y = y * w_scale
     if RESIDUAL:
         y = tl.load(res_ptr + m * stride_rm + rn, mask=mask, other=0.0) + y
     tl.store(out_ptr + m * stride_om + rn, y.to(out_ptr.dtype.element_ty), mask=mask)
