@@ -115,3 +115,39 @@ def test_chain_matches_the_twin():
             outs.append((io.readback, io.causal, io.conf))
         for a, b in zip(*outs):
             assert torch.equal(a.cpu(), b.cpu()), (a, b)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_accept_and_chain_find_a_non_finite_value_anywhere_in_a_long_row(bad):
+    """Rows wider than one unrolled step of the finiteness check (fk.ROW_STEP): a value in a
+    later step, or in the masked tail of the last one, flags its row exactly as the twins do."""
+    g = torch.Generator().manual_seed(5)
+    h = 2 * fk.ROW_STEP + 37  # three steps, the last one partial
+    sl = FusedInputs.slices(D)
+    for col in (fk.ROW_STEP + 3, h - 1):
+        x, greedy, gconf, tokens, chosen, drafts, conf = accept_case(g, D + 1, 0, "finite")
+        x = torch.randn(x.shape[0], h, generator=g).to(DEVICE)
+        x[int(torch.randint(0, D + 1, (1,), generator=g)), col] = bad
+        outs = []
+        for fn in (fused_accept_reference, fk.fused_accept):
+            io = FusedInputs.allocate(D, DEVICE)
+            hist = torch.tensor([100], device=DEVICE)
+            wanted = torch.empty(D - 1, dtype=torch.long, device=DEVICE)
+            pending_out = torch.zeros(1, dtype=torch.long, device=DEVICE)
+            fn(x, greedy, gconf, tokens, chosen, drafts, conf, hist, io.readback, wanted, io.causal, pending_out,
+               D, 0, sl)
+            outs.append((hist, wanted, io.readback, io.causal, pending_out))
+        for a, b in zip(*outs):
+            assert torch.equal(a.cpu(), b.cpu()), (a, b)
+        rows = torch.randn(D - 1, h, generator=g).to(DEVICE)
+        rows[3, col] = bad
+        top = torch.randint(0, 500, (D - 1,), generator=g).to(DEVICE)
+        conf = torch.rand(D - 1, generator=g).to(DEVICE)
+        outs = []
+        for fn in (fused_chain_reference, fk.fused_chain):
+            io = FusedInputs.allocate(D, DEVICE)
+            fn(rows, top, conf, io.readback, io.causal, io.conf, sl)
+            outs.append((io.readback, io.causal, io.conf))
+        for a, b in zip(*outs):
+            assert torch.equal(a.cpu(), b.cpu()), (a, b)
+        assert outs[1][0][sl["next_tokens"]][3].item() == -1  # the row with the bad value is flagged

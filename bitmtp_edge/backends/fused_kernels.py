@@ -23,7 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels_ampere.common import next_pow2
+from kernels_ampere.common import gdc_prologue, next_pow2, pdl_options
+
+# columns of the hidden rows per unrolled step of the finiteness check (registers: 8 warps hold a
+# [16, ROW_STEP] tile in 16 per thread, so several steps' loads fit in flight together)
+ROW_STEP = 256
 
 
 @triton.jit
@@ -113,21 +117,22 @@ def fused_prepare(history_len: torch.Tensor, tokens: torch.Tensor, confidences: 
 
 
 @triton.jit
-def _row_finite(x_ptr, stride_x, rows, ok_rows, H, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
-    """[BLOCK_R] bool: every value of row ``rows[i]`` of x is finite."""
+def _row_finite(x_ptr, stride_x, rows, ok_rows, H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+    """[BLOCK_R] bool: every value of row ``rows[i]`` of x is finite. The column steps are
+    unrolled and flag elements without a reduction between them, so all of their loads are
+    in flight at once (one memory round trip, not one per step behind a block barrier)."""
     h = tl.arange(0, BLOCK_H)
-    bad = tl.zeros([BLOCK_R], dtype=tl.int32)
-    for h0 in range(0, H, BLOCK_H):
+    bad = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.int32)
+    for h0 in tl.static_range(0, H, BLOCK_H):
         m = ok_rows[:, None] & ((h0 + h)[None, :] < H)
         x = tl.load(x_ptr + rows[:, None] * stride_x + (h0 + h)[None, :], mask=m, other=0.0)
-        nonfinite = (x != x) | (tl.abs(x) == float("inf"))
-        bad += tl.sum((nonfinite & m).to(tl.int32), axis=1)
-    return bad == 0
+        bad = bad | ((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32)
+    return tl.max(bad, axis=1) == 0
 
 
 @triton.jit
 def _fused_accept_kernel(
-    x_ptr, stride_x, H,  # [W, H] float32: the step's hidden rows (the causal ones are checked)
+    x_ptr, stride_x,  # [W, H] float32: the step's hidden rows (the causal ones are checked)
     greedy_ptr, gconf_ptr,  # [N] int64 / float32: the verify head on the causal rows
     tokens_ptr,  # [N] int64: the causal rows' tokens
     chosen_ptr,  # [C] int64
@@ -136,38 +141,44 @@ def _fused_accept_kernel(
     rb_ptr,  # float64 readback (FusedInputs.slices)
     wanted_ptr,  # [D - 1] int64 out: rows 1..D-1 of a's block
     causal_ptr, pending_ptr,  # [D] int64 (the next fused step's [v, ...]), [1] int64 (a draft step's v)
-    N: tl.constexpr, C: tl.constexpr, D: tl.constexpr, PENDING: tl.constexpr,
+    H: tl.constexpr, N: tl.constexpr, C: tl.constexpr, D: tl.constexpr, PENDING: tl.constexpr,
     RB_ACCEPTED: tl.constexpr, RB_VERIFIER: tl.constexpr, RB_HIT: tl.constexpr, RB_CANDIDATES: tl.constexpr,
     RB_HELD_TOKENS: tl.constexpr, RB_HELD_CONF: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+    USE_GDC: tl.constexpr = False,  # launched with pdl_options (kernels_ampere.common)
 ):
+    gdc_prologue(USE_GDC)
+    # every load first: a load after a store to a pointer that may alias it waits in program
+    # order, and one program has nothing else to hide that latency with
     i = tl.arange(0, BLOCK_N)
     rows_ok = i < N
-    finite = _row_finite(x_ptr, stride_x, i, rows_ok, H, BLOCK_N, BLOCK_H)
     gconf = tl.load(gconf_ptr + i, mask=rows_ok, other=0.0)
-    finite = finite & (gconf == gconf) & (tl.abs(gconf) != float("inf"))
-    greedy = tl.where(finite, tl.load(greedy_ptr + i, mask=rows_ok, other=0), -1)
-    # a: the leading drafts equal to the greedy token of the row before them
+    greedy = tl.load(greedy_ptr + i, mask=rows_ok, other=0)
     nxt = tl.load(tokens_ptr + i + 1, mask=i < N - 1, other=0)
+    k = tl.arange(0, BLOCK_C)
+    ch = tl.load(chosen_ptr + k, mask=k < C, other=-1)
+    cand = tl.arange(0, BLOCK_D * 2)
+    ch_all = tl.load(chosen_ptr + cand, mask=cand < C, other=-1)
+    held = tl.load(drafts_ptr + i, mask=i < N - 1, other=0)
+    conf = tl.load(conf_ptr + i, mask=i < N - 1, other=0.0).to(tl.float32)
+    hist = tl.load(hist_ptr)
+    finite = _row_finite(x_ptr, stride_x, i, rows_ok, H, BLOCK_N, BLOCK_H)
+    finite = finite & (gconf == gconf) & (tl.abs(gconf) != float("inf"))
+    greedy = tl.where(finite, greedy, -1)
+    # a: the leading drafts equal to the greedy token of the row before them
     mismatch = (nxt != greedy) & (i < N - 1)
     accepted = tl.min(tl.where(mismatch, i, N - 1), axis=0)
     verifier = tl.sum(tl.where(i == accepted, greedy, 0), axis=0)
-    k = tl.arange(0, BLOCK_C)
-    ch = tl.load(chosen_ptr + k, mask=k < C, other=-1)
     at = (ch == accepted) & (k < C)
     hit = tl.sum(at.to(tl.int32), axis=0) > 0
     block = tl.where(hit, tl.min(tl.where(at, k, BLOCK_C), axis=0), 0)  # block 0 on a miss: never read
     r = tl.arange(0, BLOCK_D)
     tl.store(wanted_ptr + r, (N + block * D + 1 + r).to(tl.int64), mask=r < D - 1)
-    tl.store(hist_ptr, tl.load(hist_ptr) + PENDING + accepted)
+    tl.store(hist_ptr, hist + PENDING + accepted)
     tl.store(rb_ptr + RB_ACCEPTED, accepted.to(tl.float64))
     tl.store(rb_ptr + RB_VERIFIER, verifier.to(tl.float64))
     tl.store(rb_ptr + RB_HIT, hit.to(tl.float64))
-    cand = tl.arange(0, BLOCK_D * 2)
-    ch_all = tl.load(chosen_ptr + cand, mask=cand < C, other=-1)
     tl.store(rb_ptr + RB_CANDIDATES + cand, ch_all.to(tl.float64), mask=cand < D + 1)
-    held = tl.load(drafts_ptr + i, mask=i < N - 1, other=0)
-    conf = tl.load(conf_ptr + i, mask=i < N - 1, other=0.0).to(tl.float32)
     tl.store(rb_ptr + RB_HELD_TOKENS + i, held.to(tl.float64), mask=i < N - 1)
     tl.store(rb_ptr + RB_HELD_CONF + i, conf.to(tl.float64), mask=i < N - 1)
     v0 = tl.maximum(verifier, 0)  # a flagged row must not index the embedding
@@ -180,30 +191,33 @@ def fused_accept(x, greedy, gconf, tokens, chosen, drafts, confidences, history_
     n, c, d = tokens.shape[0], chosen.shape[0], block
     h = x.shape[1]
     _fused_accept_kernel[(1,)](
-        x, x.stride(0), h, greedy, gconf, tokens, chosen, drafts, confidences, history_len, readback, wanted,
-        causal, pending_out, N=n, C=c, D=d, PENDING=pending,
+        x, x.stride(0), greedy, gconf, tokens, chosen, drafts, confidences, history_len, readback, wanted,
+        causal, pending_out, H=h, N=n, C=c, D=d, PENDING=pending,
         RB_ACCEPTED=slices["accepted"].start, RB_VERIFIER=slices["verifier"].start, RB_HIT=slices["hit"].start,
         RB_CANDIDATES=slices["candidates"].start, RB_HELD_TOKENS=slices["held_tokens"].start,
         RB_HELD_CONF=slices["held_conf"].start,
-        BLOCK_N=next_pow2(n), BLOCK_C=next_pow2(c), BLOCK_D=next_pow2(d + 1), BLOCK_H=min(next_pow2(h), 512),
-        num_warps=4,
+        BLOCK_N=next_pow2(n), BLOCK_C=next_pow2(c), BLOCK_D=next_pow2(d + 1), BLOCK_H=min(next_pow2(h), ROW_STEP),
+        num_warps=8, **pdl_options(_fused_accept_kernel),
     )
 
 
 @triton.jit
 def _fused_chain_kernel(
-    rows_ptr, stride_x, H,  # [D - 1, H] float32: the hidden rows the draft head read
+    rows_ptr, stride_x,  # [D - 1, H] float32: the hidden rows the draft head read
     top_ptr, conf_ptr,  # [D - 1] int64 / float32: the draft head on them
     rb_ptr, causal_ptr, next_conf_ptr,  # readback; [D] int64 (rows 1..); [D - 1] float32
-    RB_NEXT_TOKENS: tl.constexpr, RB_NEXT_CONF: tl.constexpr, R: tl.constexpr,
+    H: tl.constexpr, RB_NEXT_TOKENS: tl.constexpr, RB_NEXT_CONF: tl.constexpr, R: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
+    USE_GDC: tl.constexpr = False,  # launched with pdl_options (kernels_ampere.common)
 ):
+    gdc_prologue(USE_GDC)
     i = tl.arange(0, BLOCK_R)
     ok = i < R
-    finite = _row_finite(rows_ptr, stride_x, i, ok, H, BLOCK_R, BLOCK_H)
     conf = tl.load(conf_ptr + i, mask=ok, other=0.0)
+    top = tl.load(top_ptr + i, mask=ok, other=0)
+    finite = _row_finite(rows_ptr, stride_x, i, ok, H, BLOCK_R, BLOCK_H)
     finite = finite & (conf == conf) & (tl.abs(conf) != float("inf"))
-    top = tl.where(finite, tl.load(top_ptr + i, mask=ok, other=0), -1)
+    top = tl.where(finite, top, -1)
     tl.store(rb_ptr + RB_NEXT_TOKENS + i, top.to(tl.float64), mask=ok)
     tl.store(rb_ptr + RB_NEXT_CONF + i, conf.to(tl.float64), mask=ok)
     tl.store(causal_ptr + 1 + i, tl.maximum(top, 0), mask=ok)
@@ -215,7 +229,7 @@ def fused_chain(rows, top, conf, readback, causal, next_conf, slices: dict) -> N
     if r == 0:
         return
     _fused_chain_kernel[(1,)](
-        rows, rows.stride(0), h, top, conf, readback, causal, next_conf,
-        RB_NEXT_TOKENS=slices["next_tokens"].start, RB_NEXT_CONF=slices["next_conf"].start, R=r,
-        BLOCK_R=next_pow2(r), BLOCK_H=min(next_pow2(h), 512), num_warps=4,
+        rows, rows.stride(0), top, conf, readback, causal, next_conf,
+        H=h, RB_NEXT_TOKENS=slices["next_tokens"].start, RB_NEXT_CONF=slices["next_conf"].start, R=r,
+        BLOCK_R=next_pow2(r), BLOCK_H=min(next_pow2(h), ROW_STEP), num_warps=8, **pdl_options(_fused_chain_kernel),
     )
