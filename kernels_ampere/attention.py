@@ -54,17 +54,24 @@ QKV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
-def _attend_range(acc, m_i, l_i, q, k_ptr, v_ptr, mask_ptr, row_m, row_ok,
-                  lo, hi, stride_ks, stride_vs, stride_mm, qk_scale, HD,
+def _attend_tiles(acc, m_i, l_i, q, k_ptr, v_ptr, mask_ptr, row_m, row_ok,
+                  lo, hi, n_hist, ws_hi, n_tiles, stride_ks, stride_vs, stride_mm, qk_scale, HD,
                   hist_end, ws_begin, ws_end, capacity,
                   BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
                   PRECISION: tl.constexpr, UPCAST: tl.constexpr, SPANS: tl.constexpr):
+    """Online softmax over ``n_tiles`` key tiles: ``n_hist`` history tiles from slot ``lo``
+    (live below ``hi``), then the workspace tiles from slot ``capacity`` (below ``ws_hi``).
+    One loop for both ranges, so the software pipeline loads the first workspace tile while
+    the last history tile computes; each tile is the same computation, in the same order, as
+    in two loops one after the other."""
     rs = tl.arange(0, BLOCK_S)
     rd = tl.arange(0, BLOCK_D)
     mask_d = rd < HD
-    for s0 in range(lo, hi, BLOCK_S):
+    for t in range(0, n_tiles):
+        in_hist = t < n_hist
+        s0 = tl.where(in_hist, lo + t * BLOCK_S, capacity + (t - n_hist) * BLOCK_S)
         s = s0 + rs
-        mask_s = s < hi
+        mask_s = s < tl.where(in_hist, hi, ws_hi)
         k = tl.load(k_ptr + s[:, None] * stride_ks + rd[None, :],
                     mask=mask_s[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
         v = tl.load(v_ptr + s[:, None] * stride_vs + rd[None, :],
@@ -142,23 +149,20 @@ def _attention_split_kernel(
     hist = tl.minimum(tl.load(hist_ptr), capacity)
     lo = split * SPLIT_SLOTS
     hi = tl.minimum(lo + SPLIT_SLOTS, hist)
+    n_hist = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_S)
+    # the workspace rides with the last split
+    ws_hi = S
+    if SPANS:  # only as far as the tile's rows look: an AR tile reads no workspace at all
+        ws_hi = tl.minimum(capacity + tl.max(tl.where(row_ok, ws_end, 0), axis=0), S)
+    n_ws = tl.where(split == n_splits - 1, tl.cdiv(tl.maximum(ws_hi - capacity, 0), BLOCK_S), 0)
     acc = tl.zeros((BLOCK_Q, BLOCK_D), tl.float32)
     m_i = tl.full((BLOCK_Q,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_Q,), tl.float32)
-    k_head = k_ptr + kvh * stride_kh
-    v_head = v_ptr + kvh * stride_vh
-    acc, m_i, l_i = _attend_range(acc, m_i, l_i, q, k_head, v_head, mask_ptr, row_m, row_ok,
-                                  lo, hi, stride_ks, stride_vs, stride_mm, qk_scale, HD,
+    acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_ptr + kvh * stride_kh, v_ptr + kvh * stride_vh, mask_ptr,
+                                  row_m, row_ok, lo, hi, n_hist, ws_hi, n_hist + n_ws,
+                                  stride_ks, stride_vs, stride_mm, qk_scale, HD,
                                   hist_end, ws_begin, ws_end, capacity,
                                   BLOCK_S, BLOCK_D, PRECISION, UPCAST, SPANS)
-    if split == n_splits - 1:  # the workspace rides with the last split
-        ws_hi = S
-        if SPANS:  # only as far as the tile's rows look: an AR tile reads no workspace at all
-            ws_hi = tl.minimum(capacity + tl.max(tl.where(row_ok, ws_end, 0), axis=0), S)
-        acc, m_i, l_i = _attend_range(acc, m_i, l_i, q, k_head, v_head, mask_ptr, row_m, row_ok,
-                                      capacity, ws_hi, stride_ks, stride_vs, stride_mm, qk_scale, HD,
-                                      hist_end, ws_begin, ws_end, capacity,
-                                      BLOCK_S, BLOCK_D, PRECISION, UPCAST, SPANS)
 
     if DIRECT:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
