@@ -14,7 +14,7 @@ from bitmtp_edge.backends.fused_graph import (  # noqa: E402
     FusedInputs, fused_accept_reference, fused_chain_reference, fused_prepare_reference,
 )
 from bitmtp_edge.runtime.decoding_rules import candidate_lengths  # noqa: E402
-from tests.helpers import DEVICE  # noqa: E402
+from tests.helpers import DEVICE, needs_gpu  # noqa: E402
 
 D = 8
 MASK = 3
@@ -117,12 +117,10 @@ def test_chain_matches_the_twin():
             assert torch.equal(a.cpu(), b.cpu()), (a, b)
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-def test_accept_and_chain_find_a_non_finite_value_anywhere_in_a_long_row(bad):
-    """Rows wider than one unrolled step of the finiteness check (fk.ROW_STEP): a value in a
-    later step, or in the masked tail of the last one, flags its row exactly as the twins do."""
-    g = torch.Generator().manual_seed(5)
-    h = 2 * fk.ROW_STEP + 37  # three steps, the last one partial
+def check_long_rows(bad: float, h: int, seed: int) -> None:
+    """Rows of ``h`` values, one non-finite value in a later step of the finiteness check:
+    fused_accept and fused_chain against their twins, exactly."""
+    g = torch.Generator().manual_seed(seed)
     sl = FusedInputs.slices(D)
     for col in (fk.ROW_STEP + 3, h - 1):
         x, greedy, gconf, tokens, chosen, drafts, conf = accept_case(g, D + 1, 0, "finite")
@@ -151,3 +149,18 @@ def test_accept_and_chain_find_a_non_finite_value_anywhere_in_a_long_row(bad):
         for a, b in zip(*outs):
             assert torch.equal(a.cpu(), b.cpu()), (a, b)
         assert outs[1][0][sl["next_tokens"]][3].item() == -1  # the row with the bad value is flagged
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_accept_and_chain_find_a_non_finite_value_anywhere_in_a_long_row(bad):
+    """Rows wider than one unrolled step of the finiteness check (fk.ROW_STEP): a value in a
+    later step, or in the masked tail of the last one, flags its row exactly as the twins do."""
+    check_long_rows(bad, 2 * fk.ROW_STEP + 37, seed=5)  # three steps, the last one partial
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf")])
+def test_accept_and_chain_at_the_2b_hidden_size_on_gpu(bad):
+    """Compiled, at BitNet-2B's hidden size (2560: ten unrolled steps)."""
+    check_long_rows(bad, 2560, seed=6)
