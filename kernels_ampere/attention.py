@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from .common import (alignment_blind, bf16_dot_upcast, check_dtype, check_launchable, gdc_prologue, next_pow2,
-                     pdl_options)
+                     pdl_options, prefetch_rows_l2)
 from .tuning import AttentionConfig, default_attention, lookup, sm_count
 
 LOG2E = 1.4426950408889634
@@ -104,6 +104,20 @@ def _attend_tiles(acc, m_i, l_i, q, k_ptr, v_ptr, mask_ptr, row_m, row_ok,
     return acc, m_i, l_i
 
 
+@triton.jit
+def _prefetch_history_tile(k_head, v_head, hist_ptr, lo, capacity, stride_ks, stride_vs, HD,
+                           BLOCK_S: tl.constexpr):
+    """Ask the L2 for the key and value rows of history slots ``lo .. lo + BLOCK_S`` below the
+    history length (compiled only: inline PTX). Read before the wait, the length may be
+    another step's: that can only ask for other lines, never change a result (a prefetch
+    writes no register)."""
+    elem = k_head.dtype.element_ty.primitive_bitwidth // 8
+    s = lo + tl.arange(0, BLOCK_S)
+    live = s < tl.minimum(tl.load(hist_ptr), capacity)
+    prefetch_rows_l2(k_head.to(tl.pointer_type(tl.uint8)) + s * (stride_ks * elem), live, HD * elem, 2, True)
+    prefetch_rows_l2(v_head.to(tl.pointer_type(tl.uint8)) + s * (stride_vs * elem), live, HD * elem, 2, True)
+
+
 @triton.jit(**alignment_blind("M"))  # M bounds and indexes rows only (no extra variant at width 16)
 def _attention_split_kernel(
     q_ptr,  # [M, Hq, hd]
@@ -121,11 +135,15 @@ def _attention_split_kernel(
     BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, SPANS: tl.constexpr = False,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
+    PREFETCH: tl.constexpr = False,  # the first history tile's keys and values asked of the L2 before the wait
 ):
-    gdc_prologue(USE_GDC)
     kvh = tl.program_id(0)
     q_tile = tl.program_id(1)
     split = tl.program_id(2)
+    if PREFETCH:  # history K/V are earlier steps' (constant during this one): their DRAM latency off the path
+        _prefetch_history_tile(k_ptr + kvh * stride_kh, v_ptr + kvh * stride_vh, hist_ptr, split * SPLIT_SLOTS,
+                               capacity, stride_ks, stride_vs, HD, BLOCK_S)
+    gdc_prologue(USE_GDC)
     n_splits = tl.num_programs(2)
     Hq = tl.num_programs(0) * G
 
@@ -261,6 +279,7 @@ def small_width_attention(
         pm = torch.empty((n_splits, m, hq), dtype=torch.float32, device=q.device)
         pl = torch.empty((n_splits, m, hq), dtype=torch.float32, device=q.device)
     grid = (hkv, triton.cdiv(m * g, block_q), n_splits)
+    pdl = pdl_options(_attention_split_kernel)
     _attention_split_kernel[grid](
         q, k_buf, v_buf, visibility if row_spans is not None else visibility.view(torch.uint8), history_len,
         out, pacc, pm, pl,
@@ -272,7 +291,8 @@ def small_width_attention(
         BLOCK_Q=block_q, BLOCK_S=config.block_s, BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST=bf16_dot_upcast(_attention_split_kernel, q), SPANS=row_spans is not None,
-        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(_attention_split_kernel),
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl,
+        PREFETCH=pdl["USE_GDC"],  # the prefetch overlaps the previous kernel: only under programmatic launch
     )
     if not direct:
         _attention_combine_kernel[(m * hq,)](
