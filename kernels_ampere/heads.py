@@ -48,13 +48,17 @@ def _head_partial_kernel(
     UPCAST: tl.constexpr,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
-    gdc_prologue(USE_GDC)
     pid = tl.program_id(0)
     rv = pid * BLOCK_V + tl.arange(0, BLOCK_V)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rh = tl.arange(0, BLOCK_H)
     mask_v = rv < V
     mask_m = rm < M
+    if INT8:  # the weights' row scales are constants: read before the wait, not after the loop
+        ws = tl.load(w_scale_ptr + rv, mask=mask_v, other=0.0)
+    gdc_prologue(USE_GDC)
+    if INT8:  # the rows' scales: asked for now, in flight during the loop
+        hs = tl.load(h_scale_ptr + rm, mask=mask_m, other=0.0)
     acc = tl.zeros((BLOCK_V, BLOCK_M), tl.int32 if INT8 else tl.float32)
     for h0 in range(0, H, BLOCK_H):
         mask_h = (h0 + rh) < H
@@ -67,8 +71,6 @@ def _head_partial_kernel(
         else:
             acc = tl.dot(w, x, acc, out_dtype=tl.int32 if INT8 else tl.float32)
     if INT8:
-        hs = tl.load(h_scale_ptr + rm, mask=mask_m, other=0.0)
-        ws = tl.load(w_scale_ptr + rv, mask=mask_v, other=0.0)
         logits = acc.to(tl.float32) * hs[None, :] * ws[:, None]
     else:
         logits = acc

@@ -16,7 +16,7 @@ BEFORE=${BEFORE:?a copy of the tree to compare with}
 WIDTHS=${WIDTHS:-1,16,32,33}
 WORK=${WORK:-/tmp/bitmtp_replay_widths}
 ART=$WORK/bitnet2b-artifact
-TESTS=${TESTS:-tests/test_kernels_quant.py tests/test_kernels_attention.py tests/test_fused_kernels.py
+TESTS=${TESTS:-tests/test_kernels_quant.py tests/test_kernels_attention.py tests/test_fused_kernels.py tests/test_kernels_heads.py
 tests/test_kernels_linear.py::test_w2a8_real_shapes_exact_on_gpu tests/test_fused_graph.py tests/test_row_invariance.py}
 AFTER=$(pwd)
 mkdir -p "$OUT/before" "$OUT/after"
