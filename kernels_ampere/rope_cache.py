@@ -54,6 +54,7 @@ def _rope_cache_kernel(
     is_q = h < Hq
     kvh = h - Hq
     base = qkv_ptr + m * stride_xm + h * HD  # q heads, then k heads: contiguous in the row
+    slot = tl.load(slot_ptr + m)  # with the other loads: not a round trip of its own before the stores
     x = tl.load(base + rd, mask=mask, other=0.0)
     xr = tl.load(base + partner, mask=mask, other=0.0)
     if QK_NORM:
@@ -74,7 +75,6 @@ def _rope_cache_kernel(
     if is_q:
         tl.store(q_out_ptr + m * stride_qm + h * stride_qh + rd, y.to(q_out_ptr.dtype.element_ty), mask=mask)
     else:
-        slot = tl.load(slot_ptr + m)
         tl.store(k_ptr + kvh * stride_kh + slot * stride_ks + rd, y.to(k_ptr.dtype.element_ty), mask=mask)
         tl.store(v_ptr + kvh * stride_vh + slot * stride_vs + rd, v.to(v_ptr.dtype.element_ty), mask=mask)
 
