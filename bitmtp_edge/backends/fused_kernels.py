@@ -12,7 +12,9 @@ accept, readback, next inputs) cost as much as a third of the model's forward. H
 * ``fused_chain`` (after the draft head): the next drafts, flagged, into the readback and
   the next fused step's inputs.
 
-Each is one program over at most ~80 rows, so the launches cost their latency only. The
+Each is one program over at most ~80 rows, so the launches cost their latency only: accept
+and chain issue every load before their first store and check finiteness in unrolled column
+steps with one reduction, and launch under PDL (27 → 10 µs a fused step on the H200). The
 pure-PyTorch twins are the ``*_reference`` functions in ``fused_graph.py`` (the graph
 bodies' torch code); tests/test_fused_kernels.py compares them exactly on random inputs.
 """
