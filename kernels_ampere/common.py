@@ -14,9 +14,11 @@ Programmatic dependent launch (``pdl_options``, sm_90+): a decode step is ~350 s
 back to back, each paying launch and ramp-up before it can start. Launched with
 ``launch_pdl``, the next kernel is scheduled while this one runs and blocks in
 ``gdc_prologue`` until this one has finished and its writes are visible: the same data
-dependencies, the launch latency hidden. Every kernel here starts with the prologue (it must
-run in every PDL-launched kernel: completion then implies the predecessor's completion, so
-dependencies stay transitive). Orin (sm_87) has no PDL: there the option is off and the
+dependencies, the launch latency hidden. Every kernel here runs the prologue before it reads
+anything another kernel writes (it must run in every PDL-launched kernel: completion then
+implies the predecessor's completion, so dependencies stay transitive); constants (weights,
+their scales, norm weights) may be read before it, so their DRAM latency overlaps the
+previous kernel. Orin (sm_87) has no PDL: there the option is off and the
 kernels are unchanged.
 """
 
