@@ -55,6 +55,7 @@ class LinearConfig:
     prefetch: bool = False  # W2A8: each program asks the L2 for its weights before waiting (PDL)
     block_m: int = 0  # W2A8 ``mma``: activation rows per tile (16, 32, 64, 128); 0 = the whole width (<= 128)
     asum_by_dot: bool = False  # W2A8 ``mma``: the activation sums on the tensor cores in the loop, no pass after it
+    fold_lanes: bool = False  # W2A8 ``mma``: the four lanes in one accumulator (a quarter of the registers)
 
     def __post_init__(self):
         if self.kernel not in (GEMV, DOT, ROWS, LANES, MMA):
@@ -63,6 +64,8 @@ class LinearConfig:
             raise ValueError(f"LinearConfig.block_kb={self.block_kb}: need a power of two >= 32")
         if self.block_m not in (0, 16, 32, 64, 128):
             raise ValueError(f"LinearConfig.block_m={self.block_m}: need 0 (the whole width) or 16, 32, 64, 128")
+        if self.fold_lanes and self.kernel != MMA:
+            raise ValueError(f"LinearConfig.fold_lanes: only the 'mma' kernel folds its lanes, got {self.kernel!r}")
 
 
 @dataclass(frozen=True)
@@ -189,7 +192,11 @@ MMA_MAX_M = 32  # v3: widths in one tile of the pipelined tensor-core kernel; wi
 # that share each weight tile through the L2. Measured slower than v3 on the 2B stack at
 # M = 27-40 (1551 / 1730 / 1740 against 1310 / 1591 / 1626 µs), faster at M = 80 (2742 vs
 # 2814 with ``dot``); kept as an option, not the default.
-W2A8_GENERATIONS = ("v1", "v2", "v3", "v4")
+# "v5" = v3 with the widths 17..128 in one ``mma`` tile of the whole width whose four lanes
+# share one accumulator (``fold_lanes``): each weight tile loaded and decoded once for every
+# row, at a quarter of the accumulator registers (56 against 126 at 32 rows, 72 against 176
+# at 64; sm_90, tools/kernel_sass.py), for three shifts per chunk.
+W2A8_GENERATIONS = ("v1", "v2", "v3", "v4", "v5")
 W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v3")
 MMA_TILED_MAX_M = 128  # v4: widths on 16-row ``mma`` tiles; wider ones as v3
 TILED_MIN_M = 64  # v3: wider widths on 32-row ``mma`` tiles with K sliced by the tiles' count
@@ -214,7 +221,7 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     device's SM count (``sms``; None: sized as for a large GPU). ``n`` and ``k`` (when
     known) size the tiles and the split-K so that the programs cover every SM a few times:
     an Orin's 8-16 SMs get wide tiles and no split, an H200's 132 get narrow ones and slices.
-    ``generation`` ("v1" / "v2" / "v3", W2A8 only): the kernels, default ``W2A8_DEFAULT_GENERATION``.
+    ``generation`` (``W2A8_GENERATIONS``, W2A8 only): the kernels, default ``W2A8_DEFAULT_GENERATION``.
 
     How the SM count enters (v3): at M <= 2 every program streams 8 weight rows, so a GPU of
     any size gets ~N/8 programs per row, hundreds of waves on an Orin and a few on an H200;
@@ -238,7 +245,14 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
             split = max(1, min(_cdiv(sms, _cdiv(n, 64) * m_tiles), chunks // 5, 8))
         return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split,
                             block_m=WIDE_BLOCK_M)
-    if not weight_only and generation in ("v3", "v4"):
+    if not weight_only and generation == "v5" and MMA_MAX_M // 2 < m <= MMA_TILED_MAX_M:
+        # the whole width in one folded tile; K slices until the 64-row weight tiles cover the SMs
+        split = 1
+        if n and chunks:
+            split = max(1, min(_cdiv(sms, _cdiv(n, 64)), chunks // 5, 8))
+        return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split,
+                            fold_lanes=True)
+    if not weight_only and generation in ("v3", "v4", "v5"):
         if m <= 2:  # a whole row per step; the weights' L2 prefetch (at M = 1 only: it measured slower
             # at M = 2, where two programs ask for the same rows) runs only under programmatic launch
             step = min(32, max(8, 1 << (chunks - 1).bit_length())) if chunks else 16
@@ -355,6 +369,16 @@ def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool =
                            asum_by_dot=asum)
         if cfg not in out:
             out.append(cfg)
+    if 16 < m <= MMA_TILED_MAX_M:  # one accumulator for the four lanes: the whole width (or 32-row tiles) per
+        # program at a quarter of the registers, 128 weight rows over 8 warps (half the activation reads per weight)
+        folded = [(64, 4, sk, bm) for bm in (0, 32) for sk in (1, 2, 4)] + [(128, 8, 1, 0), (128, 8, 2, 0)]
+        for bn, warps, sk, bm in folded:
+            sk = group_k_slices(k) if grouped else sk
+            if sk > 1 and chunks / sk < 4:
+                continue
+            cfg = LinearConfig(MMA, bn, 64, num_warps=warps, num_stages=3, split_k=sk, block_m=bm, fold_lanes=True)
+            if cfg not in out:
+                out.append(cfg)
     return out
 
 

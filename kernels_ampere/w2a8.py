@@ -104,6 +104,7 @@ OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ROWS_MAX_BLOCK_M = 16  # activation rows one ``rows`` program multiplies (registers: BLOCK_N·BLOCK_M·words)
 LANES_MAX_BLOCK_M = 8  # the same for ``lanes`` (four accumulators per word)
 MMA_MAX_BLOCK_M = 128  # ``mma``: every width up to 128 rows decodes each weight tile once
+FOLD_MAX_K = 131072  # ``mma`` with folded lanes: 64 x the running sum stays below 2**31 (and a margin)
 WORD_KERNELS = (GEMV, ROWS, LANES)  # read activations and weights as 4-byte words
 
 
@@ -456,23 +457,75 @@ def _mma_chunk(wb, c, c_hi, a_cols, mask_m, rb, rn, N, w_scale_ptr, stride_sn, s
         ka = c * 128 + 32 * i + rb
         a = tl.load(a_cols + c * 128 + 32 * i, mask=mask_m & (live & (ka < K))[:, None], other=0)  # [32, BLOCK_M]
         if i == 0:
-            acc0 = tl.dot((wb & 0x03).to(tl.int8, bitcast=True), a, acc0, out_dtype=tl.int32)
+            acc0 = tl.dot(_mma_lane(wb, 0), a, acc0, out_dtype=tl.int32)
         elif i == 1:
-            acc1 = tl.dot((wb & 0x0C).to(tl.int8, bitcast=True), a, acc1, out_dtype=tl.int32)
+            acc1 = tl.dot(_mma_lane(wb, 1), a, acc1, out_dtype=tl.int32)
         elif i == 2:
-            acc2 = tl.dot((wb & 0x30).to(tl.int8, bitcast=True), a, acc2, out_dtype=tl.int32)
+            acc2 = tl.dot(_mma_lane(wb, 2), a, acc2, out_dtype=tl.int32)
         else:
-            acc3 = tl.dot(((wb & 0xC0) ^ 0x80).to(tl.int8, bitcast=True), a, acc3, out_dtype=tl.int32)
+            acc3 = tl.dot(_mma_lane(wb, 3), a, acc3, out_dtype=tl.int32)
         if ASUM_BY_DOT:
-            if i < 3:
-                asum = tl.dot(tl.full((16, 32), -1, tl.int8), a, asum, out_dtype=tl.int32)
-            else:
-                asum = tl.dot(tl.full((16, 32), 1, tl.int8), a, asum, out_dtype=tl.int32)
+            asum = _mma_asum(a, i, asum, 32)
     if GROUPED:
         s = tl.load(w_scale_ptr + rn * stride_sn + c * stride_sg, mask=(rn < N) & (rn * 0 + c < c_hi), other=0.0)
         chunk = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.max(asum, axis=0)[None, :]
         facc += chunk.to(tl.float32) * s[:, None]
     return acc0, acc1, acc2, acc3, asum, facc
+
+
+@triton.jit
+def _mma_folded_step(wb, c0, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, stride_sn, stride_sg, acc, asum, facc,
+                     K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUPED: tl.constexpr,
+                     ASUM_BY_DOT: tl.constexpr, CHUNKS: tl.constexpr):
+    """One K step (CHUNKS 128-chunks from ``c0``) of ``_w2a8_mma_kernel`` with folded lanes.
+
+    ``wb``: the step's packed bytes ([BLOCK_N, 32·CHUNKS], chunk after chunk); column ``32c + j``
+    of lane i is input ``128(c0 + c) + 32i + j``, which ``a_step`` gathers, so each lane is one
+    dot over the whole step. The lanes share ``acc`` by Horner over their scales: in at scale
+    1, ``<< 2`` before lanes 1..3 (every partial sum is then a multiple of the next lane's
+    scale), ``>> 6`` at the end: four exact shifts per step. Group scales: CHUNKS == 1."""
+    c = c0 + rk // 32  # [32·CHUNKS]: the chunk of each column
+    live = c < c_hi  # a step may overshoot the slice
+    if GROUPED:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+        asum = tl.zeros((16, BLOCK_M), tl.int32)
+    for i in tl.static_range(4):
+        if i > 0:
+            acc = acc << 2
+        ka = c * 128 + 32 * i + rk % 32
+        a = tl.load(a_step + c0 * 128 + 32 * i, mask=mask_m & (live & (ka < K))[:, None], other=0)  # [32·CHUNKS, BLOCK_M]
+        acc = tl.dot(_mma_lane(wb, i), a, acc, out_dtype=tl.int32)
+        if ASUM_BY_DOT:
+            asum = _mma_asum(a, i, asum, 32 * CHUNKS)
+    acc = acc >> 6
+    if GROUPED:
+        s = tl.load(w_scale_ptr + rn * stride_sn + c0 * stride_sg, mask=(rn < N) & (rn * 0 + c0 < c_hi), other=0.0)
+        facc += (acc + tl.max(asum, axis=0)[None, :]).to(tl.float32) * s[:, None]
+    return acc, asum, facc
+
+
+@triton.jit
+def _mma_asum(a, i: tl.constexpr, asum, KS: tl.constexpr):
+    """``asum`` (16 equal rows) minus the activation sums of lanes 0..2, plus lane 3's, on the tensor cores."""
+    if i < 3:
+        return tl.dot(tl.full((16, KS), -1, tl.int8), a, asum, out_dtype=tl.int32)
+    else:
+        return tl.dot(tl.full((16, KS), 1, tl.int8), a, asum, out_dtype=tl.int32)
+
+
+@triton.jit
+def _mma_lane(wb, i: tl.constexpr):
+    """Lane ``i`` of a packed tile as the tensor cores' int8 operand, masked in place (one
+    bitwise op per four weights): ``4^i · c`` for lanes 0..2, ``64 · (c - 2)`` for lane 3."""
+    if i == 0:
+        lane = wb & 0x03
+    elif i == 1:
+        lane = wb & 0x0C
+    elif i == 2:
+        lane = wb & 0x30
+    else:
+        lane = (wb & 0xC0) ^ 0x80
+    return lane.to(tl.int8, bitcast=True)
 
 
 @triton.jit
@@ -492,6 +545,7 @@ def _w2a8_mma_kernel(
     ASUM_BY_DOT: tl.constexpr,  # group scales, rows that are not whole aligned int32 words, or asked (config)
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
     PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
+    FOLD: tl.constexpr = False,  # LinearConfig.fold_lanes: one accumulator for the four lanes, one dot per step
 ):
     """int8 tensor cores over all BLOCK_M (<= 128) rows of the width: each weight tile is
     loaded and decoded once for every row.
@@ -507,7 +561,15 @@ def _w2a8_mma_kernel(
     else (group scales, K % 4 != 0, or ``LinearConfig.asum_by_dot``: no serial pass after the
     loop, at the price of a 16-row MMA per lane) from the tensor cores (a -1 / +1 tile times
     the same activations). Exact: every lane sum is a multiple of its scale; |acc3| <= 128·128·K/4 < 2**31.
-    The first weight chunk is loaded before waiting for the previous kernel (constants)."""
+    The first weight chunk is loaded before waiting for the previous kernel (constants).
+
+    ``FOLD`` (wide widths, ``_mma_folded_step``): the four lanes share one accumulator (Horner
+    over their scales, four exact shifts per K step instead of three more accumulators), so a
+    ``BLOCK_N x BLOCK_M`` tile holds a quarter of the registers and one program can take the
+    whole width up to 128 rows, each weight tile decoded once for all of them; and each lane
+    is one dot over the whole step (``CHUNKS`` chunks gathered in one tile), a quarter of the
+    dependent tensor-core ops at four chunks per step. Exact while ``64 · 160 · K < 2**31``
+    (``FOLD_MAX_K``)."""
     N_CHUNKS: tl.constexpr = (K + 127) // 128
     # the row tiles of one weight tile are neighbours in the grid: they run together and
     # share the tile's DRAM traffic through the L2
@@ -515,38 +577,52 @@ def _w2a8_mma_kernel(
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     c_lo = tl.program_id(2) * chunks_per_split
     c_hi = tl.minimum(c_lo + chunks_per_split, N_CHUNKS)
-    rb = tl.arange(0, 32)  # byte j of a chunk: inputs 32i + j of lane i
     mask_n = (rn < N)[:, None]
     mask_m = (rm < M)[None, :]
-    w_rows = w_ptr + rn[:, None] * stride_wn + rb[None, :]
-    a_cols = a_ptr + rm[None, :] * stride_am + rb[:, None]
-
     if PREFETCH:
         prefetch_rows_l2(w_ptr + rn * stride_wn + c_lo * 32, rn < N, (c_hi - c_lo) * 32, 8, USE_ASM)
-    # (rn * 0 + c): a scalar condition as a row vector, which the interpreter accepts in a mask too
-    # the weights are constants: their first chunk is in flight before the wait
-    wb = tl.load(w_rows + c_lo * 32, mask=mask_n & (rn * 0 + c_lo < c_hi)[:, None], other=0)
-    gdc_prologue(USE_GDC)
-
-    acc0 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+    acc0 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)  # folded: the only accumulator (acc1..3 stay zero)
     acc1 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
     acc2 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
     acc3 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
     asum = tl.zeros((16, BLOCK_M), tl.int32)  # 16 equal rows: -sum(lanes 0..2) + sum(lane 3)
     facc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-    # The first chunk is peeled off the loop: every chunk's tile is then a fresh load, not a
-    # loop-carried value, so the compiler converts the *packed* tile to the operand layout
-    # once and decodes there (a loop-carried tile would be converted once per lane).
-    acc0, acc1, acc2, acc3, asum, facc = _mma_chunk(
-        wb, c_lo, c_hi, a_cols, mask_m, rb, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc1, acc2, acc3, asum,
-        facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT)
-    for c0 in range(c_lo + 1, c_hi, CHUNKS):
-        for cc in tl.static_range(CHUNKS):
-            c = c0 + cc
-            wb = tl.load(w_rows + c * 32, mask=mask_n & (rn * 0 + c < c_hi)[:, None], other=0)
-            acc0, acc1, acc2, acc3, asum, facc = _mma_chunk(
-                wb, c, c_hi, a_cols, mask_m, rb, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc1, acc2, acc3,
-                asum, facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT)
+    if FOLD:
+        rk = tl.arange(0, 32 * CHUNKS)  # byte 32c + j of a step: inputs 128c + 32i + j of lane i
+        w_step = w_ptr + rn[:, None] * stride_wn + rk[None, :]
+        a_step = a_ptr + rm[None, :] * stride_am + ((rk // 32) * 128 + rk % 32)[:, None]
+        # the weights are constants: their first step is in flight before the wait
+        wb = tl.load(w_step + c_lo * 32, mask=mask_n & (c_lo + rk // 32 < c_hi)[None, :], other=0)
+        gdc_prologue(USE_GDC)
+        acc0, asum, facc = _mma_folded_step(wb, c_lo, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, stride_sn,
+                                            stride_sg, acc0, asum, facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT,
+                                            CHUNKS)
+        for c0 in range(c_lo + CHUNKS, c_hi, CHUNKS):
+            wb = tl.load(w_step + c0 * 32, mask=mask_n & (c0 + rk // 32 < c_hi)[None, :], other=0)
+            acc0, asum, facc = _mma_folded_step(wb, c0, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, stride_sn,
+                                                stride_sg, acc0, asum, facc, K, BLOCK_N, BLOCK_M, GROUPED,
+                                                ASUM_BY_DOT, CHUNKS)
+    else:
+        rb = tl.arange(0, 32)  # byte j of a chunk: inputs 32i + j of lane i
+        w_rows = w_ptr + rn[:, None] * stride_wn + rb[None, :]
+        a_cols = a_ptr + rm[None, :] * stride_am + rb[:, None]
+        # (rn * 0 + c): a scalar condition as a row vector, which the interpreter accepts in a mask too
+        # the weights are constants: their first chunk is in flight before the wait
+        wb = tl.load(w_rows + c_lo * 32, mask=mask_n & (rn * 0 + c_lo < c_hi)[:, None], other=0)
+        gdc_prologue(USE_GDC)
+        # The first chunk is peeled off the loop: every chunk's tile is then a fresh load, not a
+        # loop-carried value, so the compiler converts the *packed* tile to the operand layout
+        # once and decodes there (a loop-carried tile would be converted once per lane).
+        acc0, acc1, acc2, acc3, asum, facc = _mma_chunk(
+            wb, c_lo, c_hi, a_cols, mask_m, rb, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc1, acc2, acc3,
+            asum, facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT)
+        for c0 in range(c_lo + 1, c_hi, CHUNKS):
+            for cc in tl.static_range(CHUNKS):
+                c = c0 + cc
+                wb = tl.load(w_rows + c * 32, mask=mask_n & (rn * 0 + c < c_hi)[:, None], other=0)
+                acc0, acc1, acc2, acc3, asum, facc = _mma_chunk(
+                    wb, c, c_hi, a_cols, mask_m, rb, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc1, acc2,
+                    acc3, asum, facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT)
 
     if GROUPED:
         y = facc
@@ -651,6 +727,7 @@ def w2a8_linear(
     asm = {"USE_ASM": not is_interpreted(kernel), "PREFETCH": config.prefetch and pdl["USE_GDC"]}
     if kernel is _w2a8_mma_kernel:
         asm["ASUM_BY_DOT"] = grouped or not words or config.asum_by_dot
+        asm["FOLD"] = config.fold_lanes and k <= FOLD_MAX_K  # longer rows keep four accumulators
     compiled = kernel[grid](
         a_in, a_scale, w_in, w_scale, target, res, m, n, per_split,
         a_in.stride(0), w_in.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),

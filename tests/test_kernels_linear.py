@@ -47,6 +47,11 @@ def w2a8_configs(grouped: bool, m: int = 1) -> list[LinearConfig]:
     lanes = [LinearConfig(LANES, 8, 64, num_warps=2), LinearConfig(LANES, 16, 64, num_warps=2, split_k=3)]
     mma = [LinearConfig(MMA, 32, 64, num_warps=4), LinearConfig(MMA, 16, 64, num_warps=4, split_k=2, prefetch=True)]
     mma.append(LinearConfig(MMA, 16, 128, num_warps=2, num_stages=2, asum_by_dot=True))  # sums in the loop
+    # the four lanes folded into one accumulator (Horner over their scales), split-K with a
+    # slice ending mid-step, and the activation sums on the tensor cores
+    mma += [LinearConfig(MMA, 16, 64, num_warps=4, num_stages=2, split_k=3, fold_lanes=True),
+            LinearConfig(MMA, 32, 128, num_warps=4, num_stages=2, asum_by_dot=True, fold_lanes=True),
+            LinearConfig(MMA, 16, 32, num_warps=4, num_stages=2, split_k=2, fold_lanes=True)]
     if m > 16:  # the width in 16-row tiles (the last one partial), side by side in the grid
         mma.append(LinearConfig(MMA, 32, 64, num_warps=4, num_stages=2, split_k=2, block_m=16))
     return configs(grouped, m) + rows + lanes + mma
@@ -201,8 +206,11 @@ def test_w2a8_real_shapes_exact_on_gpu(n, k, m):
     w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
     new = [LinearConfig(MMA, 64, 64), LinearConfig(MMA, 32, 128, split_k=2),
            LinearConfig(MMA, 64, 64, num_stages=3, split_k=3), LinearConfig(DOT, 64, 64, num_stages=3, prefetch=True)]
-    if m > 16:  # wide widths in 16- / 32-row tiles, the whole width over 8 warps, a deeper pipeline
-        new += [LinearConfig(MMA, 64, 64, num_stages=3, split_k=2, block_m=16),
+    if m > 16:  # wide widths in 16- / 32-row tiles, the whole width over 8 warps, a deeper pipeline, folded lanes
+        new += [LinearConfig(MMA, 64, 64, num_stages=3, split_k=3, fold_lanes=True),
+                LinearConfig(MMA, 64, 64, num_stages=3, block_m=32, fold_lanes=True),
+                LinearConfig(MMA, 128, 64, num_warps=8, num_stages=3, split_k=2, fold_lanes=True),
+                LinearConfig(MMA, 64, 64, num_stages=3, split_k=2, block_m=16),
                 LinearConfig(MMA, 32, 64, num_stages=3, block_m=32),
                 LinearConfig(MMA, 64, 64, num_warps=8, num_stages=3),
                 LinearConfig(MMA, 64, 64, num_stages=4, split_k=2, block_m=16, prefetch=True)]
@@ -210,7 +218,7 @@ def test_w2a8_real_shapes_exact_on_gpu(n, k, m):
         new += [LinearConfig(MMA, 32, 128, num_stages=4, block_m=16 if m > 16 else 0, asum_by_dot=True),
                 LinearConfig(MMA, 16, 128, num_warps=2, num_stages=4, block_m=16 if m > 16 else 0, asum_by_dot=True)]
     defaults = [default_linear(m, False, n=n, k=k, sms=torch.cuda.get_device_properties(0).multi_processor_count,
-                               generation=g) for g in ("v1", "v3", "v4")]
+                               generation=g) for g in ("v1", "v3", "v4", "v5")]
     for cfg in [None, *defaults, *([LinearConfig(LANES, 8, 256, prefetch=True)] if m <= 4 else []), *new]:
         out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
         assert_exact(out, w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32),
@@ -290,8 +298,9 @@ def test_w2a8_group128_real_shapes_exact_on_gpu(m):
         a, a_s = random_activations(m, k, gen)
         w_s = (0.5 + torch.rand(n, k // 128, generator=gen)).to(DEVICE)
         ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32)
-        cfgs = [None, *(default_linear(m, True, n=n, k=k, sms=sms, generation=g) for g in ("v1", "v3", "v4"))]
-        cfgs += [LinearConfig(MMA, 64, 32, num_stages=3, block_m=16), LinearConfig(DOT, 64, 64, num_stages=3)]
+        cfgs = [None, *(default_linear(m, True, n=n, k=k, sms=sms, generation=g) for g in ("v1", "v3", "v4", "v5"))]
+        cfgs += [LinearConfig(MMA, 64, 32, num_stages=3, block_m=16), LinearConfig(DOT, 64, 64, num_stages=3),
+                 LinearConfig(MMA, 128, 64, num_warps=8, num_stages=3, fold_lanes=True)]
         for cfg in cfgs:
             assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg), ref,
                          f"{cfg} N={n} K={k} M={m}")
@@ -426,7 +435,7 @@ def test_untuned_defaults_follow_the_sm_count():
         default_linear(1, False, generation="v9")
 
 
-@pytest.mark.parametrize("generation", ["v1", "v2", "v3", "v4"])
+@pytest.mark.parametrize("generation", ["v1", "v2", "v3", "v4", "v5"])
 @pytest.mark.parametrize("m", (1, 2, 9, 21, 70))
 def test_w2a8_defaults_of_both_generations_match_the_twin(generation, m):
     n, k = 72, 640
@@ -520,3 +529,19 @@ def test_w2a8_graph_with_and_without_programmatic_launch_agree():
     finally:
         programmatic_launch(before)
     assert_exact(outs[True], outs[False], "PDL vs plain launches")
+
+
+def test_w2a8_v5_default_folds_the_wide_widths_into_one_tile():
+    """v5: widths 17..128 in one tile of the whole width with the lanes folded (K sliced on a
+    132-SM GPU, not on an 8-SM Orin); narrower widths keep v3's launches; only the
+    tensor-core kernel folds."""
+    for m in (17, 40, 80, 128):
+        orin, h200 = (default_linear(m, False, n=2560, k=6912, sms=s, generation="v5") for s in (8, 132))
+        assert orin.kernel == h200.kernel == MMA and orin.fold_lanes and h200.fold_lanes
+        assert orin.block_m == h200.block_m == 0 and orin.split_k == 1 < h200.split_k
+    for m in (1, 2, 9, 16, 129):
+        assert default_linear(m, False, n=2560, k=6912, sms=132, generation="v5") == default_linear(
+            m, False, n=2560, k=6912, sms=132, generation="v3")
+    for kind in (DOT, GEMV, LANES):
+        with pytest.raises(ValueError, match="fold_lanes"):
+            LinearConfig(kind, 64, 64, fold_lanes=True)

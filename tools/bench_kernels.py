@@ -65,7 +65,8 @@ from tools.kernel_stack import (BOARDS, ORIN_LAUNCH_US, STACK_MODELS, STACK_WIDT
 
 # before = the previous release's table; shipped = what a call without a config launches now;
 # +pf = the same launches with the L2 prefetch before the programmatic-launch wait;
-TABLE_SCHEMES = ("tuned", "before (tuned table)", "v1 untuned", "v1 untuned+pf", "v3 untuned", "v4 untuned")
+TABLE_SCHEMES = ("tuned", "before (tuned table)", "v1 untuned", "v1 untuned+pf", "v3 untuned", "v4 untuned",
+                 "v5 untuned", "v5 untuned+bm32", "v5 untuned+bn128", "v5 untuned+fold")
 CARVEOUT_PERCENT = 100  # the '+co' schemes: every W2A8 launch prefers the largest shared-memory split
 # +co = the same launches with one fixed L1 / shared-memory split for every W2A8 kernel
 STACK_SCHEMES = ("before (tuned table)", "shipped", "v1 untuned", "v1 untuned+pf", "v2 untuned", "v3 untuned",
@@ -341,6 +342,20 @@ def merge_entries(old: list[dict], new: list[dict]) -> list[dict]:
     return [e for e in old if (e["op"], json.dumps(e["key"], sort_keys=True)) not in fresh] + new
 
 
+def write_scheme_tables(folder: Path, device_name: str, scheme_entries: dict[str, list[dict]]) -> None:
+    """``folder/<scheme>/<gpu>.json``: this GPU's shipped table with the entries of each table
+    scheme's stack launches in place of those of the same keys, so the model's replays can
+    compare the schemes (``bench_replay_widths.py --tables``): the stack alone misranks
+    launches for the step (tools/results/kernels.md, fused widths)."""
+    name = tuning.gpu_table_name(device_name)
+    base = list(tuning.load_table(device_name))
+    for scheme, entries in scheme_entries.items():
+        slug = scheme.replace(" ", "_").replace("(", "").replace(")", "").replace("+", "_")
+        tuning.save_table(folder / slug / f"{name}.json", device_name, merge_entries(base, entries),
+                          {"created_from": f"bench_kernels stack scheme '{scheme}'"})
+        log(f"scheme table '{scheme}': {folder / slug / (name + '.json')} ({len(entries)} entries)")
+
+
 def git_commit() -> str:
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
@@ -382,6 +397,7 @@ class Run:
         self.tuned: list[dict] = []  # winners, written as the table at the end
         self.chosen: dict[str, object] = {}  # the same winners, used by this run's benchmark
         self.tune_log: list[dict] = []
+        self.scheme_entries: dict[str, list[dict]] = {}  # per table scheme: its launches of the stacks, as entries
         self.stack_rows: list[dict] = []
         self.meta: dict = {}
         self.save = lambda: None  # main() points it at the writer of kernels.json / .md
@@ -452,6 +468,12 @@ class Run:
                         fc = fixed_cost(row["us"], st.shapes, st.layers, m, best)
                         row["fixed_us_per_linear"] = round(fc, 2) if fc is not None else None
                         measured[scheme] = (row["us"], cfgs)
+                        if scheme in TABLE_SCHEMES and (not a.scheme_table_widths or
+                                                        str(m) in a.scheme_table_widths.split(",")):
+                            self.scheme_entries.setdefault(scheme, []).extend(
+                                {**tuning.record("w2a8_linear", tuning.linear_key(n, k, m, g), cfgs[name], 0.0),
+                                 "us": None, "stack_scheme": scheme, "stack_us": row["us"]}
+                                for name, n, k, g in st.shapes)
                     except Exception as e:
                         row = {"section": "stack", "model": model, "scheme": scheme, "M": m,
                                "error": f"{type(e).__name__}: {e}"[:300]}
@@ -820,6 +842,12 @@ def main(argv=None) -> int:
     ap.add_argument("--tune", action="store_true", help="time candidate configs first and save the winners")
     ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results", help="folder for kernels.json/.md")
     ap.add_argument("--tuned-dir", type=Path, default=tuning.TUNED_DIR, help="where --tune writes <gpu>.json")
+    ap.add_argument("--scheme-tables", type=Path, default=None,
+                    help="write FOLDER/<scheme>/<gpu>.json per table scheme of the stack: this GPU's table with "
+                         "the stack's entries at its widths replaced by the scheme's launches (for "
+                         "tools/bench_replay_widths.py --tables)")
+    ap.add_argument("--scheme-table-widths", default=None,
+                    help="comma list: the widths whose entries --scheme-tables replaces (default: every stack width)")
     ap.add_argument("--only", default="floor,large,stack,quant,attention,heads,linear",
                     help="comma list of sections to run")
     ap.add_argument("--stack-models", default=",".join(STACK_MODELS), help="models whose whole stack replays")
@@ -905,6 +933,8 @@ def main(argv=None) -> int:
             run.linears(shapes, widths)
     finally:
         summary = save()
+        if args.scheme_tables:
+            write_scheme_tables(args.scheme_tables, device_name, run.scheme_entries)
         if (args.tune or args.sweep) and run.tuned:
             name = tuning.gpu_table_name(device_name)
             tmeta = {"triton": triton.__version__, "created": meta["date"], "command": meta["command"]}

@@ -89,6 +89,7 @@ def compile_config(cfg: LinearConfig, m: int, k: int, arch: int, grouped: bool =
         const["BLOCK_M"] = block_m(cfg, m)
     if cfg.kernel == MMA:
         const["ASUM_BY_DOT"] = grouped or k % 4 != 0 or cfg.asum_by_dot
+        const["FOLD"] = cfg.fold_lanes and k <= w2a8.FOLD_MAX_K
     chunks_total = -(-k // 128)
     per_split = -(-chunks_total // cfg.split_k)
     per_split = -(-per_split // chunks) * chunks

@@ -39,7 +39,7 @@ import torch
 
 from kernels_ampere import tuning
 from kernels_ampere.autotune import MODEL_LAYERS, MODEL_SHAPES, GraphTimer, LinearBench, tune_shape
-from kernels_ampere.tuning import DOT, GEMV, LinearConfig
+from kernels_ampere.tuning import DOT, GEMV, MMA, LinearConfig
 
 STACK_WIDTHS = (1, 2, 9, 16, 27, 40, 80)
 STACK_MODELS = ("bitnet-2b", "bitmtp-27m")
@@ -52,6 +52,13 @@ BOARDS = {
 DRAM_EFFICIENCY = 0.8
 ORIN_LAUNCH_US = 3.0
 RESIDUAL_SHAPES = ("wo", "w2 (down)")  # the runtime adds the residual in these projections' epilogue
+# scheme suffixes: the scheme's launches with one choice changed
+SCHEME_VARIANTS = {
+    "+pf": lambda cfg: dataclasses.replace(cfg, prefetch=True),  # the L2 prefetch before the wait
+    "+bm32": lambda cfg: dataclasses.replace(cfg, block_m=32) if cfg.fold_lanes else cfg,  # 32-row tiles
+    "+bn128": lambda cfg: dataclasses.replace(cfg, block_n=128, num_warps=8) if cfg.fold_lanes else cfg,
+    "+fold": lambda cfg: dataclasses.replace(cfg, fold_lanes=True) if cfg.kernel == MMA else cfg,  # every mma launch
+}
 
 
 def legacy_default(m: int, n: int, k: int) -> LinearConfig:
@@ -114,11 +121,14 @@ def scheme_configs(stack: Stack, scheme: str, m: int, legacy_table: tuple, chose
 
     ``shipped``: what ``w2a8_linear`` launches with no config (this GPU's table, else the
     default generation's defaults); ``v1 untuned`` / ``v2 untuned``: one generation's
-    SM-count defaults; a ``+pf`` suffix turns on the L2 prefetch before the wait."""
+    SM-count defaults; a suffix of ``SCHEME_VARIANTS`` changes one choice of the scheme's launches
+    (``+pf``: the L2 prefetch before the wait; ``+bm32`` / ``+bn128``: folded tiles of 32 rows
+    of the width / of 128 weight rows over 8 warps; ``+fold``: every ``mma`` launch folded)."""
     dev = torch.device("cuda")
-    if scheme.endswith("+pf"):
-        return {name: dataclasses.replace(cfg, prefetch=True)
-                for name, cfg in scheme_configs(stack, scheme[:-3], m, legacy_table, chosen).items()}
+    for suffix, change in SCHEME_VARIANTS.items():
+        if scheme.endswith(suffix):
+            return {name: change(cfg) for name, cfg in
+                    scheme_configs(stack, scheme[:-len(suffix)], m, legacy_table, chosen).items()}
     out = {}
     for name, n, k, g in stack.shapes:
         key = tuning.linear_key(n, k, m, g)
