@@ -9,7 +9,7 @@
 # tables as tables.tgz).
 #   OUT=/tmp/ww bash tools/h200_wide_widths.sh
 set -uo pipefail
-export PYTHONPATH=. PYTHONUNBUFFERED=1 BITMTP_COMMIT=${BITMTP_COMMIT:-unknown}
+export PYTHONPATH=".:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 BITMTP_COMMIT=${BITMTP_COMMIT:-unknown}
 OUT=${OUT:-runs/h200_wide_widths}
 T=$(mktemp -d)  # the shipped table and the scheme tables
 mkdir -p "$OUT"
