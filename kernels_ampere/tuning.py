@@ -26,7 +26,7 @@ import functools
 import json
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -192,12 +192,20 @@ MMA_MAX_M = 32  # v3: widths in one tile of the pipelined tensor-core kernel; wi
 # that share each weight tile through the L2. Measured slower than v3 on the 2B stack at
 # M = 27-40 (1551 / 1730 / 1740 against 1310 / 1591 / 1626 µs), faster at M = 80 (2742 vs
 # 2814 with ``dot``); kept as an option, not the default.
-# "v5" = v3 with the widths 17..128 in one ``mma`` tile of the whole width whose four lanes
-# share one accumulator (``fold_lanes``): each weight tile loaded and decoded once for every
-# row, at a quarter of the accumulator registers (56 against 126 at 32 rows, 72 against 176
-# at 64; sm_90, tools/kernel_sass.py), for three shifts per chunk.
+# "v5" (the default) = v3 with every ``mma`` launch of M = 3..128 folded (``fold_lanes``: the
+# four lanes in one accumulator, a quarter of the registers, one dot per lane per K step, half
+# the tensor-core waits at two chunks per step): M = 3..16 v3's tiles; M = 17..64 the whole
+# width in one tile of 128 weight rows over 8 warps (half the activation reads per weight of
+# 64-row tiles, each weight tile decoded once for the width); M = 65..128 32-row tiles of 64
+# weight rows side by side; K sliced as for 64-row tiles throughout (what was measured).
+# The H200, the BitNet-2B stack against v3 / the previous table (µs per step, one run,
+# tools/results/kernels.md "Wide widths, session 8"): M = 9 894 vs 1018 / 985, 16 946 vs
+# 1067 / 1027, 27 1211 vs 1307 / 1295, 33 1529 vs 1708 / 1714, 40 1594 vs 1722 / 1728,
+# 80 2206 vs 3094 / 2341; the 2B-shape replays at widths 32 / 33 / 40 1892 / 2141 / 2185
+# against the previous table's 2082 / 2368 / 2489. At 33 and 40 the stack alone ranks 32-row
+# folded tiles first (1342 / 1378) but the replays put them 3-4% behind the 128-row tiles.
 W2A8_GENERATIONS = ("v1", "v2", "v3", "v4", "v5")
-W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v3")
+W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v5")
 MMA_TILED_MAX_M = 128  # v4: widths on 16-row ``mma`` tiles; wider ones as v3
 TILED_MIN_M = 64  # v3: wider widths on 32-row ``mma`` tiles with K sliced by the tiles' count
 WIDE_BLOCK_M = 16
@@ -245,14 +253,17 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
             split = max(1, min(_cdiv(sms, _cdiv(n, 64) * m_tiles), chunks // 5, 8))
         return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split,
                             block_m=WIDE_BLOCK_M)
-    if not weight_only and generation == "v5" and MMA_MAX_M // 2 < m <= MMA_TILED_MAX_M:
-        # the whole width in one folded tile; K slices until the 64-row weight tiles cover the SMs
-        split = 1
-        if n and chunks:
-            split = max(1, min(_cdiv(sms, _cdiv(n, 64)), chunks // 5, 8))
-        return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split,
+    if not weight_only and generation == "v5" and 3 <= m <= MMA_TILED_MAX_M:
+        if m <= MMA_MAX_M // 2:  # v3's tiles, folded
+            return replace(default_linear(m, grouped, n=n, k=k, sms=sms, generation="v3"), fold_lanes=True)
+        # K slices until 64-row weight tiles would cover the SMs once, five chunks per slice at least
+        split = max(1, min(_cdiv(sms, _cdiv(n, 64)), chunks // 5, 8)) if n and chunks else 1
+        if m <= TILED_MIN_M:  # the whole width per program, 128 weight rows over two warp groups
+            return LinearConfig(MMA, block_n=128, block_kb=64, num_warps=8, num_stages=3, split_k=split,
+                                fold_lanes=True)
+        return LinearConfig(MMA, block_n=64, block_kb=64, num_warps=4, num_stages=3, split_k=split, block_m=32,
                             fold_lanes=True)
-    if not weight_only and generation in ("v3", "v4", "v5"):
+    if not weight_only and generation in ("v3", "v4", "v5"):  # v5 beyond 128 rows
         if m <= 2:  # a whole row per step; the weights' L2 prefetch (at M = 1 only: it measured slower
             # at M = 2, where two programs ask for the same rows) runs only under programmatic launch
             step = min(32, max(8, 1 << (chunks - 1).bit_length())) if chunks else 16
@@ -308,8 +319,9 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
 def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool = False) -> list[LinearConfig]:
     """What the tuner times for one (N, K, M). W2A8: gemv (with and without the L2
     prefetch) and ``lanes`` up to M = 2, the pipelined ``mma`` over the whole width up to
-    M = 48 and in 16- / 32-row tiles for M = 17..128, ``dot`` from M = 2; W2A16: gemv at
-    M <= 2, the 16-bit dot always."""
+    M = 48 and in 16- / 32-row tiles for M = 17..128, the same with folded lanes (and 128
+    weight rows over 8 warps) for M = 3..128, ``dot`` from M = 2; W2A16: gemv at M <= 2,
+    the 16-bit dot always."""
     chunks = _cdiv(k, 128)
     out = []
     if weight_only:
@@ -369,9 +381,11 @@ def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool =
                            asum_by_dot=asum)
         if cfg not in out:
             out.append(cfg)
-    if 16 < m <= MMA_TILED_MAX_M:  # one accumulator for the four lanes: the whole width (or 32-row tiles) per
-        # program at a quarter of the registers, 128 weight rows over 8 warps (half the activation reads per weight)
-        folded = [(64, 4, sk, bm) for bm in (0, 32) for sk in (1, 2, 4)] + [(128, 8, 1, 0), (128, 8, 2, 0)]
+    if 3 <= m <= MMA_TILED_MAX_M:  # the lanes folded into one accumulator (a quarter of the registers): v3's
+        # tiles; from 17 rows the whole width (or 32-row tiles) per program, 128 weight rows over 8 warps
+        folded = [(64, 4, sk, 0) for sk in (1, 2, 3, 4)]
+        if m > 16:
+            folded += [(64, 4, sk, 32) for sk in (1, 2, 4)] + [(128, 8, sk, 0) for sk in (1, 2, 3, 4)]
         for bn, warps, sk, bm in folded:
             sk = group_k_slices(k) if grouped else sk
             if sk > 1 and chunks / sk < 4:

@@ -531,15 +531,20 @@ def test_w2a8_graph_with_and_without_programmatic_launch_agree():
     assert_exact(outs[True], outs[False], "PDL vs plain launches")
 
 
-def test_w2a8_v5_default_folds_the_wide_widths_into_one_tile():
-    """v5: widths 17..128 in one tile of the whole width with the lanes folded (K sliced on a
-    132-SM GPU, not on an 8-SM Orin); narrower widths keep v3's launches; only the
-    tensor-core kernel folds."""
-    for m in (17, 40, 80, 128):
+def test_w2a8_v5_default_folds_every_tensor_core_launch():
+    """v5 (the default): v3's launches at M <= 16 with the lanes folded; M = 17..64 the whole
+    width in one folded tile of 128 weight rows over 8 warps, M = 65..128 folded 32-row
+    tiles; K sliced on a 132-SM GPU, not on an 8-SM Orin; M <= 2 and beyond 128 rows as v3;
+    only the tensor-core kernel folds."""
+    for m in (3, 9, 16):
+        v3, v5 = (default_linear(m, False, n=2560, k=6912, sms=132, generation=g) for g in ("v3", "v5"))
+        assert v5.fold_lanes and v5 == LinearConfig(**{**v3.__dict__, "fold_lanes": True})
+    for m, block_n, block_m in ((17, 128, 0), (40, 128, 0), (64, 128, 0), (65, 64, 32), (128, 64, 32)):
         orin, h200 = (default_linear(m, False, n=2560, k=6912, sms=s, generation="v5") for s in (8, 132))
         assert orin.kernel == h200.kernel == MMA and orin.fold_lanes and h200.fold_lanes
-        assert orin.block_m == h200.block_m == 0 and orin.split_k == 1 < h200.split_k
-    for m in (1, 2, 9, 16, 129):
+        assert orin.block_n == h200.block_n == block_n and orin.block_m == h200.block_m == block_m
+        assert orin.split_k == 1 < h200.split_k
+    for m in (1, 2, 129):
         assert default_linear(m, False, n=2560, k=6912, sms=132, generation="v5") == default_linear(
             m, False, n=2560, k=6912, sms=132, generation="v3")
     for kind in (DOT, GEMV, LANES):
