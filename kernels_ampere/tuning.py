@@ -238,6 +238,8 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     each slice keeping five chunks at least for the three-stage software pipeline (at
     M = 33..64 that launch runs in two 32-row tiles); from M = 65 the width's 32-row tiles
     multiply the programs, and K is sliced only where they still leave half the SMs idle.
+    v5 (the default) slices K the same way at every M = 3..128 (as for 64-row weight tiles),
+    so an Orin gets the folded whole-width tiles unsliced.
     """
     chunks = _cdiv(k, 128) if k else 0
     sms = sms or 132

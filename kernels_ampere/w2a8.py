@@ -11,11 +11,12 @@ byte ``32*g + j`` of a row holds, in bits ``2i..2i+1``, the code ``c = W + 1`` o
 decoding is a shift and a mask, nothing more.
 
 Five kernels, picked per (N, K, M) by the tuned table (``tuning.py``) or, without one, by
-``tuning.default_linear`` from the shape and the SM count. The untuned default ("v3",
+``tuning.default_linear`` from the shape and the SM count. The untuned default ("v5",
 ``BITMTP_W2A8_KERNELS``) is what the H200 measured fastest per width on the whole 2B stack
 and in the 2B-shape replays (tools/results/kernels.md): ``gemv`` at M <= 2 (with the L2
-prefetch below at M = 1), ``mma`` with three software-pipeline stages at M = 3..32, and in
-32-row tiles beyond.
+prefetch below at M = 1), ``mma`` with three software-pipeline stages and folded lanes
+(below) from M = 3: v3's 64-row weight tiles to M = 16, the whole width in 128-row weight
+tiles over 8 warps at M = 17..64, 32-row tiles of the width beyond.
 
 v1:
 
@@ -46,6 +47,15 @@ v2 (issue 15: fewer integer instructions per weight, every width decoded once):
   ``dot`` does, or through inline PTX, which the compiler cannot move) converts four
   decoded tiles instead of one packed tile: ``tools/kernel_sass.py`` counts 597 against 166
   instructions per loop iteration on sm_87.
+
+v5 (issue 15, the wide widths): ``mma`` with folded lanes (``LinearConfig.fold_lanes``): the
+four lanes accumulate into one int32 tile by Horner over their scales (``<< 2`` between lanes,
+``>> 6`` after the fourth, exact: every partial sum is a multiple of the next lane's scale),
+and each lane is one dot over the whole K step (its chunks gathered in one tile). A quarter
+of the accumulator registers (71 against 126 per thread at 64 x 32, sm_90) and half the
+tensor-core waits at two chunks per step, for four shifts of the tile per step: wide tiles
+no longer spill or starve the SM of programs, so one program takes the whole width with
+each weight tile decoded once.
 
 Both v2 kernels load their first weight step *before* waiting for the previous kernel
 (``gdc_prologue``): the weights are constants, so under programmatic dependent launch
@@ -79,6 +89,8 @@ same time and read the tile from DRAM about once. Measured on the 2B stack
 projections); 16-row tiles lost to one 32-row tile at M = 27 and to ``dot`` at M = 33-40.
 In the model's replays (the linears between its norms, attention and heads) two 32-row tiles
 beat ``dot`` at M = 33 and 40 by 12% of the whole step, and 16-row tiles beat it by 5%.
+Folded (session 8): 32-row tiles fastest on the stack at M = 33-80, the whole width in
+128-row weight tiles fastest in the replays at widths 32-40 (tools/results/kernels.md).
 
 The epilogue multiplies in the same order as the twin, ``(float(acc) * a_scale) * w_scale``
 (group scales: ``(sum of float(chunk) * w_scale[g]) * a_scale``), so results in float32 are

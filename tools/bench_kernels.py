@@ -70,7 +70,7 @@ TABLE_SCHEMES = ("tuned", "before (tuned table)", "v1 untuned", "v1 untuned+pf",
 CARVEOUT_PERCENT = 100  # the '+co' schemes: every W2A8 launch prefers the largest shared-memory split
 # +co = the same launches with one fixed L1 / shared-memory split for every W2A8 kernel
 STACK_SCHEMES = ("before (tuned table)", "shipped", "v1 untuned", "v1 untuned+pf", "v2 untuned", "v3 untuned",
-                 "shipped+co")
+                 "v5 untuned", "shipped+co")
 LEGACY_TABLE = ROOT / "tools" / "results" / "legacy_tuned_nvidia_h200.json"
 
 WIDTHS = (1, 5, 9, 17)
