@@ -53,9 +53,9 @@ four lanes accumulate into one int32 tile by Horner over their scales (``<< 2`` 
 ``>> 6`` after the fourth, exact: every partial sum is a multiple of the next lane's scale),
 and each lane is one dot over the whole K step (its chunks gathered in one tile). A quarter
 of the accumulator registers (71 against 126 per thread at 64 x 32, sm_90) and half the
-tensor-core waits at two chunks per step, for four shifts of the tile per step: wide tiles
-no longer spill or starve the SM of programs, so one program takes the whole width with
-each weight tile decoded once.
+tensor-core waits at two chunks per step, for four shifts of the tile per step: a program
+can take the whole width up to 64 rows (128 weight rows over 8 warps) with each weight
+tile decoded once, where four accumulators of that size would spill.
 
 Both v2 kernels load their first weight step *before* waiting for the previous kernel
 (``gdc_prologue``): the weights are constants, so under programmatic dependent launch
