@@ -145,7 +145,7 @@ def profile(cfg: LinearConfig, m: int, k: int, arch: int, tmp: Path) -> dict:
     programs_per_tile = -(-m // rows_per_program)  # programs that decode the same weights again
     per_warp = weights / cfg.num_warps / programs_per_tile
     b, limiter = bound(counts, per_warp)
-    return {"kernel": cfg.kernel, "M": m, "BLOCK_N": cfg.block_n, "CHUNKS": chunks, "warps": cfg.num_warps,
+    return {"kernel": cfg.kernel, "fold": cfg.fold_lanes, "M": m, "BLOCK_N": cfg.block_n, "CHUNKS": chunks, "warps": cfg.num_warps,
             "stages": cfg.num_stages,
             "rows_per_program": rows_per_program, "loop_instructions": sum(counts.values()),
             "weights_per_warp_instruction": round(per_warp / max(sum(counts.values()), 1), 2),
@@ -163,13 +163,13 @@ def project(rows: list[dict], model: str = "bitnet-2b") -> list[str]:
     lines = ["", f"## Projected {model} ternary-linear step from these bounds (ms; steps/s)", "",
              f"Per call `max(bytes / ({DRAM_EFFICIENCY} · BW), weights / (r · SMs · f)) + {ORIN_LAUNCH_US:g} µs`, "
              f"summed over {layers} layers x {len(shapes)} projections, r = the bound above for the default kernel of "
-             "each generation at that width (v1: gemv / dot, v2: lanes / mma). An upper bound on speed: the "
+             "each generation at that width (v1: gemv / dot, v2: lanes / mma, v5: gemv / folded mma). An upper "
+             "bound on speed: the "
              "bound ignores latency and occupancy.", "",
              "| M | generation | r | " + " | ".join(BOARDS) + " |", "|---|---|---|" + "---|" * len(BOARDS)]
-    v1, v2 = (GEMV, DOT, ROWS), (LANES, MMA)
     for m in sorted({r["M"] for r in rows if "error" not in r}):
-        for name, kinds in (("v1", v1), ("v2", v2)):
-            got = [r for r in rows if r["M"] == m and r.get("kernel") in kinds and "error" not in r]
+        for name in GENERATIONS:
+            got = [r for r in rows if r["M"] == m and name in r.get("generations", ()) and "error" not in r]
             if not got:
                 continue
             rate = got[0]["bound_weights_per_sm_clock"]
@@ -183,8 +183,11 @@ def project(rows: list[dict], model: str = "bitnet-2b") -> list[str]:
     return lines
 
 
-def default_configs(m: int, n: int, k: int, sms: int) -> list[LinearConfig]:
-    return [tuning.default_linear(m, False, n=n, k=k, sms=sms, generation=g) for g in ("v1", "v2")]
+GENERATIONS = ("v1", "v2", "v5")  # v1: gemv / dot, v2: lanes / mma, v5 (the default): gemv / folded mma
+
+
+def default_configs(m: int, n: int, k: int, sms: int) -> list[tuple[str, LinearConfig]]:
+    return [(g, tuning.default_linear(m, False, n=n, k=k, sms=sms, generation=g)) for g in GENERATIONS]
 
 
 def main(argv=None) -> int:
@@ -206,16 +209,18 @@ def main(argv=None) -> int:
     tmp = Path(f"/tmp/kernel_sass_{os.getpid()}.cubin")
     rows = []
     for m in (int(w) for w in args.widths.split(",")):
-        seen = set()
-        for cfg in default_configs(m, n, k, args.sms) + extra:
+        seen = {}  # config -> its row (a launch two generations share is compiled once)
+        for gen, cfg in default_configs(m, n, k, args.sms) + [("", c) for c in extra]:
             if cfg in seen or (cfg.kernel == LANES and m > w2a8.LANES_MAX_BLOCK_M):
+                if cfg in seen and gen:
+                    seen[cfg]["generations"].append(gen)
                 continue
-            seen.add(cfg)
             try:
                 rows.append(profile(cfg, m, k, args.arch, tmp))
             except Exception as e:  # a configuration that does not compile is a finding too
                 rows.append({"kernel": cfg.kernel, "M": m, "error": f"{type(e).__name__}: {e}"[:200]})
-            r = rows[-1]
+            r = seen[cfg] = rows[-1]
+            r["generations"] = [gen] if gen else []
             print(f"sm_{args.arch} M={m:<3} {cfg.kernel:<5} bn={cfg.block_n:<3} kb={cfg.block_kb:<4} "
                   f"w={cfg.num_warps} s={cfg.num_stages}: " + (f"{r['loop_instructions']:5} instr/iter, "
                                             f"{r['weights_per_warp_instruction']:6} w/warp-instr, bound "
@@ -228,14 +233,15 @@ def main(argv=None) -> int:
                  f"Triton {triton.__version__}; projection {n}x{k}; defaults sized for {args.sms} SMs. "
                  "Bound = weights per SM-clock the loop's instruction mix allows (tools/kernel_sass.py), with "
                  "Ampere's per-SM pipe rates (sm_80 / sm_86 / sm_87; a Hopper SM runs IMMA faster).", "",
-                 "| M | kernel | BLOCK_N | CHUNKS | warps | stages | rows/program | instr / iteration | "
-                 "weights / warp-instr | bound w / SM-clk | limiter | regs | spill B |",
-                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                 "| M | default of | kernel | folded | BLOCK_N | CHUNKS | warps | stages | rows/program | "
+                 "instr / iteration | weights / warp-instr | bound w / SM-clk | limiter | regs | spill B |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             if "error" in r:
-                lines.append(f"| {r['M']} | {r['kernel']} | FAILED: {r['error']} ||||||||||")
+                lines.append(f"| {r['M']} | {', '.join(r['generations'])} | {r['kernel']} | FAILED: {r['error']} "
+                             "||||||||||||")
                 continue
-            lines.append(f"| {r['M']} | {r['kernel']} | {r['BLOCK_N']} | {r['CHUNKS']} | {r['warps']} | {r['stages']} | "
+            lines.append(f"| {r['M']} | {', '.join(r['generations'])} | {r['kernel']} | {r['fold']} | {r['BLOCK_N']} | {r['CHUNKS']} | {r['warps']} | {r['stages']} | "
                          f"{r['rows_per_program']} | {r['loop_instructions']} | {r['weights_per_warp_instruction']} | "
                          f"{r['bound_weights_per_sm_clock']} | {r['limiter']} | {r['regs']} | {r['spill_bytes']} |")
         lines += project(rows)
