@@ -1,6 +1,7 @@
 """Fine-tuning existing ternary checkpoints into BitMTP (``tools.train --init``), the
-self-distillation data and loss (``tools.distill``, ``--distill``, ``--kl-weight``), and
-training under ``torchrun`` (gloo, 2 processes) with resume."""
+self-distillation data and loss (``tools.distill``, ``--distill``, ``--kl-weight``), NTP
+distillation from a frozen teacher (``--ntp-teacher``), and training under ``torchrun``
+(gloo, 2 processes) with resume."""
 
 from __future__ import annotations
 
@@ -222,13 +223,13 @@ def test_kl_term_reads_the_clean_row_a_slot_predicts():
         return torch.cat([clean, blk], dim=1)
 
     args = (None, None, None, tgt, L, 1.0, D, anchors)
-    *_, kl = joint_loss(logits_fn, *args, kl_weight=1.0)
+    _, _, _, kl, _ = joint_loss(logits_fn, *args, kl_weight=1.0)
     assert float(kl) == pytest.approx(0.0, abs=1e-6)
     shifted = torch.roll(blocks, 1, dims=1)  # each slot now holds its neighbour's teacher
-    *_, kl2 = joint_loss(lambda *a: torch.cat([clean, shifted], dim=1), *args, kl_weight=1.0)
+    _, _, _, kl2, _ = joint_loss(lambda *a: torch.cat([clean, shifted], dim=1), *args, kl_weight=1.0)
     assert float(kl2) > 0.1
     sw = torch.tensor([0.0, 0.0, 0.0, 1.0])  # slot weights select slot 3 only
-    _, _, mtp_w, _ = joint_loss(logits_fn, *args, slot_weights=sw)
+    _, _, mtp_w, _, _ = joint_loss(logits_fn, *args, slot_weights=sw)
     ce = torch.nn.functional.cross_entropy(blocks[0], tgt[0, L:], reduction="none").view(K, D)
     assert float(mtp_w) == pytest.approx(float(ce[:, 3].mean()), rel=1e-5)
 
@@ -288,6 +289,76 @@ def test_distill_ntp_targets_follow_the_mode(sources, data, tmp_path):
     log = json.loads((tmp_path / "run" / "train_log.json").read_text())
     assert s["steps"] == 6 and log["config"]["distill_ntp"] == "prompt"
     assert all(h["ntp"] > 0 and h["mtp"] > 0 for h in log["history"])
+
+
+# -- NTP distillation from a frozen teacher (--ntp-teacher) ------------------------------------
+
+def test_ntp_kl_term_mixes_ce_and_kl_on_the_scored_positions():
+    """The NTP term is (1 - w) CE + w KL(teacher ‖ student), averaged over the positions CE scores."""
+    g = torch.Generator().manual_seed(0)
+    B, L, D, K, V = 2, 10, 4, 2, 30
+    logits = torch.randn(B, L + K * D, V, generator=g)
+    teacher = 2 * torch.randn(B, L, V, generator=g)
+    tgt = torch.randint(0, V, (B, L + K * D), generator=g)
+    tgt[0, 6:L] = IGNORE  # unscored clean positions get no KL either
+    args = (lambda *a: logits, None, None, None, tgt, L, 0.7, D, torch.tensor([[1, 4], [2, 5]]))
+    _, ntp, mtp, _, off = joint_loss(*args)
+    assert float(off) == 0.0
+    w = 0.4
+    loss, ntp_w, mtp_w, _, ntp_kl = joint_loss(*args, ntp_teacher=teacher, ntp_kl_weight=w)
+    p_t, logp_s = teacher.softmax(-1), logits[:, :L].log_softmax(-1)
+    want = (p_t * (p_t.log() - logp_s)).sum(-1)[tgt[:, :L] != IGNORE].mean()
+    assert float(ntp_kl) == pytest.approx(float(want), rel=1e-5) and float(want) > 0.1
+    assert torch.equal(ntp_w, ntp) and torch.equal(mtp_w, mtp)  # the logged CE terms stay CE
+    assert float(loss) == pytest.approx(float((1 - w) * ntp + w * want + 0.7 * mtp), rel=1e-5)
+    *_, same = joint_loss(*args, ntp_teacher=logits[:, :L].clone(), ntp_kl_weight=w)
+    assert float(same) == pytest.approx(0.0, abs=1e-6)
+    # the SFT layout (no blocks) takes the same mix
+    sft_loss, *_ = joint_loss(lambda *a: logits[:, :L], None, None, None, tgt[:, :L], L, 0.0,
+                              ntp_teacher=teacher, ntp_kl_weight=1.0)
+    assert float(sft_loss) == pytest.approx(float(want), rel=1e-5)
+
+
+def test_ntp_teacher_is_the_frozen_checkpoint_without_the_mask_token(sources, data, tmp_path):
+    """Teacher = the --init checkpoint: its clean-stream logits are the student's, but for the
+    mask token's, which gets no probability; no teacher weight is trained."""
+    tr = Trainer(tiny(data, tmp_path / "run", init=str(sources["bitnet-packed"]),
+                      ntp_teacher=str(sources["bitnet-packed"]), ntp_kl_weight=0.5), log=lambda m: None)
+    ids, pos, mask, _, _ = tr.train_data.next()
+    teacher = tr._ntp_teacher_logits(ids, pos, mask)
+    with torch.no_grad():
+        student = tr.logits_model(ids, pos, mask)[:, :32]
+    mask_id = tr.index.mask_token_id
+    others = torch.arange(student.shape[-1]) != mask_id
+    torch.testing.assert_close(teacher[..., others], student[..., others], rtol=1e-5, atol=1e-4)
+    assert (teacher.softmax(-1)[..., mask_id] == 0).all() and (student.softmax(-1)[..., mask_id] > 0).all()
+    trained = {id(p) for group in tr.opt.param_groups for p in group["params"]}
+    assert not any(p.requires_grad or id(p) in trained for p in tr.ntp_teacher.parameters())
+    for bad, match in ((dict(ntp_teacher=str(sources["qwen3"]), ntp_kl_weight=1.5), "in \\[0, 1\\]"),
+                       (dict(ntp_kl_weight=0.5), "go together"), (dict(ntp_teacher=str(sources["qwen3"])), "go together")):
+        with pytest.raises(ValueError, match=match):
+            Trainer(tiny(data, tmp_path / "bad", **bad), log=lambda m: None)
+
+
+def test_ntp_teacher_loads_without_pickle_and_pulls_the_student(sources, data, tmp_path, monkeypatch):
+    """Distilling the qwen3 checkpoint's next-token distribution into the BitNet one: the teacher
+    is read from safetensors and JSON only, and with the NTP target all teacher (w = 1, no MTP
+    term pulling toward the corpus) the KL to it falls as the student trains."""
+    import pickle
+
+    def refuse(*a, **k):
+        raise AssertionError("the NTP teacher is read without pickle")
+
+    for mod, name in ((pickle, "load"), (pickle, "loads"), (torch, "load")):
+        monkeypatch.setattr(mod, name, refuse)
+    run = tmp_path / "run"
+    s = Trainer(tiny(data, run, init=str(sources["bitnet-packed"]), ntp_teacher=str(sources["qwen3"]),
+                     ntp_kl_weight=1.0, mtp_weight=0.0, max_steps=12, lr=3e-3), log=lambda m: None).run()
+    log = json.loads((run / "train_log.json").read_text())
+    assert s["steps"] == 12 and log["ntp_teacher"]["format"] == "qwen3-group128"
+    assert log["config"]["ntp_kl_weight"] == 1.0
+    kls = [h["ntp_kl"] for h in log["history"]]
+    assert all(k > 0 for k in kls) and np.mean(kls[-3:]) < 0.8 * np.mean(kls[:3])
 
 
 # -- torchrun ----------------------------------------------------------------------------------

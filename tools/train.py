@@ -31,6 +31,18 @@ the clean stream's own distribution at the position a block slot predicts (detac
 verifier as it is at this step) to the slot's distribution, the calibration signal hybrid
 decoding's confidence test needs. ``--slot-weights`` weights the MTP terms per slot.
 
+NTP distillation from a stronger next-token model (the held-out NTP gap)::
+
+    python -m tools.train --init tools/checkpoints/bitmtp-d8-27m --ntp-teacher tools/checkpoints/sft-27m \
+        --ntp-kl-weight 0.5 ...
+
+``--ntp-teacher CKPT`` (any form bitmtp-export reads, same tokenizer) runs beside the student,
+frozen, on the clean stream; at every position the NTP term scores, the target becomes a mix:
+``(1 - w) × CE(corpus token) + w × KL(teacher's next-token distribution ‖ the student's)``
+with ``w = --ntp-kl-weight``. A soft target carries the teacher's whole distribution, so it
+moves the student toward the teacher's loss with less gradient noise than the one-hot token.
+The teacher costs one forward pass over the clean rows per step (no backward).
+
 Outputs under ``--out``: ``final/`` (latent float32 HF checkpoint), ``compact/`` (packed
 HF BitNet, the release form), ``latest/`` + ``resume.pt`` (periodic, for ``--resume``),
 ``train_log.json`` (config, loss history, validation, summary).
@@ -118,6 +130,9 @@ class TrainConfig:
     distill_ntp: str = "none"  # none | prompt | all: NTP targets on the distill rows' clean stream
     kl_weight: float = 0.0
     slot_weights: tuple[float, ...] | None = None
+    # NTP distillation: a frozen next-token teacher on the clean stream
+    ntp_teacher: str | None = None
+    ntp_kl_weight: float = 0.0
 
     @property
     def layout(self) -> BlockLayout:
@@ -154,15 +169,27 @@ class LogitsModel(torch.nn.Module):
 
 
 def joint_loss(logits_fn, ids, pos, mask, tgt, clean_len: int, mtp_weight: float, block_size: int = 0,
-               anchors=None, slot_weights=None, kl_weight: float = 0.0):
-    """(loss, ntp, mtp, kl): NTP CE over the clean rows + mtp_weight × (CE over the block rows,
-    weighted per slot + kl_weight × KL(clean stream at the predicted position ‖ block slot))."""
+               anchors=None, slot_weights=None, kl_weight: float = 0.0, ntp_teacher=None, ntp_kl_weight: float = 0.0):
+    """(loss, ntp, mtp, kl, ntp_kl): the NTP term over the clean rows + mtp_weight × (CE over the
+    block rows, weighted per slot + kl_weight × KL(clean stream at the predicted position ‖ block slot)).
+
+    The NTP term is the CE ``ntp``; with ``ntp_teacher`` (a teacher's clean-stream logits
+    [B, clean_len, V]) it is ``(1 - ntp_kl_weight) × ntp + ntp_kl_weight × ntp_kl``, where
+    ``ntp_kl`` is KL(teacher ‖ student) averaged over the positions the CE scores."""
     logits = logits_fn(ids, pos, mask)
     v = logits.shape[-1]
-    ntp = F.cross_entropy(logits[:, :clean_len].reshape(-1, v), tgt[:, :clean_len].reshape(-1), ignore_index=IGNORE)
+    clean, clean_tgt = logits[:, :clean_len], tgt[:, :clean_len]
+    ntp = F.cross_entropy(clean.reshape(-1, v), clean_tgt.reshape(-1), ignore_index=IGNORE)
     zero = torch.zeros_like(ntp)
+    ntp_term, ntp_kl = ntp, zero
+    if ntp_teacher is not None and ntp_kl_weight > 0:
+        scored = (clean_tgt != IGNORE).float()
+        kl_tok = F.kl_div(F.log_softmax(clean, -1), F.log_softmax(ntp_teacher.float(), -1), log_target=True,
+                          reduction="none").sum(-1)
+        ntp_kl = (kl_tok * scored).sum() / scored.sum().clamp(min=1e-6)
+        ntp_term = (1 - ntp_kl_weight) * ntp + ntp_kl_weight * ntp_kl
     if logits.shape[1] == clean_len:
-        return ntp, ntp, zero, zero
+        return ntp_term, ntp, zero, zero, ntp_kl
     blk, bt = logits[:, clean_len:], tgt[:, clean_len:]
     ce = F.cross_entropy(blk.reshape(-1, v), bt.reshape(-1), ignore_index=IGNORE, reduction="none").view(bt.shape)
     valid = (bt != IGNORE).float()
@@ -180,7 +207,7 @@ def joint_loss(logits_fn, ids, pos, mask, tgt, clean_len: int, mtp_weight: float
                           reduction="none").sum(-1)
         wk = has_teacher.float() if slot_weights is None else has_teacher.float() * slot_weights.repeat(k)
         kl = (kl_tok * wk).sum() / wk.sum().clamp(min=1e-6)
-    return ntp + mtp_weight * (mtp + kl_weight * kl), ntp, mtp, kl
+    return ntp_term + mtp_weight * (mtp + kl_weight * kl), ntp, mtp, kl, ntp_kl
 
 
 class Batches:
@@ -459,6 +486,7 @@ class Trainer:
             raise ValueError(f"--slot-weights has {len(tc.slot_weights)} values; give one per slot (D = {layout.block_size})")
         self.slot_weights = (torch.tensor(tc.slot_weights, dtype=torch.float32, device=self.device)
                              if tc.slot_weights is not None else None)
+        self.ntp_teacher, self.ntp_teacher_info = self._load_ntp_teacher()
         self.model.to(self.device).train()
         self.logits_model = LogitsModel(self.model)
         if self.dist.world > 1:
@@ -483,6 +511,40 @@ class Trainer:
         self.elapsed_before = 0.0
         if tc.resume:
             self._resume()
+
+    def _load_ntp_teacher(self):
+        """(frozen teacher as a LogitsModel, its InitInfo), or (None, None) without --ntp-teacher.
+        Read like --init (safetensors and JSON, the tokenizer checked against the corpus')."""
+        tc = self.tc
+        if not 0.0 <= tc.ntp_kl_weight <= 1.0:
+            raise ValueError(f"--ntp-kl-weight {tc.ntp_kl_weight}: the share of the NTP target taken from the "
+                             "teacher must be in [0, 1]")
+        if (tc.ntp_teacher is None) != (tc.ntp_kl_weight == 0):
+            raise ValueError("--ntp-teacher and --ntp-kl-weight go together: give the teacher checkpoint and a "
+                             "weight in (0, 1], or neither")
+        if tc.ntp_teacher is None:
+            return None, None
+        from tools.distill import freeze
+        from tools.init_checkpoint import load_for_training
+
+        teacher, info = load_for_training(tc.ntp_teacher, self.index.mask_token_id,
+                                          Path(tc.data) / self.index.tokenizer)
+        if teacher.cfg.vocab_size != self.cfg.vocab_size:
+            raise ValueError(f"--ntp-teacher {tc.ntp_teacher}: vocabulary of {teacher.cfg.vocab_size} tokens, the "
+                             f"student has {self.cfg.vocab_size}; distill from a model with the student's tokenizer")
+        frozen = freeze(teacher.to(self.device)).requires_grad_(False)
+        self.log(f"NTP teacher {tc.ntp_teacher} ({info.format}, {info.family}), KL weight {tc.ntp_kl_weight}")
+        return LogitsModel(frozen), info
+
+    def _ntp_teacher_logits(self, ids, pos, mask):
+        """The teacher's logits on the clean stream [B, L, V]. The mask token is no next token
+        (its row in a model trained without it is a stand-in): the teacher gives it no mass.
+        A finite floor, not -inf, keeps KL's 0 · log 0 terms at 0."""
+        L = self.tc.layout.clean_len
+        with torch.no_grad():
+            logits = self.ntp_teacher(ids[:, :L], pos[:, :L], mask[:, :L, :L])
+            logits[..., self.index.mask_token_id] = -1e4
+        return logits
 
     # -- bookkeeping ---------------------------------------------------------------------
     @property
@@ -544,6 +606,7 @@ class Trainer:
              "device_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
              "torch": torch.__version__, "corpus_sha256": self.index.corpus_sha256, "max_steps": self.max_steps,
              "init": asdict(self.init_info) if self.init_info else None,
+             "ntp_teacher": asdict(self.ntp_teacher_info) if self.ntp_teacher_info else None,
              "distill": self.distill_data.meta if self.distill_data is not None else None,
              "history": self.history, "evals": self.evals, "events": self.events, "summary": summary}
         tmp = self.out / "train_log.json.tmp"
@@ -563,24 +626,25 @@ class Trainer:
 
         def fn(ids, pos, mask, tgt, anchors):
             with self.autocast():
+                teacher = None if self.ntp_teacher is None else self._ntp_teacher_logits(ids, pos, mask)
                 return joint_loss(logits_model, ids, pos, mask, tgt, L, tc.mtp_weight, tc.layout.block_size,
-                                  anchors, self.slot_weights, tc.kl_weight)
+                                  anchors, self.slot_weights, tc.kl_weight, teacher, tc.ntp_kl_weight)
         return fn
 
     def _want_compile(self) -> bool:
         return self.tc.compile == "on" or (self.tc.compile == "auto" and self.device.type == "cuda")
 
     def _train_step(self, fn, batch):
-        """One optimiser step -> (loss, ntp, mtp, kl, grad norm) as device tensors, and the lr."""
+        """One optimiser step -> (loss, ntp, mtp, kl, ntp_kl, grad norm) as device tensors, and the lr."""
         lr = lr_at(self.step, self.tc, self.max_steps)
         for g in self.opt.param_groups:
             g["lr"] = lr
-        loss, ntp, mtp, kl = fn(*batch)
+        loss, ntp, mtp, kl, ntp_kl = fn(*batch)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.grad_clip)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        return loss, ntp, mtp, kl, gnorm, lr
+        return loss, ntp, mtp, kl, ntp_kl, gnorm, lr
 
     def _first_step(self, batch):
         """The first step, compiled if asked; any compile failure falls back to eager."""
@@ -689,10 +753,10 @@ class Trainer:
                 last_save = time.perf_counter()
             batch = self._next_batch()
             if fn is None:
-                loss, ntp, mtp, kl, gnorm, lr = self._first_step(batch)
+                loss, ntp, mtp, kl, ntp_kl, gnorm, lr = self._first_step(batch)
                 fn = self.compiled or self._loss_fn(self.logits_model)
             else:
-                loss, ntp, mtp, kl, gnorm, lr = self._train_step(fn, batch)
+                loss, ntp, mtp, kl, ntp_kl, gnorm, lr = self._train_step(fn, batch)
             self.step += 1
             bar.update(1)
             if self.step in tc.fit_marks:
@@ -700,7 +764,7 @@ class Trainer:
                     torch.cuda.synchronize()
                 marks[self.step] = time.perf_counter()
             if self.step % tc.log_every == 0 or self.step == 1:
-                loss_v, ntp_v, mtp_v, kl_v, g_v = (float(x.detach()) for x in (loss, ntp, mtp, kl, gnorm))
+                loss_v, ntp_v, mtp_v, kl_v, nkl_v, g_v = (float(x.detach()) for x in (loss, ntp, mtp, kl, ntp_kl, gnorm))
                 if not math.isfinite(loss_v):
                     diverged = True
                     self._note(f"loss is {loss_v}; stopping")
@@ -708,7 +772,8 @@ class Trainer:
                 tok_s = (self.step - s_log) * clean_per_step / max(now - t_log, 1e-9)
                 t_log, s_log = now, self.step
                 self.history.append({"step": self.step, "loss": round(loss_v, 4), "ntp": round(ntp_v, 4),
-                                     "mtp": round(mtp_v, 4), "kl": round(kl_v, 4), "grad_norm": round(g_v, 3),
+                                     "mtp": round(mtp_v, 4), "kl": round(kl_v, 4), "ntp_kl": round(nkl_v, 4),
+                                     "grad_norm": round(g_v, 3),
                                      "lr": lr, "clean_tok_s": round(tok_s), "elapsed_s": round(self._elapsed(), 1)})
                 bar.set_postfix(loss=f"{loss_v:.3f}", ntp=f"{ntp_v:.3f}", mtp=f"{mtp_v:.3f}", tok_s=f"{tok_s / 1e3:.0f}k")
                 self.write_log()
@@ -790,6 +855,10 @@ def main(argv: list[str] | None = None) -> None:
     @click.option("--kl-weight", default=defaults["kl_weight"], show_default=True,
                   help="weight of KL(clean stream ‖ block slot) inside the MTP term")
     @click.option("--slot-weights", default=None, help="comma list of D per-slot MTP weights, e.g. 1,1,1,1,2,2,2,2")
+    @click.option("--ntp-teacher", default=None, type=click.Path(exists=True, file_okay=False),
+                  help="frozen next-token teacher on the clean stream (any form bitmtp-export reads, same tokenizer)")
+    @click.option("--ntp-kl-weight", default=defaults["ntp_kl_weight"], show_default=True,
+                  help="share of the NTP target from --ntp-teacher: (1 - w) CE + w KL(teacher ‖ student)")
     def cli(compile_, slot_weights, **kw):
         """Train a ternary LM with the joint NTP + MTP objective (or the SFT baseline)."""
         try:
