@@ -319,6 +319,17 @@ def test_ntp_kl_term_mixes_ce_and_kl_on_the_scored_positions():
     assert float(sft_loss) == pytest.approx(float(want), rel=1e-5)
 
 
+def test_lr_holds_its_peak_until_a_budget_fitted_run_knows_its_steps():
+    from tools.train import lr_at
+
+    tc = TrainConfig(data="d", out="o", lr=2e-4, warmup_steps=0, min_lr_ratio=0.1)
+    assert lr_at(0, tc, 0) == lr_at(59, tc, 0) == 2e-4  # not fitted yet: no decay to the floor
+    assert lr_at(0, tc, 1000) == 2e-4 and lr_at(1000, tc, 1000) == pytest.approx(2e-5)
+    assert lr_at(500, tc, 1000) == pytest.approx(1.1e-4)  # cosine midpoint
+    warm = TrainConfig(data="d", out="o", lr=1e-3, warmup_steps=10)
+    assert lr_at(4, warm, 0) == pytest.approx(5e-4) and lr_at(10, warm, 0) == 1e-3
+
+
 def test_ntp_teacher_is_the_frozen_checkpoint_without_the_mask_token(sources, data, tmp_path):
     """Teacher = the --init checkpoint: its clean-stream logits are the student's, but for the
     mask token's, which gets no probability; no teacher weight is trained."""

@@ -149,9 +149,13 @@ def model_config(tc: TrainConfig, index: CorpusIndex) -> ModelConfig:
 
 
 def lr_at(step: int, tc: TrainConfig, max_steps: int) -> float:
-    """Linear warm-up, then cosine from ``lr`` down to ``lr * min_lr_ratio`` at ``max_steps``."""
+    """Linear warm-up, then cosine from ``lr`` down to ``lr * min_lr_ratio`` at ``max_steps``.
+    ``max_steps`` 0 (a budget-fitted run before its first fit) holds ``lr``: the schedule's end
+    is not known yet, and reading it as reached would run those steps at the floor."""
     if step < tc.warmup_steps:
         return tc.lr * (step + 1) / tc.warmup_steps
+    if max_steps <= 0:
+        return tc.lr
     span = max(max_steps - tc.warmup_steps, 1)
     t = min((step - tc.warmup_steps) / span, 1.0)
     return tc.lr * (tc.min_lr_ratio + (1 - tc.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
