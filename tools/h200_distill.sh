@@ -17,7 +17,15 @@
 #             (2,778 steps in 389.2 s), so its steps are $SFT_STEPS - that generation's cost
 #   ROUND 1/2: sft2mtp  sft-27m -> BitMTP D = 8 with --init, half the from-scratch model's 2,778
 #           steps (starts as soon as the corpus is built: it needs no distill rows)
-# then the decode check: EVAL=quick, a 10-prompt GPU run; EVAL=full, the report's evaluation on
+#   ROUND=4 (the held-out NTP gap; teacher = the shipped d8sd2; no SFT-side run): both continue
+#           d8sd2 with no lr restart and no warm-up ($LR4 cosine down to a tenth), MTP weight
+#           $MTP4, $ROWS distill rows, KL $KL, slot weights $SLOTS, NTP on the distill prompts,
+#           each run fitting its own steps to the same wall-clock budget:
+#     d8sd4    that continuation alone
+#     d8sd4kd  the same + NTP distillation from sft-27m (--ntp-teacher, --ntp-kl-weight $NTP_KL):
+#              its teacher's forward passes are paid from the same budget (fewer steps)
+# then the decode check: EVAL=quick, a 10-prompt GPU run; EVAL=ntp, only the held-out NTP loss
+# of the new models and the baselines (decoding is replayed on the CPU afterwards); EVAL=full, the report's evaluation on
 # the GPU (float64 reference backend): every policy on $EVAL_PROMPTS held-out prompts and
 # speculative / hybrid on the docstring set, for the release model (run beside the corpus
 # build) and each new one (as soon as it is trained), then held-out NTP loss of all of them
@@ -26,6 +34,7 @@
 #
 #   bash tools/h200_distill.sh 2>&1 | tee $OUT/session.log                  # on the device, repo root
 #   ROUND=2 EVAL=full BUDGET=555 bash tools/h200_distill.sh 2>&1 | tee $OUT/session.log
+#   ROUND=4 EVAL=ntp NPROC=1 BUDGET=450 ROWS=6144 GEN_BATCH=2048 bash tools/h200_distill.sh 2>&1 | tee $OUT/session.log
 #   NPROC=2 BUDGET=300 SEQ=64 BATCH=8 BLOCKS=4 ROWS=16 GEN_BATCH=8 PROMPT=16 SFT_STEPS=6 \
 #     EVAL_PROMPTS=2 DOC_PROMPTS=2 MAX_NEW=8 CORPUS_ARGS="--root a=/some/tree" DEVICE=cpu \
 #     bash tools/h200_distill.sh                                              # CPU dry run
@@ -57,6 +66,9 @@ SLOTS3=${SLOTS3:-3,3,3,1,1,1,1,1}  # round 3: slots 0-2 weigh three times the ot
 MTP_MID=${MTP_MID:-0.75}
 MTP_LOW3=${MTP_LOW3:-0.6}
 SFT_ROWS=${SFT_ROWS:-4096}     # round 3: the SFT teacher's continuations for sft2sd
+LR4=${LR4:-2e-4}               # round 4: d8sd2 ended its schedule at 6e-5; no restart to 6e-4
+MTP4=${MTP4:-0.5}
+NTP_KL=${NTP_KL:-0.5}          # round 4: share of the NTP target from the SFT model's distribution
 SCRATCH_RATE=${SCRATCH_RATE:-7.138}  # steps/s of the from-scratch D = 8 run (2,778 in 389.2 s)
 SAVE_S=${SAVE_S:-60}
 EVAL_PROMPTS=${EVAL_PROMPTS:-40}
@@ -77,9 +89,10 @@ case $ROUND in
   1) RUNS="d8sd d8cont" ;;
   2) RUNS="d8sd2 d8sd2m" ;;
   3) RUNS="d8sd3 d8sd3m"; SFTRUN=sft2sd ;;
-  *) echo "ROUND=$ROUND: choose 1, 2 or 3" >&2; exit 2 ;;
+  4) RUNS="d8sd4 d8sd4kd"; SFTRUN= ;;
+  *) echo "ROUND=$ROUND: choose 1, 2, 3 or 4" >&2; exit 2 ;;
 esac
-case $EVAL in quick|full) ;; *) echo "EVAL=$EVAL: choose quick or full" >&2; exit 2 ;; esac
+case $EVAL in quick|ntp|full) ;; *) echo "EVAL=$EVAL: choose quick, ntp or full" >&2; exit 2 ;; esac
 TAIL_GIVEN=${TAIL_S:-}         # seconds kept after training (EVAL=full: fitted to the release eval unless given)
 if [ "$EVAL" = full ]; then TAIL_S=${TAIL_S:-150}; else TAIL_S=${TAIL_S:-70}; fi
 mkdir -p "$R/eval" "$OUT"
@@ -148,7 +161,7 @@ if [ "$ROUND" = 3 ]; then
       --kl-weight "$KL" --slot-weights "$SLOTS" --distill-ntp prompt
   ) &
   P0=$!
-else
+elif [ -n "$SFTRUN" ]; then
   # No distill rows needed: it trains while the teacher generates.
   run sft2mtp --init "$SFT" --lr "$LR_SFT" --max-steps "$SFT_STEPS" --warmup-steps 100 &
   P0=$!
@@ -179,6 +192,14 @@ if [ "$ROUND" = 1 ]; then
   P1=$!
   run d8cont --init "$D8" --lr "$LR" --max-steps 0 --steps-from "$R/d8sd/plan.json" &
   P2=$!
+elif [ "$ROUND" = 4 ]; then
+  # No share-plan: each run fits its own steps, so the teacher's forward passes cost d8sd4kd steps.
+  SD="--init $D8 --lr $LR4 --warmup-steps 0 --mtp-weight $MTP4 --distill $R/distill --kl-weight $KL
+    --slot-weights $SLOTS --distill-ntp prompt --max-steps 0"
+  run d8sd4 $SD &
+  P1=$!
+  run d8sd4kd $SD --ntp-teacher "$SFT" --ntp-kl-weight "$NTP_KL" &
+  P2=$!
 elif [ "$ROUND" = 2 ]; then
   SD="--init $D8 --lr $LR --distill $R/distill --kl-weight $KL --slot-weights $SLOTS --distill-ntp prompt"
   run d8sd2 $SD --max-steps 0 --share-plan "$R/d8sd2/plan.json" &
@@ -193,28 +214,36 @@ else
   P2=$!
 fi
 ( while kill -0 $P1 2>/dev/null; do sleep 60; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null; done ) &
-wait $P0
-echo "$SFTRUN done after $(( $(date +%s) - T0 ))s"
-if [ "$EVAL" = full ] && [ -d "$R/$SFTRUN/compact" ]; then
+if [ -n "$SFTRUN" ]; then
+  wait $P0
+  echo "$SFTRUN done after $(( $(date +%s) - T0 ))s"
+fi
+if [ "$EVAL" = full ] && [ -n "$SFTRUN" ] && [ -d "$R/$SFTRUN/compact" ]; then
   evaluate $SFTRUN "$SFTRUN=$R/$SFTRUN/compact" &
   E1=$!
 fi
 wait $P1 $P2
 echo "training done after $(( $(date +%s) - T0 ))s"
+# The checkpoints are what this call is for: packed before any evaluation can run into the budget.
+for r in $SFTRUN $RUNS; do
+  [ -d "$R/$r/compact" ] && tar czf "$OUT/$r.tgz" -C "$R/$r" compact train_log.json
+done
 for r in $SFTRUN $RUNS; do echo "== $r"; grep -v "it/s\]" "$R/$r.log" | tail -n 4; done
 
-if [ "$EVAL" = full ]; then
-  M=""; for r in $RUNS; do [ -d "$R/$r/compact" ] && M="$M $r=$R/$r/compact"; done
-  # shellcheck disable=SC2086
-  [ -n "$M" ] && evaluate round$ROUND $M &
-  E2=$!
+if [ "$EVAL" = full ] || [ "$EVAL" = ntp ]; then
+  if [ "$EVAL" = full ]; then
+    M=""; for r in $RUNS; do [ -d "$R/$r/compact" ] && M="$M $r=$R/$r/compact"; done
+    # shellcheck disable=SC2086
+    [ -n "$M" ] && evaluate round$ROUND $M &
+    E2=$!
+  fi
   H="--model sft=$SFT --model d8=$D8"; for b in $BASELINES; do H="$H --model $b"; done
   for r in $SFTRUN $RUNS; do [ -d "$R/$r/compact" ] && H="$H --model $r=$R/$r/compact"; done
   timeout $(( $(left) - 12 )) python -m tools.eval_quality --data "$RELEASE_DATA" $H --sections heldout \
     --device "$EVAL_DEVICE" --max-windows "$NTP_WINDOWS" --train-logs none --json "$R/eval/ntp.json" \
     --md "$R/eval/ntp.md" > "$R/eval/ntp.log" 2>&1
   grep -E "^\| [a-z0-9]+ \| [0-9.]+ \|" "$R/eval/ntp.md"
-  wait ${E0:-} ${E1:-} $E2
+  [ "$EVAL" = full ] && wait ${E0:-} ${E1:-} $E2
   echo "evaluation done after $(( $(date +%s) - T0 ))s"
 elif [ "$(left)" -gt 25 ] && [ "$GPUS" -gt 0 ]; then  # quick GPU decode check
   M="--model d8=$D8"; for r in $SFTRUN $RUNS; do [ -d "$R/$r/compact" ] && M="$M --model $r=$R/$r/compact"; done
@@ -224,10 +253,7 @@ elif [ "$(left)" -gt 25 ] && [ "$GPUS" -gt 0 ]; then  # quick GPU decode check
   grep -E "^\| [a-z0-9]+ \| (speculative|hybrid)" "$R/eval/quick_eval.md"
 fi
 
-# What comes back (at most 8 files, each under 16 MiB).
-for r in $SFTRUN $RUNS; do
-  [ -d "$R/$r/compact" ] && tar czf "$OUT/$r.tgz" -C "$R/$r" compact train_log.json
-done
+# What else comes back (at most 8 files, each under 16 MiB).
 cat "$R"/distill/distill_*.json "$R"/distill_sft/distill_*.json > "$OUT/distill_meta.json" 2>/dev/null
 tar czf "$OUT/logs.tgz" -C "$R" device.txt corpus.log eval $(cd "$R" && ls distill_*.log $SFTRUN.log $(for r in $RUNS; do echo "$r.log"; done) 2>/dev/null)
 ls -la "$OUT"
