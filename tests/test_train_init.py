@@ -346,7 +346,8 @@ def test_ntp_teacher_is_the_frozen_checkpoint_without_the_mask_token(sources, da
     trained = {id(p) for group in tr.opt.param_groups for p in group["params"]}
     assert not any(p.requires_grad or id(p) in trained for p in tr.ntp_teacher.parameters())
     for bad, match in ((dict(ntp_teacher=str(sources["qwen3"]), ntp_kl_weight=1.5), "in \\[0, 1\\]"),
-                       (dict(ntp_kl_weight=0.5), "go together"), (dict(ntp_teacher=str(sources["qwen3"])), "go together")):
+                       (dict(ntp_kl_weight=0.5), "go together"),
+                       (dict(ntp_teacher=str(sources["qwen3"])), "go together")):
         with pytest.raises(ValueError, match=match):
             Trainer(tiny(data, tmp_path / "bad", **bad), log=lambda m: None)
 

@@ -768,7 +768,8 @@ class Trainer:
                     torch.cuda.synchronize()
                 marks[self.step] = time.perf_counter()
             if self.step % tc.log_every == 0 or self.step == 1:
-                loss_v, ntp_v, mtp_v, kl_v, nkl_v, g_v = (float(x.detach()) for x in (loss, ntp, mtp, kl, ntp_kl, gnorm))
+                loss_v, ntp_v, mtp_v, kl_v, nkl_v, g_v = (float(x.detach())
+                                                          for x in (loss, ntp, mtp, kl, ntp_kl, gnorm))
                 if not math.isfinite(loss_v):
                     diverged = True
                     self._note(f"loss is {loss_v}; stopping")
