@@ -24,6 +24,11 @@
 #     d8sd4    that continuation alone
 #     d8sd4kd  the same + NTP distillation from sft-27m (--ntp-teacher, --ntp-kl-weight $NTP_KL):
 #              its teacher's forward passes are paid from the same budget (fewer steps)
+#   ROUND=5 (round 4's evidence: NTP distillation moves the gap and keeps the drafts): both
+#           continue d8sd2 as round 4 did, with the whole NTP target from sft-27m's
+#           distribution (--ntp-kl-weight $NTP_KL5) and the longest training one call holds:
+#     d8sd5    MTP weight $MTP4 (d8sd4kd's, with the larger KL weight)
+#     d8sd5m   MTP weight $MTP5_LOW (less pull of the blocks on the backbone)
 # then the decode check: EVAL=quick, a 10-prompt GPU run; EVAL=ntp, only the held-out NTP loss
 # of the new models and the baselines (decoding is replayed on the CPU afterwards); EVAL=full, the report's evaluation on
 # the GPU (float64 reference backend): every policy on $EVAL_PROMPTS held-out prompts and
@@ -69,6 +74,8 @@ SFT_ROWS=${SFT_ROWS:-4096}     # round 3: the SFT teacher's continuations for sf
 LR4=${LR4:-2e-4}               # round 4: d8sd2 ended its schedule at 6e-5; no restart to 6e-4
 MTP4=${MTP4:-0.5}
 NTP_KL=${NTP_KL:-0.5}          # round 4: share of the NTP target from the SFT model's distribution
+NTP_KL5=${NTP_KL5:-1.0}        # round 5: all of it
+MTP5_LOW=${MTP5_LOW:-0.35}
 SCRATCH_RATE=${SCRATCH_RATE:-7.138}  # steps/s of the from-scratch D = 8 run (2,778 in 389.2 s)
 SAVE_S=${SAVE_S:-60}
 EVAL_PROMPTS=${EVAL_PROMPTS:-40}
@@ -90,7 +97,8 @@ case $ROUND in
   2) RUNS="d8sd2 d8sd2m" ;;
   3) RUNS="d8sd3 d8sd3m"; SFTRUN=sft2sd ;;
   4) RUNS="d8sd4 d8sd4kd"; SFTRUN= ;;
-  *) echo "ROUND=$ROUND: choose 1, 2, 3 or 4" >&2; exit 2 ;;
+  5) RUNS="d8sd5 d8sd5m"; SFTRUN= ;;
+  *) echo "ROUND=$ROUND: choose 1, 2, 3, 4 or 5" >&2; exit 2 ;;
 esac
 case $EVAL in quick|ntp|full) ;; *) echo "EVAL=$EVAL: choose quick, ntp or full" >&2; exit 2 ;; esac
 TAIL_GIVEN=${TAIL_S:-}         # seconds kept after training (EVAL=full: fitted to the release eval unless given)
@@ -199,6 +207,13 @@ elif [ "$ROUND" = 4 ]; then
   run d8sd4 $SD &
   P1=$!
   run d8sd4kd $SD --ntp-teacher "$SFT" --ntp-kl-weight "$NTP_KL" &
+  P2=$!
+elif [ "$ROUND" = 5 ]; then
+  SD="--init $D8 --lr $LR4 --warmup-steps 0 --distill $R/distill --kl-weight $KL --slot-weights $SLOTS
+    --distill-ntp prompt --max-steps 0 --ntp-teacher $SFT --ntp-kl-weight $NTP_KL5"
+  run d8sd5 $SD --mtp-weight "$MTP4" &
+  P1=$!
+  run d8sd5m $SD --mtp-weight "$MTP5_LOW" &
   P2=$!
 elif [ "$ROUND" = 2 ]; then
   SD="--init $D8 --lr $LR --distill $R/distill --kl-weight $KL --slot-weights $SLOTS --distill-ntp prompt"
