@@ -642,13 +642,19 @@ def _w2a8_mma_kernel(
         y = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.max(asum, axis=0)[None, :]  # int32
     else:
         # -sum(lanes 0..2) + sum(lane 3) over this slice: bytes 0..2 of each activation word weigh
-        # -1 and byte 3 +1 (input 32i + j of a chunk is byte j % 4 of word 8i + j // 4: lane = word // 8)
-        rw = tl.arange(0, 32)  # the words of one chunk
-        sign = tl.where(rw // 8 == 3, 0x01010101, -1)  # four bytes of +1 (lane 3) or of -1 (0xFFFFFFFF)
+        # -1 and byte 3 +1 (input 32i + j of a chunk is byte j % 4 of word 8i + j // 4: lane = word // 8).
+        # ASUM_CHUNKS chunks per load, all of a program's rows at once: one L2 round trip per
+        # ASUM_CHUNKS chunks after the loop (one chunk per load made it a serial tail of
+        # ceil(chunks / 4) round trips, the compiler unrolling by four), no instruction in the loop.
+        ASUM_CHUNKS: tl.constexpr = max(1, min(8, 128 // BLOCK_M))  # <= 32 words per thread at 4 warps
+        rw = tl.arange(0, 32 * ASUM_CHUNKS)  # the words of ASUM_CHUNKS chunks
+        sign = tl.where((rw % 32) // 8 == 3, 0x01010101, -1)  # four bytes of +1 (lane 3) or of -1 (0xFFFFFFFF)
         a_words = a_ptr.to(tl.pointer_type(tl.int32)) + rm[:, None] * (stride_am // 4) + rw[None, :]
-        asum2 = tl.zeros((BLOCK_M, 32), tl.int32)
-        for c in range(c_lo, c_hi):
-            aw = tl.load(a_words + c * 32, mask=(rm < M)[:, None] & (c * 32 + rw < K // 4)[None, :], other=0)
+        asum2 = tl.zeros((BLOCK_M, 32 * ASUM_CHUNKS), tl.int32)
+        for c in range(c_lo, c_hi, ASUM_CHUNKS):
+            w = c * 32 + rw
+            aw = tl.load(a_words + c * 32, mask=(rm < M)[:, None] & ((w < c_hi * 32) & (w < K // 4))[None, :],
+                         other=0)
             asum2 = dp4a(aw, sign[None, :], asum2, USE_ASM)
         y = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.sum(asum2, axis=1)[None, :]  # int32
     _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
