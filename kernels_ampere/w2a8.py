@@ -43,7 +43,9 @@ v2 (issue 15: fewer integer instructions per weight, every width decoded once):
   decoded once for every width <= 128). Per chunk the *packed* tile goes to the operand
   layout once and each lane is decoded there with one 32-bit AND per four weights (lanes
   masked in place; lane 3 as ``64·(c - 2)`` with an XOR), into its own accumulator; the
-  offset correction is one dp4a pass after the loop. Decoding before the layout change (as
+  offset correction is a dp4a over each step's activation words, loaded before the step's dots
+  and summed after them (until session 9 a serial pass after the loop: an L2 round trip per
+  few chunks at the end of every program). Decoding before the layout change (as
   ``dot`` does, or through inline PTX, which the compiler cannot move) converts four
   decoded tiles instead of one packed tile: ``tools/kernel_sass.py`` counts 597 against 166
   instructions per loop iteration on sm_87.
@@ -541,6 +543,14 @@ def _mma_lane(wb, i: tl.constexpr):
 
 
 @triton.jit
+def _step_words(a_words, c0, c_hi, rw, rows_ok, K: tl.constexpr):
+    """The activation words of the chunks ``c0 ..`` of a step that lie below ``c_hi`` and K:
+    ``[BLOCK_M, 32·CHUNKS]`` int32, four int8 inputs each, 0 beyond (adds nothing to a sum)."""
+    w = c0 * 32 + rw
+    return tl.load(a_words + c0 * 32, mask=rows_ok & ((w < c_hi * 32) & (w < K // 4))[None, :], other=0)
+
+
+@triton.jit
 def _w2a8_mma_kernel(
     a_ptr,  # [M, K] int8
     a_scale_ptr,  # [M] float32
@@ -569,7 +579,8 @@ def _w2a8_mma_kernel(
     ``(byte & 0xC0) ^ 0x80`` = ``64 · (c - 2)`` as a signed byte. Bitwise and/xor act on four
     packed bytes at once, so the compiler keeps them 32-bit. With ``w = c - 1``:
     ``sum w·a = acc0 + acc1/4 + acc2/16 + acc3/64 - (a-sums of lanes 0..2) + (a-sum of lane 3)``,
-    the a-sums (row scales, word-aligned activations) from one dp4a pass over the activations after the loop,
+    the a-sums (row scales, word-aligned activations) by dp4a over the activation words, loaded at the start
+    of each K step and summed after its dots (their latency behind the tensor cores, not in a pass after the loop),
     else (group scales, K % 4 != 0, or ``LinearConfig.asum_by_dot``: no serial pass after the
     loop, at the price of a 16-row MMA per lane) from the tensor cores (a -1 / +1 tile times
     the same activations). Exact: every lane sum is a multiple of its scale; |acc3| <= 128·128·K/4 < 2**31.
@@ -599,6 +610,16 @@ def _w2a8_mma_kernel(
     acc3 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
     asum = tl.zeros((16, BLOCK_M), tl.int32)  # 16 equal rows: -sum(lanes 0..2) + sum(lane 3)
     facc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    # The offset correction -sum(lanes 0..2) + sum(lane 3) of the activations (row scales, word-aligned
+    # rows): each step loads its words first and sums them after its dots, so their L2 latency
+    # hides behind the tensor cores instead of a serial pass after the loop (a round trip per
+    # few chunks). Input 32i + j of a chunk is byte j % 4 of its word 8i + j // 4: lane = word // 8.
+    WORD_SUMS: tl.constexpr = not (GROUPED or ASUM_BY_DOT)
+    rw = tl.arange(0, 32 * CHUNKS)  # the words of one step, chunk after chunk
+    sign = tl.where((rw % 32) // 8 == 3, 0x01010101, -1)  # four bytes of +1 (lane 3) or of -1 (0xFFFFFFFF)
+    a_words = a_ptr.to(tl.pointer_type(tl.int32)) + rm[:, None] * (stride_am // 4) + rw[None, :]
+    rows_ok = (rm < M)[:, None]
+    asum2 = tl.zeros((BLOCK_M, 32 * CHUNKS), tl.int32)
     if FOLD:
         rk = tl.arange(0, 32 * CHUNKS)  # byte 32c + j of a step: inputs 128c + 32i + j of lane i
         w_step = w_ptr + rn[:, None] * stride_wn + rk[None, :]
@@ -606,14 +627,22 @@ def _w2a8_mma_kernel(
         # the weights are constants: their first step is in flight before the wait
         wb = tl.load(w_step + c_lo * 32, mask=mask_n & (c_lo + rk // 32 < c_hi)[None, :], other=0)
         gdc_prologue(USE_GDC)
+        if WORD_SUMS:
+            aw = _step_words(a_words, c_lo, c_hi, rw, rows_ok, K)
         acc0, asum, facc = _mma_folded_step(wb, c_lo, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, stride_sn,
                                             stride_sg, acc0, asum, facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT,
                                             CHUNKS)
+        if WORD_SUMS:
+            asum2 = dp4a(aw, sign[None, :], asum2, USE_ASM)
         for c0 in range(c_lo + CHUNKS, c_hi, CHUNKS):
             wb = tl.load(w_step + c0 * 32, mask=mask_n & (c0 + rk // 32 < c_hi)[None, :], other=0)
+            if WORD_SUMS:
+                aw = _step_words(a_words, c0, c_hi, rw, rows_ok, K)
             acc0, asum, facc = _mma_folded_step(wb, c0, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, stride_sn,
                                                 stride_sg, acc0, asum, facc, K, BLOCK_N, BLOCK_M, GROUPED,
                                                 ASUM_BY_DOT, CHUNKS)
+            if WORD_SUMS:
+                asum2 = dp4a(aw, sign[None, :], asum2, USE_ASM)
     else:
         rb = tl.arange(0, 32)  # byte j of a chunk: inputs 32i + j of lane i
         w_rows = w_ptr + rn[:, None] * stride_wn + rb[None, :]
@@ -625,37 +654,30 @@ def _w2a8_mma_kernel(
         # The first chunk is peeled off the loop: every chunk's tile is then a fresh load, not a
         # loop-carried value, so the compiler converts the *packed* tile to the operand layout
         # once and decodes there (a loop-carried tile would be converted once per lane).
+        if WORD_SUMS:  # one chunk's words here (the first 32 columns of the step tile)
+            aw = _step_words(a_words, c_lo, tl.minimum(c_lo + 1, c_hi), rw, rows_ok, K)
         acc0, acc1, acc2, acc3, asum, facc = _mma_chunk(
             wb, c_lo, c_hi, a_cols, mask_m, rb, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc1, acc2, acc3,
             asum, facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT)
+        if WORD_SUMS:
+            asum2 = dp4a(aw, sign[None, :], asum2, USE_ASM)
         for c0 in range(c_lo + 1, c_hi, CHUNKS):
+            if WORD_SUMS:  # the step's CHUNKS chunks from c0 (the peeled chunk shifted the steps by one)
+                aw = _step_words(a_words, c0, c_hi, rw, rows_ok, K)
             for cc in tl.static_range(CHUNKS):
                 c = c0 + cc
                 wb = tl.load(w_rows + c * 32, mask=mask_n & (rn * 0 + c < c_hi)[:, None], other=0)
                 acc0, acc1, acc2, acc3, asum, facc = _mma_chunk(
                     wb, c, c_hi, a_cols, mask_m, rb, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc1, acc2,
                     acc3, asum, facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT)
+            if WORD_SUMS:
+                asum2 = dp4a(aw, sign[None, :], asum2, USE_ASM)
 
     if GROUPED:
         y = facc
     elif ASUM_BY_DOT:
         y = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.max(asum, axis=0)[None, :]  # int32
     else:
-        # -sum(lanes 0..2) + sum(lane 3) over this slice: bytes 0..2 of each activation word weigh
-        # -1 and byte 3 +1 (input 32i + j of a chunk is byte j % 4 of word 8i + j // 4: lane = word // 8).
-        # ASUM_CHUNKS chunks per load, all of a program's rows at once: one L2 round trip per
-        # ASUM_CHUNKS chunks after the loop (one chunk per load made it a serial tail of
-        # ceil(chunks / 4) round trips, the compiler unrolling by four), no instruction in the loop.
-        ASUM_CHUNKS: tl.constexpr = max(1, min(8, 128 // BLOCK_M))  # <= 32 words per thread at 4 warps
-        rw = tl.arange(0, 32 * ASUM_CHUNKS)  # the words of ASUM_CHUNKS chunks
-        sign = tl.where((rw % 32) // 8 == 3, 0x01010101, -1)  # four bytes of +1 (lane 3) or of -1 (0xFFFFFFFF)
-        a_words = a_ptr.to(tl.pointer_type(tl.int32)) + rm[:, None] * (stride_am // 4) + rw[None, :]
-        asum2 = tl.zeros((BLOCK_M, 32 * ASUM_CHUNKS), tl.int32)
-        for c in range(c_lo, c_hi, ASUM_CHUNKS):
-            w = c * 32 + rw
-            aw = tl.load(a_words + c * 32, mask=(rm < M)[:, None] & ((w < c_hi * 32) & (w < K // 4))[None, :],
-                         other=0)
-            asum2 = dp4a(aw, sign[None, :], asum2, USE_ASM)
         y = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.sum(asum2, axis=1)[None, :]  # int32
     _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
                 GROUPED, SPLIT, RESIDUAL)
