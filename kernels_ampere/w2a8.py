@@ -147,10 +147,19 @@ def _w2a8_gemv_kernel(
     if PREFETCH:  # weights are constants: their DRAM traffic may start before the previous kernel ends
         prefetch_rows_l2(w_ptr.to(tl.pointer_type(tl.uint8)) + rn * (stride_wn * 4) + c_lo * 32, rn < N,
                          (c_hi - c_lo) * 32, 8, USE_ASM)
+    mask_n = rn < N
+    ws = _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED, SPLIT)
     gdc_prologue(USE_GDC)
+    # the epilogue's other inputs too, before the loop: a read after it is a round trip at the
+    # end of every program, on the kernel's critical path
+    if SPLIT:
+        a_s = 0.0
+    else:
+        a_s = tl.load(a_scale_ptr + m)
+    if RESIDUAL:
+        res = tl.load(res_ptr + m * stride_rm + rn, mask=mask_n, other=0.0)
     rc = tl.arange(0, CHUNKS)
     rj = tl.arange(0, 8)  # word j of a chunk holds inputs 4j..4j+3 of each 32-wide lane
-    mask_n = rn < N
     ones = tl.full((CHUNKS, 8), 0x01010101, tl.int32)
 
     acc = tl.zeros((BLOCK_N, CHUNKS, 8), tl.int32)
@@ -186,30 +195,52 @@ def _w2a8_gemv_kernel(
     if SPLIT:
         tl.store(out_ptr + (tl.program_id(2) * M + m) * N + rn, y, mask=mask_n)
     else:
-        a_s = tl.load(a_scale_ptr + m)
         if GROUPED:
             y = y * a_s
         else:
-            y = y.to(tl.float32) * a_s * tl.load(w_scale_ptr + rn * stride_sn, mask=mask_n, other=0.0)
+            y = y.to(tl.float32) * a_s * ws
         if RESIDUAL:
-            y = tl.load(res_ptr + m * stride_rm + rn, mask=mask_n, other=0.0) + y
+            y = res + y
         tl.store(out_ptr + m * stride_om + rn, y.to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
 @triton.jit
-def _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
+def _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED: tl.constexpr, SPLIT: tl.constexpr):
+    """The per-row weight scales an epilogue multiplies by (zeros where it applies none: split-K
+    partials, group scales). Constants: a kernel reads them before the programmatic-launch wait,
+    so their DRAM latency overlaps the previous kernel instead of ending every program."""
+    if SPLIT or GROUPED:
+        ws = tl.zeros(rn.shape, tl.float32)
+    else:
+        ws = tl.load(w_scale_ptr + rn * stride_sn, mask=rn < N, other=0.0)
+    return ws
+
+
+@triton.jit
+def _act_scales(a_scale_ptr, rm, M, SPLIT: tl.constexpr):
+    """The activation rows' scales of an epilogue (zeros for split-K partials), read after the
+    wait (the previous kernel writes them) but before the K loop, not after it."""
+    if SPLIT:
+        a_s = tl.zeros(rm.shape, tl.float32)
+    else:
+        a_s = tl.load(a_scale_ptr + rm, mask=rm < M, other=0.0)
+    return a_s
+
+
+@triton.jit
+def _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm,
                 GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr):
-    """Epilogue of a ``[BLOCK_N, BLOCK_M]`` tile (the rows and dot kernels): a split-K partial
-    as is, or ``(acc · a_scale) · w_scale`` (group scales: already applied) ``+ residual``."""
+    """Epilogue of a ``[BLOCK_N, BLOCK_M]`` tile (every kernel but gemv): a split-K partial as
+    is, or ``(acc · a_scale) · w_scale`` (group scales: already applied) ``+ residual``; the
+    scales ``a_s`` [BLOCK_M] and ``ws`` [BLOCK_N] read by the kernel before its loop
+    (``_act_scales``, ``_row_scales``)."""
     mask = (rn < N)[:, None] & (rm < M)[None, :]
     if SPLIT:
         tl.store(out_ptr + (tl.program_id(2) * M + rm[None, :]) * N + rn[:, None], y, mask=mask)
     else:
-        a_s = tl.load(a_scale_ptr + rm, mask=rm < M, other=0.0)
         if GROUPED:
             y = y * a_s[None, :]
         else:
-            ws = tl.load(w_scale_ptr + rn * stride_sn, mask=rn < N, other=0.0)
             y = y.to(tl.float32) * a_s[None, :] * ws[:, None]
         if RESIDUAL:
             y = tl.load(res_ptr + rm[None, :] * stride_rm + rn[:, None], mask=mask, other=0.0) + y
@@ -243,7 +274,9 @@ def _w2a8_rows_kernel(
     if PREFETCH:
         prefetch_rows_l2(w_ptr.to(tl.pointer_type(tl.uint8)) + rn * (stride_wn * 4) + c_lo * 32, rn < N,
                          (c_hi - c_lo) * 32, 8, USE_ASM)
+    ws = _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED, SPLIT)
     gdc_prologue(USE_GDC)
+    a_s = _act_scales(a_scale_ptr, rm, M, SPLIT)
     rc = tl.arange(0, CHUNKS)
     rj = tl.arange(0, 8)
     mask_n = rn < N
@@ -281,8 +314,7 @@ def _w2a8_rows_kernel(
         y = facc
     else:
         y = tl.sum(tl.sum(acc, axis=3), axis=2) - tl.sum(tl.sum(asum, axis=2), axis=1)[None, :]  # int32
-    _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
-                GROUPED, SPLIT, RESIDUAL)
+    _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm, GROUPED, SPLIT, RESIDUAL)
 
 
 @triton.jit
@@ -309,7 +341,9 @@ def _w2a8_dot_kernel(
     c_hi = tl.minimum(c_lo + chunks_per_split, N_CHUNKS)
     if PREFETCH:
         prefetch_rows_l2(w_ptr + rn * stride_wn + c_lo * 32, rn < N, (c_hi - c_lo) * 32, 8, USE_ASM)
+    ws = _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED, SPLIT)
     gdc_prologue(USE_GDC)
+    a_s = _act_scales(a_scale_ptr, rm, M, SPLIT)
     rb = tl.arange(0, 32)  # byte j of a chunk holds input 32i + j of lane i
     mask_m = rm < M
     mask_n = rn < N
@@ -341,8 +375,7 @@ def _w2a8_dot_kernel(
         y = facc
     else:
         y = acc - asum[None, :]  # int32
-    _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
-                GROUPED, SPLIT, RESIDUAL)
+    _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm, GROUPED, SPLIT, RESIDUAL)
 
 
 @triton.jit
@@ -389,7 +422,9 @@ def _w2a8_lanes_kernel(
                          (c_hi - c_lo) * 32, 8, USE_ASM)
     c = c_lo + rc
     wt = tl.load(w_rows + c[None, :, None] * 8, mask=mask_n[:, None, None] & (c < c_hi)[None, :, None], other=0)
+    ws = _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED, SPLIT)
     gdc_prologue(USE_GDC)  # from here on the previous kernel's output (the activations) is visible
+    a_s = _act_scales(a_scale_ptr, rm, M, SPLIT)
 
     acc0 = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
     acc1 = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
@@ -450,8 +485,7 @@ def _w2a8_lanes_kernel(
         y = (tl.sum(tl.sum(acc0, axis=3), axis=2) + (tl.sum(tl.sum(acc1, axis=3), axis=2) >> 2)
              + (tl.sum(tl.sum(acc2, axis=3), axis=2) >> 4) + (tl.sum(tl.sum(acc3, axis=3), axis=2) >> 6)
              - tl.sum(asum2, axis=1)[None, :])  # [BLOCK_N, BLOCK_M] int32
-    _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
-                GROUPED, SPLIT, RESIDUAL)
+    _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm, GROUPED, SPLIT, RESIDUAL)
 
 
 @triton.jit
@@ -626,7 +660,9 @@ def _w2a8_mma_kernel(
         a_step = a_ptr + rm[None, :] * stride_am + ((rk // 32) * 128 + rk % 32)[:, None]
         # the weights are constants: their first step is in flight before the wait
         wb = tl.load(w_step + c_lo * 32, mask=mask_n & (c_lo + rk // 32 < c_hi)[None, :], other=0)
+        ws = _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED, SPLIT)
         gdc_prologue(USE_GDC)
+        a_s = _act_scales(a_scale_ptr, rm, M, SPLIT)
         if WORD_SUMS:
             aw = _step_words(a_words, c_lo, c_hi, rw, rows_ok, K)
         acc0, asum, facc = _mma_folded_step(wb, c_lo, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, stride_sn,
@@ -650,7 +686,9 @@ def _w2a8_mma_kernel(
         # (rn * 0 + c): a scalar condition as a row vector, which the interpreter accepts in a mask too
         # the weights are constants: their first chunk is in flight before the wait
         wb = tl.load(w_rows + c_lo * 32, mask=mask_n & (rn * 0 + c_lo < c_hi)[:, None], other=0)
+        ws = _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED, SPLIT)
         gdc_prologue(USE_GDC)
+        a_s = _act_scales(a_scale_ptr, rm, M, SPLIT)
         # The first chunk is peeled off the loop: every chunk's tile is then a fresh load, not a
         # loop-carried value, so the compiler converts the *packed* tile to the operand layout
         # once and decodes there (a loop-carried tile would be converted once per lane).
@@ -679,8 +717,7 @@ def _w2a8_mma_kernel(
         y = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.max(asum, axis=0)[None, :]  # int32
     else:
         y = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.sum(asum2, axis=1)[None, :]  # int32
-    _store_tile(y, rn, rm, M, N, a_scale_ptr, w_scale_ptr, stride_sn, out_ptr, stride_om, res_ptr, stride_rm,
-                GROUPED, SPLIT, RESIDUAL)
+    _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm, GROUPED, SPLIT, RESIDUAL)
 
 
 def w2a8_linear(
