@@ -218,8 +218,11 @@ def _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED: tl.constexpr, SPLIT: tl.
 
 @triton.jit
 def _act_scales(a_scale_ptr, rm, M, SPLIT: tl.constexpr):
-    """The activation rows' scales of an epilogue (zeros for split-K partials), read after the
-    wait (the previous kernel writes them) but before the K loop, not after it."""
+    """The activation rows' scales of an epilogue (zeros for split-K partials). The tile kernels
+    read them after the K loop: they are the previous kernel's output (no earlier than the
+    wait, an L2 hit), and a ``[BLOCK_M]`` vector held across the loop costs registers on
+    Ampere (sm_87, the 2560 x 6912 default at width 40: 128 -> 174 per thread), where the
+    weights' scales (``_row_scales``, from DRAM) cost none. gemv reads its one scale before."""
     if SPLIT:
         a_s = tl.zeros(rm.shape, tl.float32)
     else:
@@ -232,8 +235,8 @@ def _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm
                 GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr):
     """Epilogue of a ``[BLOCK_N, BLOCK_M]`` tile (every kernel but gemv): a split-K partial as
     is, or ``(acc · a_scale) · w_scale`` (group scales: already applied) ``+ residual``; the
-    scales ``a_s`` [BLOCK_M] and ``ws`` [BLOCK_N] read by the kernel before its loop
-    (``_act_scales``, ``_row_scales``)."""
+    scales ``a_s`` [BLOCK_M] (``_act_scales``) and ``ws`` [BLOCK_N] (``_row_scales``, read
+    before the programmatic-launch wait) come from the kernel."""
     mask = (rn < N)[:, None] & (rm < M)[None, :]
     if SPLIT:
         tl.store(out_ptr + (tl.program_id(2) * M + rm[None, :]) * N + rn[:, None], y, mask=mask)
@@ -276,7 +279,6 @@ def _w2a8_rows_kernel(
                          (c_hi - c_lo) * 32, 8, USE_ASM)
     ws = _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED, SPLIT)
     gdc_prologue(USE_GDC)
-    a_s = _act_scales(a_scale_ptr, rm, M, SPLIT)
     rc = tl.arange(0, CHUNKS)
     rj = tl.arange(0, 8)
     mask_n = rn < N
@@ -314,6 +316,7 @@ def _w2a8_rows_kernel(
         y = facc
     else:
         y = tl.sum(tl.sum(acc, axis=3), axis=2) - tl.sum(tl.sum(asum, axis=2), axis=1)[None, :]  # int32
+    a_s = _act_scales(a_scale_ptr, rm, M, SPLIT)
     _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm, GROUPED, SPLIT, RESIDUAL)
 
 
@@ -343,7 +346,6 @@ def _w2a8_dot_kernel(
         prefetch_rows_l2(w_ptr + rn * stride_wn + c_lo * 32, rn < N, (c_hi - c_lo) * 32, 8, USE_ASM)
     ws = _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED, SPLIT)
     gdc_prologue(USE_GDC)
-    a_s = _act_scales(a_scale_ptr, rm, M, SPLIT)
     rb = tl.arange(0, 32)  # byte j of a chunk holds input 32i + j of lane i
     mask_m = rm < M
     mask_n = rn < N
@@ -375,6 +377,7 @@ def _w2a8_dot_kernel(
         y = facc
     else:
         y = acc - asum[None, :]  # int32
+    a_s = _act_scales(a_scale_ptr, rm, M, SPLIT)
     _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm, GROUPED, SPLIT, RESIDUAL)
 
 
@@ -424,7 +427,6 @@ def _w2a8_lanes_kernel(
     wt = tl.load(w_rows + c[None, :, None] * 8, mask=mask_n[:, None, None] & (c < c_hi)[None, :, None], other=0)
     ws = _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED, SPLIT)
     gdc_prologue(USE_GDC)  # from here on the previous kernel's output (the activations) is visible
-    a_s = _act_scales(a_scale_ptr, rm, M, SPLIT)
 
     acc0 = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
     acc1 = tl.zeros((BLOCK_N, BLOCK_M, CHUNKS, 8), tl.int32)
@@ -485,6 +487,7 @@ def _w2a8_lanes_kernel(
         y = (tl.sum(tl.sum(acc0, axis=3), axis=2) + (tl.sum(tl.sum(acc1, axis=3), axis=2) >> 2)
              + (tl.sum(tl.sum(acc2, axis=3), axis=2) >> 4) + (tl.sum(tl.sum(acc3, axis=3), axis=2) >> 6)
              - tl.sum(asum2, axis=1)[None, :])  # [BLOCK_N, BLOCK_M] int32
+    a_s = _act_scales(a_scale_ptr, rm, M, SPLIT)
     _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm, GROUPED, SPLIT, RESIDUAL)
 
 
@@ -662,7 +665,6 @@ def _w2a8_mma_kernel(
         wb = tl.load(w_step + c_lo * 32, mask=mask_n & (c_lo + rk // 32 < c_hi)[None, :], other=0)
         ws = _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED, SPLIT)
         gdc_prologue(USE_GDC)
-        a_s = _act_scales(a_scale_ptr, rm, M, SPLIT)
         if WORD_SUMS:
             aw = _step_words(a_words, c_lo, c_hi, rw, rows_ok, K)
         acc0, asum, facc = _mma_folded_step(wb, c_lo, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, stride_sn,
@@ -688,7 +690,6 @@ def _w2a8_mma_kernel(
         wb = tl.load(w_rows + c_lo * 32, mask=mask_n & (rn * 0 + c_lo < c_hi)[:, None], other=0)
         ws = _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED, SPLIT)
         gdc_prologue(USE_GDC)
-        a_s = _act_scales(a_scale_ptr, rm, M, SPLIT)
         # The first chunk is peeled off the loop: every chunk's tile is then a fresh load, not a
         # loop-carried value, so the compiler converts the *packed* tile to the operand layout
         # once and decodes there (a loop-carried tile would be converted once per lane).
@@ -717,6 +718,7 @@ def _w2a8_mma_kernel(
         y = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.max(asum, axis=0)[None, :]  # int32
     else:
         y = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.sum(asum2, axis=1)[None, :]  # int32
+    a_s = _act_scales(a_scale_ptr, rm, M, SPLIT)
     _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm, GROUPED, SPLIT, RESIDUAL)
 
 
