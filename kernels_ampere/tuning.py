@@ -54,7 +54,7 @@ class LinearConfig:
     split_k: int = 1  # K slices run by separate programs, summed in order by a second launch
     prefetch: bool = False  # W2A8: each program asks the L2 for its weights before waiting (PDL)
     block_m: int = 0  # W2A8 ``mma``: activation rows per tile (16, 32, 64, 128); 0 = the whole width (<= 128)
-    asum_by_dot: bool = False  # W2A8 ``mma``: the activation sums on the tensor cores in the loop, no pass after it
+    asum_by_dot: bool = False  # W2A8 ``mma``: the activation sums on the tensor cores, not dp4a over the words
     fold_lanes: bool = False  # W2A8 ``mma``: the four lanes in one accumulator (a quarter of the registers)
 
     def __post_init__(self):

@@ -618,8 +618,8 @@ def _w2a8_mma_kernel(
     ``sum w·a = acc0 + acc1/4 + acc2/16 + acc3/64 - (a-sums of lanes 0..2) + (a-sum of lane 3)``,
     the a-sums (row scales, word-aligned activations) by dp4a over the activation words, loaded at the start
     of each K step and summed after its dots (their latency behind the tensor cores, not in a pass after the loop),
-    else (group scales, K % 4 != 0, or ``LinearConfig.asum_by_dot``: no serial pass after the
-    loop, at the price of a 16-row MMA per lane) from the tensor cores (a -1 / +1 tile times
+    else (group scales, K % 4 != 0, or ``LinearConfig.asum_by_dot``: no word loads, at the
+    price of a 16-row MMA per lane) from the tensor cores (a -1 / +1 tile times
     the same activations). Exact: every lane sum is a multiple of its scale; |acc3| <= 128·128·K/4 < 2**31.
     The first weight chunk is loaded before waiting for the previous kernel (constants).
 

@@ -52,6 +52,10 @@ def w2a8_configs(grouped: bool, m: int = 1) -> list[LinearConfig]:
     mma += [LinearConfig(MMA, 16, 64, num_warps=4, num_stages=2, split_k=3, fold_lanes=True),
             LinearConfig(MMA, 32, 128, num_warps=4, num_stages=2, asum_by_dot=True, fold_lanes=True),
             LinearConfig(MMA, 16, 32, num_warps=4, num_stages=2, split_k=2, fold_lanes=True)]
+    # four chunks per step with the activation-word sums of each step (the last slice is one
+    # chunk of a four-chunk step), folded and with the first chunk peeled off the loop
+    mma += [LinearConfig(MMA, 16, 128, num_warps=4, num_stages=2, split_k=2, fold_lanes=True),
+            LinearConfig(MMA, 16, 128, num_warps=2, num_stages=2, split_k=2)]
     if m > 16:  # the width in 16-row tiles (the last one partial), side by side in the grid
         mma.append(LinearConfig(MMA, 32, 64, num_warps=4, num_stages=2, split_k=2, block_m=16))
     return configs(grouped, m) + rows + lanes + mma
