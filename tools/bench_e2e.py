@@ -9,8 +9,9 @@ Parts (all on the same GPU, same process, so every ratio is measured in one run)
   length — labelled forced, like the paper's forced-rejection test) for Generic and Full;
 * ``baselines``: on the same 2B shape, transformers ``generate`` (eager, bf16) and a
   ``torch.compile(mode="reduce-overhead")`` bf16 AR loop with a static cache;
-* ``trained``: artifacts of trained models (``--artifact``, repeatable): AR vs confidence /
-  speculative / hybrid / fused (and hybrid with fused passes) on held-out code prompts,
+* ``trained``: artifacts of trained models (``--artifact``, repeatable; the embedded model
+  when none is given): AR vs confidence / speculative / hybrid / fused (and hybrid with fused
+  passes) on held-out code prompts,
   Generic vs Full, tok/s, tokens per iteration and per forward pass, speedup over AR;
 * fused on the 2B shape: the replay cost of every fused width (c = 1..D + 1, after a draft
   step and after a fused hit), and a **projection**: the trained model's measured step
@@ -589,7 +590,8 @@ def plot(report: dict, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", default="2b,baselines,trained")
-    ap.add_argument("--artifact", action="append", default=[], help="trained artifact(s) for the 'trained' part")
+    ap.add_argument("--artifact", action="append", default=[],
+                    help="trained artifact(s) for the 'trained' part (default: the embedded model)")
     ap.add_argument("--backend", default="ampere", choices=["ampere", "server"])
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--baseline-tokens", type=int, default=32)
@@ -605,6 +607,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
+    if "trained" in parts and not args.artifact:  # the part a user asked for runs: on the model that ships
+        from bitmtp_edge.runtime.engine import embedded_artifact_path
+
+        args.artifact = [str(embedded_artifact_path())]
     report = {"device": torch.cuda.get_device_name(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "commit": commit(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
               "torch": torch.__version__, "backend": args.backend}
@@ -629,7 +635,7 @@ def main() -> None:
                          ("2b", lambda: part_2b(args.work, args, progress("2b"))),
                          ("baselines", lambda: part_baselines(args.work, args, report.get("2b", {}).get("dims", BITNET_2B),
                                                               progress("baselines")))):
-            if part not in parts or (part == "trained" and not args.artifact):
+            if part not in parts:
                 continue
             try:
                 report[part] = fn()

@@ -6,7 +6,8 @@
 #                                   (shipped table; every launch checked against the twin first)
 #   bench_replay_widths.py          the 2B-shape replays at WIDTHS (1 = AR, the others fused)
 # then this tree's GPU tests (TESTS, -m gpu). Each part has its own time limit, so a slow one
-# cuts itself, not the rest. JSON and logs under $OUT/{before,after} and $OUT.
+# cuts itself, not the rest. Logs in $OUT; each tree's JSON and Markdown packed into
+# $OUT/trees.tgz (a device call returns at most 8 files).
 #   TREES="before=/tmp/before" OUT=/tmp/ba BITMTP_COMMIT=abc bash tools/h200_before_after.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -43,4 +44,7 @@ for t in $TREES; do replays "${t#*=}" "${t%%=*}" "$COMMIT+${t%%=*}"; done
 # shellcheck disable=SC2086
 timeout -k 3 "${T_TESTS:-60}" python -m pytest -q -m gpu -n 6 -p no:cacheprovider $TESTS > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: exit $?"; tail -n 2 "$OUT/gpu_tests.log" | cut -c1-300
+names=""; for t in $TREES; do names="$names ${t%%=*}"; done
+# shellcheck disable=SC2086
+tar czf "$OUT/trees.tgz" -C "$OUT" $names && (cd "$OUT" && rm -rf $names)
 find "$OUT" -maxdepth 2 -type f | sort
