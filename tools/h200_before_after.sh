@@ -27,7 +27,7 @@ stack() {  # tree, name, commit
   (cd "$1" && BITMTP_COMMIT=$3 PYTHONPATH=. timeout -k 3 "${T_STACK:-50}" python tools/bench_kernels.py --only stack \
     --stack-models bitnet-2b --stack-widths "$STACK_WIDTHS" --stack-schemes shipped --replays 5 --jobs 14 \
     --out "$OUT/$2") > "$OUT/stack_$2.txt" 2>&1
-  echo "stack $2: exit $?"; grep -E "^\| bitnet-2b" "$OUT/stack_$2.txt" | cut -c1-110
+  echo "stack $2: exit $?"; grep -E "stack bitnet-2b|rror" "$OUT/stack_$2.txt" | cut -c1-110
 }
 
 replays() {  # tree, name, commit: the first call builds the artifact, the second reuses it
