@@ -363,7 +363,7 @@ def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool =
         # deeper pipeline / the weights' L2 prefetch before the wait: more of the weights in flight
         tiles += [(MMA, 64, 64, 4, 4, 2, 16, False), (MMA, 64, 64, 4, 3, 2, 16, True)]
     tiles = [t + (False,) for t in tiles]
-    if 3 <= m <= 128:  # no K split (no reduction launch) and no pass over the activations after the loop:
+    if 3 <= m <= 128:  # no K split (no reduction launch), some with the activation sums on the tensor cores:
         # narrow weight tiles for parallelism, four chunks per step over four stages for bytes in flight
         bm = 0 if m <= 16 else 16
         tiles += [(MMA, 32, 128, 4, 4, 1, bm, False, False), (MMA, 32, 128, 4, 4, 1, bm, False, True),
