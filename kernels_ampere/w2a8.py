@@ -647,6 +647,7 @@ def _w2a8_mma_kernel(
     acc3 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
     asum = tl.zeros((16, BLOCK_M), tl.int32)  # 16 equal rows: -sum(lanes 0..2) + sum(lane 3)
     facc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    ws = _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED, SPLIT)  # before the wait (both paths below)
     # The offset correction -sum(lanes 0..2) + sum(lane 3) of the activations (row scales, word-aligned
     # rows): each step loads its words first and sums them after its dots, so their L2 latency
     # hides behind the tensor cores instead of a serial pass after the loop (a round trip per
@@ -663,7 +664,6 @@ def _w2a8_mma_kernel(
         a_step = a_ptr + rm[None, :] * stride_am + ((rk // 32) * 128 + rk % 32)[:, None]
         # the weights are constants: their first step is in flight before the wait
         wb = tl.load(w_step + c_lo * 32, mask=mask_n & (c_lo + rk // 32 < c_hi)[None, :], other=0)
-        ws = _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED, SPLIT)
         gdc_prologue(USE_GDC)
         if WORD_SUMS:
             aw = _step_words(a_words, c_lo, c_hi, rw, rows_ok, K)
@@ -688,7 +688,6 @@ def _w2a8_mma_kernel(
         # (rn * 0 + c): a scalar condition as a row vector, which the interpreter accepts in a mask too
         # the weights are constants: their first chunk is in flight before the wait
         wb = tl.load(w_rows + c_lo * 32, mask=mask_n & (rn * 0 + c_lo < c_hi)[:, None], other=0)
-        ws = _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED, SPLIT)
         gdc_prologue(USE_GDC)
         # The first chunk is peeled off the loop: every chunk's tile is then a fresh load, not a
         # loop-carried value, so the compiler converts the *packed* tile to the operand layout
