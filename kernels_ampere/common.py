@@ -313,6 +313,58 @@ def scale_strides(w_scale: torch.Tensor, grouped: bool) -> tuple[int, int]:
 
 
 # --- split-K: partial sums per K slice, then one ordered reduction ----------------------------
+#
+# The reduction runs in the last program of each output tile to finish its slice
+# (``last_slice`` / ``sum_slices``, the W2A8 kernels) or, where no arrival counts can be had,
+# as a launch of its own (``split_k_reduce``). Either adds the slices in slice order, so the
+# bits are the same; in the kernel it saves the launch and the wait on the whole grid that a
+# wide decode step paid 90 times (the 2B shape's split projections).
+
+SPLIT_COUNTS = 1 << 14  # output tiles one split launch may have (int32 counts, 64 KiB a device)
+_split_counts: dict[torch.device, torch.Tensor] = {}
+
+
+def split_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
+    """The device's arrival counts for ``last_slice``: zeros between launches, since the last
+    program of every tile puts its count back to zero (and a launch's programs read them only
+    after the previous kernel on the stream has finished, ``gdc_prologue``). Made once per
+    device, outside any CUDA graph capture (a capture holds the pointer; the tensor lives as
+    long as the process). None where there are too many tiles, or in a capture before any
+    launch outside it made them: the caller reduces by a launch of its own then. Kernels on
+    one device share the counts, so split launches must not run concurrently on two streams
+    (the runtime decodes on one)."""
+    counts = _split_counts.get(device)
+    if counts is None:
+        if tiles > SPLIT_COUNTS or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            return None
+        counts = _split_counts[device] = torch.zeros(SPLIT_COUNTS, dtype=torch.int32, device=device)
+    return counts if tiles <= SPLIT_COUNTS else None
+
+
+@triton.jit
+def last_slice(count_ptr, SLICES: tl.constexpr):
+    """True in the last of an output tile's ``SLICES`` programs (``program_id(2)``, the K slices)
+    to call this after storing its partial sums; that one then reads them all and has set the
+    tile's count back to zero. The barrier puts every thread's stores before the single
+    thread's release (the atomic), the acquire puts the other slices' stores before the reads
+    that follow (CUTLASS's semaphore pattern; read them with ``sum_slices``, past the L1)."""
+    tl.debug_barrier()
+    count = count_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    last = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == SLICES - 1
+    if last:
+        tl.store(count, 0)
+    return last
+
+
+@triton.jit
+def sum_slices(part_ptr, offs, mask, slice_stride, SLICES: tl.constexpr):
+    """``sum_s part[s]`` at ``offs`` in slice order (float32 partials: the order of
+    ``split_k_reduce``, so the same bits), read from the L2 (``.cg``: another SM wrote them)."""
+    total = tl.load(part_ptr + offs, mask=mask, other=0, cache_modifier=".cg")
+    for s in tl.static_range(1, SLICES):
+        total += tl.load(part_ptr + s * slice_stride + offs, mask=mask, other=0, cache_modifier=".cg")
+    return total
+
 
 @triton.jit(**alignment_blind("M"))  # M: the row index's bound and stride (one variant at width 16 too)
 def _split_k_reduce_kernel(

@@ -81,8 +81,9 @@ launch configuration: the float32 sum over the groups then has one order at ever
 so a row's bits do not depend on how many rows share its call, and the twin (which sums in
 the same order) is matched bit for bit. ``split_k > 1`` gives each program a slice of the
 chunks; slices write int32 (per-row scales: still exact) or float32 (group scales applied)
-partials that ``common.split_k_reduce`` adds in slice order -- deterministic, no atomics,
-no zero-fill.
+partials that the last of a tile's slices to finish adds in slice order (``common.last_slice``:
+an atomic arrival count per tile, which that program puts back to zero; ``common.split_k_reduce``,
+a launch of its own, where the counts cannot be had) -- deterministic, the same bits either way.
 
 ``mma`` takes the width in tiles of ``LinearConfig.block_m`` rows (default: the whole width,
 up to 128); the row tiles of one weight tile are neighbours in the grid, so they run at the
@@ -108,8 +109,8 @@ import triton.language as tl
 from .numerics import int_matmul
 
 from .common import (apply_carveout, check_dtype, check_launchable, check_packed_weight, check_residual, dp4a,
-                     dp4a_unsigned, gdc_prologue, is_interpreted, next_pow2, pdl_options, prefetch_rows_l2,
-                     scale_strides, split_k_chunks, split_k_reduce)
+                     dp4a_unsigned, gdc_prologue, is_interpreted, last_slice, next_pow2, pdl_options,
+                     prefetch_rows_l2, scale_strides, split_counters, split_k_chunks, split_k_reduce, sum_slices)
 from .packing import BYTES_PER_CHUNK, CHUNK_K, unpack_ternary
 from .tuning import (DOT, GEMV, LANES, MMA, ROWS, LinearConfig, default_linear, group_k_slices, linear_key, lookup,
                      sm_count)
@@ -128,12 +129,15 @@ def _w2a8_gemv_kernel(
     a_scale_ptr,  # [M] float32
     w_ptr,  # [N, K/16] int32: sixteen 2-bit codes per word, 8 words per 128-chunk
     w_scale_ptr,  # [N] or [N, K/128] float32
-    out_ptr,  # [M, N] (SPLIT: [S, M, N] int32 or float32 partial sums)
+    out_ptr,  # [M, N]
+    part_ptr,  # SPLIT: [S, M, N] int32 or float32 partial sums
+    count_ptr,  # SUM_SLICES: [tiles] int32 arrival counts, zero between launches
     res_ptr,  # [M, N] float32 residual added in the epilogue (read only when RESIDUAL)
     M, N, chunks_per_split,
     stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     K: tl.constexpr,
     GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
+    SUM_SLICES: tl.constexpr,  # SPLIT: the slices the last of a tile's programs adds (0: common.split_k_reduce)
     BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,  # rows per program, 128-chunks per K step
     USE_ASM: tl.constexpr,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
@@ -152,11 +156,13 @@ def _w2a8_gemv_kernel(
     gdc_prologue(USE_GDC)
     # the epilogue's other inputs too, before the loop: a read after it is a round trip at the
     # end of every program, on the kernel's critical path
+    # (split-K: the last slice reads them, below)
     if SPLIT:
         a_s = 0.0
     else:
         a_s = tl.load(a_scale_ptr + m)
-    if RESIDUAL:
+    res = 0.0
+    if RESIDUAL and not SPLIT:
         res = tl.load(res_ptr + m * stride_rm + rn, mask=mask_n, other=0.0)
     rc = tl.arange(0, CHUNKS)
     rj = tl.arange(0, 8)  # word j of a chunk holds inputs 4j..4j+3 of each 32-wide lane
@@ -193,15 +199,32 @@ def _w2a8_gemv_kernel(
     else:
         y = tl.sum(tl.sum(acc, axis=2), axis=1) - tl.sum(tl.sum(asum, axis=1), axis=0)  # int32
     if SPLIT:
-        tl.store(out_ptr + (tl.program_id(2) * M + m) * N + rn, y, mask=mask_n)
+        tl.store(part_ptr + (tl.program_id(2) * M + m) * N + rn, y, mask=mask_n)
+        if SUM_SLICES > 0:
+            if last_slice(count_ptr, SUM_SLICES):  # fresh names: nothing flows out of the branch
+                total = sum_slices(part_ptr, m * N + rn, mask_n, M * N, SUM_SLICES)
+                row_scales = ws
+                if not GROUPED:
+                    row_scales = tl.load(w_scale_ptr + rn * stride_sn, mask=mask_n, other=0.0)
+                row_res = res
+                if RESIDUAL:
+                    row_res = tl.load(res_ptr + m * stride_rm + rn, mask=mask_n, other=0.0)
+                _finish_row(total, tl.load(a_scale_ptr + m), row_scales, row_res, out_ptr + m * stride_om + rn,
+                            mask_n, GROUPED, RESIDUAL)
     else:
-        if GROUPED:
-            y = y * a_s
-        else:
-            y = y.to(tl.float32) * a_s * ws
-        if RESIDUAL:
-            y = res + y
-        tl.store(out_ptr + m * stride_om + rn, y.to(out_ptr.dtype.element_ty), mask=mask_n)
+        _finish_row(y, a_s, ws, res, out_ptr + m * stride_om + rn, mask_n, GROUPED, RESIDUAL)
+
+
+@triton.jit
+def _finish_row(y, a_s, ws, res, out_ptrs, mask, GROUPED: tl.constexpr, RESIDUAL: tl.constexpr):
+    """gemv's ``_finish_tile``: one activation row."""
+    if GROUPED:
+        y = y * a_s
+    else:
+        y = y.to(tl.float32) * a_s * ws
+    if RESIDUAL:
+        y = res + y
+    tl.store(out_ptrs, y.to(out_ptrs.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -231,23 +254,43 @@ def _act_scales(a_scale_ptr, rm, M, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm,
-                GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr):
-    """Epilogue of a ``[BLOCK_N, BLOCK_M]`` tile (every kernel but gemv): a split-K partial as
-    is, or ``(acc · a_scale) · w_scale`` (group scales: already applied) ``+ residual``; the
-    scales ``a_s`` [BLOCK_M] (``_act_scales``) and ``ws`` [BLOCK_N] (``_row_scales``, read
-    before the programmatic-launch wait) come from the kernel."""
+def _finish_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm,
+                 GROUPED: tl.constexpr, RESIDUAL: tl.constexpr):
+    """``(acc · a_scale) · w_scale`` (group scales: already applied) ``+ residual``, stored:
+    the order of the twin and of ``common.split_k_reduce``."""
     mask = (rn < N)[:, None] & (rm < M)[None, :]
-    if SPLIT:
-        tl.store(out_ptr + (tl.program_id(2) * M + rm[None, :]) * N + rn[:, None], y, mask=mask)
+    if GROUPED:
+        y = y * a_s[None, :]
     else:
-        if GROUPED:
-            y = y * a_s[None, :]
-        else:
-            y = y.to(tl.float32) * a_s[None, :] * ws[:, None]
-        if RESIDUAL:
-            y = tl.load(res_ptr + rm[None, :] * stride_rm + rn[:, None], mask=mask, other=0.0) + y
-        tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y.to(out_ptr.dtype.element_ty), mask=mask)
+        y = y.to(tl.float32) * a_s[None, :] * ws[:, None]
+    if RESIDUAL:
+        y = tl.load(res_ptr + rm[None, :] * stride_rm + rn[:, None], mask=mask, other=0.0) + y
+    tl.store(out_ptr + rm[None, :] * stride_om + rn[:, None], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm, part_ptr, count_ptr,
+                a_scale_ptr, w_scale_ptr, stride_sn,
+                GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr, SUM_SLICES: tl.constexpr):
+    """Epilogue of a ``[BLOCK_N, BLOCK_M]`` tile (every kernel but gemv): ``_finish_tile``, or
+    under split-K this slice's partial, and in the last of the tile's slices to arrive
+    (``SUM_SLICES``) the sum of them all finished; the scales ``a_s`` [BLOCK_M]
+    (``_act_scales``) and ``ws`` [BLOCK_N] (``_row_scales``, read before the
+    programmatic-launch wait) come from the kernel."""
+    if SPLIT:
+        offs = rm[None, :] * N + rn[:, None]
+        mask = (rn < N)[:, None] & (rm < M)[None, :]
+        tl.store(part_ptr + tl.program_id(2) * M * N + offs, y, mask=mask)
+        if SUM_SLICES > 0:
+            if last_slice(count_ptr, SUM_SLICES):  # fresh names: nothing flows out of the branch
+                total = sum_slices(part_ptr, offs, mask, M * N, SUM_SLICES)
+                row_scales = ws
+                if not GROUPED:
+                    row_scales = tl.load(w_scale_ptr + rn * stride_sn, mask=rn < N, other=0.0)
+                _finish_tile(total, rn, rm, M, N, tl.load(a_scale_ptr + rm, mask=rm < M, other=0.0), row_scales,
+                             out_ptr, stride_om, res_ptr, stride_rm, GROUPED, RESIDUAL)
+    else:
+        _finish_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm, GROUPED, RESIDUAL)
 
 
 @triton.jit
@@ -256,12 +299,15 @@ def _w2a8_rows_kernel(
     a_scale_ptr,  # [M] float32
     w_ptr,  # [N, K/16] int32 packed words (as the gemv kernel reads them)
     w_scale_ptr,  # [N] or [N, K/128] float32
-    out_ptr,  # [M, N] (SPLIT: [S, M, N] int32 or float32 partial sums)
+    out_ptr,  # [M, N]
+    part_ptr,  # SPLIT: [S, M, N] int32 or float32 partial sums
+    count_ptr,  # SUM_SLICES: [tiles] int32 arrival counts, zero between launches
     res_ptr,  # [M, N] float32 residual (RESIDUAL)
     M, N, chunks_per_split,
     stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     K: tl.constexpr,
     GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
+    SUM_SLICES: tl.constexpr,  # SPLIT: the slices the last of a tile's programs adds (0: common.split_k_reduce)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
     USE_ASM: tl.constexpr,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
@@ -317,7 +363,8 @@ def _w2a8_rows_kernel(
     else:
         y = tl.sum(tl.sum(acc, axis=3), axis=2) - tl.sum(tl.sum(asum, axis=2), axis=1)[None, :]  # int32
     a_s = _act_scales(a_scale_ptr, rm, M, SPLIT)
-    _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm, GROUPED, SPLIT, RESIDUAL)
+    _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm, part_ptr, count_ptr,
+                a_scale_ptr, w_scale_ptr, stride_sn, GROUPED, SPLIT, RESIDUAL, SUM_SLICES)
 
 
 @triton.jit
@@ -326,12 +373,15 @@ def _w2a8_dot_kernel(
     a_scale_ptr,  # [M] float32
     w_ptr,  # [N, K/4] uint8 packed codes
     w_scale_ptr,  # [N] or [N, K/128] float32
-    out_ptr,  # [M, N] (SPLIT: [S, M, N] int32 or float32 partial sums)
+    out_ptr,  # [M, N]
+    part_ptr,  # SPLIT: [S, M, N] int32 or float32 partial sums
+    count_ptr,  # SUM_SLICES: [tiles] int32 arrival counts, zero between launches
     res_ptr,  # [M, N] float32 residual (RESIDUAL)
     M, N, chunks_per_split,
     stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     K: tl.constexpr,
     GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
+    SUM_SLICES: tl.constexpr,  # SPLIT: the slices the last of a tile's programs adds (0: common.split_k_reduce)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
     USE_ASM: tl.constexpr = False,  # only the L2 prefetch is inline assembly here
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
@@ -378,7 +428,8 @@ def _w2a8_dot_kernel(
     else:
         y = acc - asum[None, :]  # int32
     a_s = _act_scales(a_scale_ptr, rm, M, SPLIT)
-    _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm, GROUPED, SPLIT, RESIDUAL)
+    _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm, part_ptr, count_ptr,
+                a_scale_ptr, w_scale_ptr, stride_sn, GROUPED, SPLIT, RESIDUAL, SUM_SLICES)
 
 
 @triton.jit
@@ -387,12 +438,15 @@ def _w2a8_lanes_kernel(
     a_scale_ptr,  # [M] float32
     w_ptr,  # [N, Kp/16] int32 packed words (as the gemv kernel reads them)
     w_scale_ptr,  # [N] or [N, ceil(K/128)] float32
-    out_ptr,  # [M, N] (SPLIT: [S, M, N] int32 or float32 partial sums)
+    out_ptr,  # [M, N]
+    part_ptr,  # SPLIT: [S, M, N] int32 or float32 partial sums
+    count_ptr,  # SUM_SLICES: [tiles] int32 arrival counts, zero between launches
     res_ptr,  # [M, N] float32 residual (RESIDUAL)
     M, N, chunks_per_split,
     stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     K: tl.constexpr,
     GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
+    SUM_SLICES: tl.constexpr,  # SPLIT: the slices the last of a tile's programs adds (0: common.split_k_reduce)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
     USE_ASM: tl.constexpr,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
@@ -488,7 +542,8 @@ def _w2a8_lanes_kernel(
              + (tl.sum(tl.sum(acc2, axis=3), axis=2) >> 4) + (tl.sum(tl.sum(acc3, axis=3), axis=2) >> 6)
              - tl.sum(asum2, axis=1)[None, :])  # [BLOCK_N, BLOCK_M] int32
     a_s = _act_scales(a_scale_ptr, rm, M, SPLIT)
-    _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm, GROUPED, SPLIT, RESIDUAL)
+    _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm, part_ptr, count_ptr,
+                a_scale_ptr, w_scale_ptr, stride_sn, GROUPED, SPLIT, RESIDUAL, SUM_SLICES)
 
 
 @triton.jit
@@ -593,12 +648,15 @@ def _w2a8_mma_kernel(
     a_scale_ptr,  # [M] float32
     w_ptr,  # [N, Kp/4] uint8 packed codes
     w_scale_ptr,  # [N] or [N, ceil(K/128)] float32
-    out_ptr,  # [M, N] (SPLIT: [S, M, N] int32 or float32 partial sums)
+    out_ptr,  # [M, N]
+    part_ptr,  # SPLIT: [S, M, N] int32 or float32 partial sums
+    count_ptr,  # SUM_SLICES: [tiles] int32 arrival counts, zero between launches
     res_ptr,  # [M, N] float32 residual (RESIDUAL)
     M, N, chunks_per_split,
     stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     K: tl.constexpr,
     GROUPED: tl.constexpr, SPLIT: tl.constexpr, RESIDUAL: tl.constexpr,
+    SUM_SLICES: tl.constexpr,  # SPLIT: the slices the last of a tile's programs adds (0: common.split_k_reduce)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
     USE_ASM: tl.constexpr,
     ASUM_BY_DOT: tl.constexpr,  # group scales, rows that are not whole aligned int32 words, or asked (config)
@@ -718,7 +776,8 @@ def _w2a8_mma_kernel(
     else:
         y = acc0 + (acc1 >> 2) + (acc2 >> 4) + (acc3 >> 6) + tl.sum(asum2, axis=1)[None, :]  # int32
     a_s = _act_scales(a_scale_ptr, rm, M, SPLIT)
-    _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm, GROUPED, SPLIT, RESIDUAL)
+    _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm, part_ptr, count_ptr,
+                a_scale_ptr, w_scale_ptr, stride_sn, GROUPED, SPLIT, RESIDUAL, SUM_SLICES)
 
 
 def w2a8_linear(
@@ -774,14 +833,9 @@ def w2a8_linear(
         per_split, n_split = split_k_chunks(triton.cdiv(k, CHUNK_K), config.split_k, chunks)
     split = n_split > 1
     # split-K slices write int32 (per-row: still exact) or float32 (group scales applied) partials
-    target = torch.empty((n_split, m, n), dtype=torch.float32 if grouped else torch.int32,
-                         device=out.device) if split else out
+    parts = torch.empty((n_split, m, n), dtype=torch.float32 if grouped else torch.int32,
+                        device=out.device) if split else out
     res = residual if residual is not None else out
-    # No FMA contraction: the epilogue's ``residual + (acc·a_s)·w_s`` must round the product
-    # first, as the twin (and the unfused sum) does; the main loops are integer anyway.
-    common = dict(K=k, GROUPED=grouped, SPLIT=split, RESIDUAL=residual is not None and not split,
-                  BLOCK_N=config.block_n, CHUNKS=chunks, num_warps=config.num_warps, num_stages=config.num_stages,
-                  enable_fp_fusion=False)
     if config.kernel in WORD_KERNELS:
         kernel = {GEMV: _w2a8_gemv_kernel, ROWS: _w2a8_rows_kernel, LANES: _w2a8_lanes_kernel}[config.kernel]
         a_in, w_in = a_int8.view(torch.int32), packed.view(torch.int32)  # [M, K/4], [N, Kp/16]
@@ -800,6 +854,14 @@ def w2a8_linear(
         rows = {"BLOCK_M": max(16, min(next_pow2(m), config.block_m or MMA_MAX_BLOCK_M))}
         grid = (triton.cdiv(m, rows["BLOCK_M"]), triton.cdiv(n, config.block_n), n_split)
     check_launchable(kernel, a_int8, a_scale, packed, w_scale)
+    # the last program of each output tile adds the slices (common.last_slice), unless no counts can be had
+    counts = split_counters(out.device, grid[0] * grid[1]) if split else None
+    in_kernel = n_split if counts is not None else 0
+    # No FMA contraction: the epilogue's ``residual + (acc·a_s)·w_s`` must round the product
+    # first, as the twin (and the unfused sum) does; the main loops are integer anyway.
+    common = dict(K=k, GROUPED=grouped, SPLIT=split, RESIDUAL=residual is not None and (not split or in_kernel > 0),
+                  SUM_SLICES=in_kernel, BLOCK_N=config.block_n, CHUNKS=chunks, num_warps=config.num_warps,
+                  num_stages=config.num_stages, enable_fp_fusion=False)
     pdl = pdl_options(kernel)
     # the prefetch overlaps the previous kernel: only worth its instructions under programmatic launch
     asm = {"USE_ASM": not is_interpreted(kernel), "PREFETCH": config.prefetch and pdl["USE_GDC"]}
@@ -807,13 +869,13 @@ def w2a8_linear(
         asm["ASUM_BY_DOT"] = grouped or not words or config.asum_by_dot
         asm["FOLD"] = config.fold_lanes and k <= FOLD_MAX_K  # longer rows keep four accumulators
     compiled = kernel[grid](
-        a_in, a_scale, w_in, w_scale, target, res, m, n, per_split,
+        a_in, a_scale, w_in, w_scale, out, parts, out if counts is None else counts, res, m, n, per_split,
         a_in.stride(0), w_in.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),
         **asm, **rows, **common, **pdl,
     )
     apply_carveout(compiled)
-    if split:
-        split_k_reduce(target, out, a_scale, None if grouped else w_scale, stride_sn, residual)
+    if split and not in_kernel:
+        split_k_reduce(parts, out, a_scale, None if grouped else w_scale, stride_sn, residual)
     return out
 
 

@@ -289,6 +289,57 @@ def test_w2a8_group_scales_follow_k_slices_set_by_k_alone(m):
         assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg), ref, f"{cfg} M={m}")
 
 
+@pytest.mark.parametrize("grouped", (False, True))
+def test_w2a8_split_k_sums_in_the_last_slice_or_by_a_launch_the_same_bits(grouped, monkeypatch):
+    """Split-K partials added by the last program of each tile (the arrival counts) and by
+    ``split_k_reduce`` (where no counts can be had) give the twin's bits, residual fused; the
+    in-kernel route launches no reduction and leaves every count at zero, so the next launch
+    (here: a second call into the same counts) starts clean."""
+    import kernels_ampere.w2a8 as w2a8
+    from kernels_ampere import common
+
+    m, n, k = (2, 24, 4096) if grouped else (3, 40, 768)  # grouped: two K slices from K alone
+    gen = torch.Generator().manual_seed(7 + grouped)
+    _, packed = random_weight(n, k, gen)
+    a, a_s = random_activations(m, k, gen)
+    w_s = (0.5 + torch.rand((n, k // 128) if grouped else (n,), generator=gen)).to(DEVICE)
+    res = torch.randn(m, n, generator=gen).to(DEVICE)
+    ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res)
+    picks = [LinearConfig(MMA, 16, 64, num_warps=4, num_stages=2, split_k=3),
+             LinearConfig(MMA, 16, 64, num_warps=4, num_stages=2, split_k=3, fold_lanes=True),
+             LinearConfig(GEMV, 8, 128, num_warps=2, split_k=4), LinearConfig(DOT, 16, 64, num_stages=2, split_k=2),
+             LinearConfig(LANES, 16, 64, num_warps=2, split_k=3), LinearConfig(ROWS, 16, 64, num_warps=2, split_k=3)]
+    if grouped:  # the tile kernels share one epilogue: two of them (and gemv's own) keep the test short
+        picks = picks[1:3] + picks[4:5]
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("split_k_reduce launched although the counts were there")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(w2a8, "split_k_reduce", no_launch)
+        for cfg in picks:
+            for call in range(2):
+                out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res, config=cfg)
+                assert_exact(out, ref, f"in the kernel, call {call}: {cfg}")
+                counts = common.split_counters(out.device, 1)
+                assert counts is not None and counts.count_nonzero().item() == 0, cfg
+    with monkeypatch.context() as patch:
+        patch.setattr(w2a8, "split_counters", lambda device, tiles: None)
+        for cfg in picks:
+            out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res, config=cfg)
+            assert_exact(out, ref, f"by a launch: {cfg}")
+
+
+def test_split_counters_refuse_too_many_tiles():
+    from kernels_ampere import common
+
+    device = torch.device(DEVICE)
+    assert common.split_counters(device, common.SPLIT_COUNTS + 1) is None
+    counts = common.split_counters(device, common.SPLIT_COUNTS)
+    assert counts is not None and counts.numel() == common.SPLIT_COUNTS and counts.dtype == torch.int32
+    assert common.split_counters(device, 1) is counts  # one tensor a device: graphs keep its pointer
+
+
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("m", (1, 2, 9, 27, 40, 80))

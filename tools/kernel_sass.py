@@ -78,27 +78,29 @@ def compile_config(cfg: LinearConfig, m: int, k: int, arch: int, grouped: bool =
     become constants, multiples of 16 get Triton's divisibility hint, pointers are aligned)."""
     word = cfg.kernel in WORD_KERNELS
     sig = {"a_ptr": "*i32" if word else "*i8", "a_scale_ptr": "*fp32", "w_ptr": "*i32" if word else "*u8",
-           "w_scale_ptr": "*fp32", "out_ptr": "*fp32", "res_ptr": "*fp32", "M": "i32", "N": "i32",
+           "w_scale_ptr": "*fp32", "out_ptr": "*fp32", "part_ptr": "*fp32" if grouped else "*i32",
+           "count_ptr": "*i32", "res_ptr": "*fp32", "M": "i32", "N": "i32",
            "chunks_per_split": "i32", "stride_am": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_sg": "i32",
            "stride_om": "i32", "stride_rm": "i32"}
     chunks = 1 if (grouped and cfg.kernel == MMA) else cfg.block_kb // 32
     # no programmatic launch (an Orin has none), so no L2 prefetch either: w2a8_linear gates it on the launch
-    const = dict(K=k, GROUPED=grouped, SPLIT=cfg.split_k > 1, RESIDUAL=False, BLOCK_N=cfg.block_n, CHUNKS=chunks,
-                 USE_GDC=False, PREFETCH=False, USE_ASM=True)
+    chunks_total = -(-k // 128)
+    per_split = -(-chunks_total // cfg.split_k)
+    per_split = -(-per_split // chunks) * chunks
+    n_split = -(-chunks_total // per_split)  # the last program of each tile adds the slices (common.last_slice)
+    const = dict(K=k, GROUPED=grouped, SPLIT=n_split > 1, RESIDUAL=False, SUM_SLICES=n_split if n_split > 1 else 0,
+                 BLOCK_N=cfg.block_n, CHUNKS=chunks, USE_GDC=False, PREFETCH=False, USE_ASM=True)
     if cfg.kernel != GEMV:
         const["BLOCK_M"] = block_m(cfg, m)
     if cfg.kernel == MMA:
         const["ASUM_BY_DOT"] = grouped or k % 4 != 0 or cfg.asum_by_dot
         const["FOLD"] = cfg.fold_lanes and k <= w2a8.FOLD_MAX_K
-    chunks_total = -(-k // 128)
-    per_split = -(-chunks_total // cfg.split_k)
-    per_split = -(-per_split // chunks) * chunks
     kw = k // 4 if word else k  # activation row stride in elements
     pw = (chunks_total * 32) // (4 if word else 1)
     values = {"M": m, "N": n, "chunks_per_split": per_split, "stride_am": kw, "stride_wn": pw, "stride_sn": 1,
               "stride_sg": 0, "stride_om": n, "stride_rm": n}
     fn = getattr(w2a8, KERNELS[cfg.kernel])
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(6)}  # torch allocations are 16-byte aligned
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(8)}  # the pointers: torch allocations are 16-byte aligned
     for name, v in values.items():
         if v == 1:
             const[name] = 1
