@@ -121,6 +121,12 @@ LANES_MAX_BLOCK_M = 8  # the same for ``lanes`` (four accumulators per word)
 MMA_MAX_BLOCK_M = 128  # ``mma``: every width up to 128 rows decodes each weight tile once
 FOLD_MAX_K = 131072  # ``mma`` with folded lanes: 64 x the running sum stays below 2**31 (and a margin)
 WORD_KERNELS = (GEMV, ROWS, LANES)  # read activations and weights as 4-byte words
+# Split-K partials the last program of a tile adds itself (``common.last_slice``), at most: it
+# reads every slice's tile alone, after the others have finished, where a reduction launch
+# spreads the sum over the GPU. H200, 2B shape (tools/results/kernels.md, "Split-K sums in the
+# kernel"): 64 x 16 tiles (M <= 16) -7% on the stack at M = 9 and 16, the width-16 replay
+# unchanged; 128 x 64 tiles (widths 32-33) +2-3% on the replays, 64 x 32 (M = 80) +5% on the stack.
+SLICE_SUM_MAX_TILE = 64 * 16
 
 
 @triton.jit
@@ -854,8 +860,10 @@ def w2a8_linear(
         rows = {"BLOCK_M": max(16, min(next_pow2(m), config.block_m or MMA_MAX_BLOCK_M))}
         grid = (triton.cdiv(m, rows["BLOCK_M"]), triton.cdiv(n, config.block_n), n_split)
     check_launchable(kernel, a_int8, a_scale, packed, w_scale)
-    # the last program of each output tile adds the slices (common.last_slice), unless no counts can be had
-    counts = split_counters(out.device, grid[0] * grid[1]) if split else None
+    # the last program of each output tile adds the slices (common.last_slice) where the tile is small,
+    # and where the counts can be had; else a reduction launch
+    tile = config.block_n * rows.get("BLOCK_M", 1)
+    counts = split_counters(out.device, grid[0] * grid[1]) if split and tile <= SLICE_SUM_MAX_TILE else None
     in_kernel = n_split if counts is not None else 0
     # No FMA contraction: the epilogue's ``residual + (acc·a_s)·w_s`` must round the product
     # first, as the twin (and the unfused sum) does; the main loops are integer anyway.

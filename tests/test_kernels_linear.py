@@ -330,6 +330,26 @@ def test_w2a8_split_k_sums_in_the_last_slice_or_by_a_launch_the_same_bits(groupe
             assert_exact(out, ref, f"by a launch: {cfg}")
 
 
+def test_w2a8_split_k_tiles_past_the_in_kernel_bound_reduce_by_a_launch(monkeypatch):
+    """A tile over ``SLICE_SUM_MAX_TILE`` partials (64 x 32 here) is summed by a launch of its
+    own (measured faster there), with the same bits as the twin."""
+    import kernels_ampere.w2a8 as w2a8
+
+    m, n, k = 17, 72, 768
+    gen = torch.Generator().manual_seed(17)
+    _, packed = random_weight(n, k, gen)
+    a, a_s = random_activations(m, k, gen)
+    w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
+    launches = []
+    real = w2a8.split_k_reduce
+    monkeypatch.setattr(w2a8, "split_k_reduce", lambda *args, **kw: launches.append(1) or real(*args, **kw))
+    cfg = LinearConfig(MMA, 64, 64, num_warps=4, num_stages=2, split_k=3)
+    assert cfg.block_n * 32 > w2a8.SLICE_SUM_MAX_TILE
+    out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
+    assert launches == [1]
+    assert_exact(out, w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32), str(cfg))
+
+
 def test_split_counters_refuse_too_many_tiles():
     from kernels_ampere import common
 
