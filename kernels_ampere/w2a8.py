@@ -161,8 +161,7 @@ def _w2a8_gemv_kernel(
     ws = _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED, SPLIT)
     gdc_prologue(USE_GDC)
     # the epilogue's other inputs too, before the loop: a read after it is a round trip at the
-    # end of every program, on the kernel's critical path
-    # (split-K: the last slice reads them, below)
+    # end of every program, on the kernel's critical path (split-K: only the last slice reads them)
     if SPLIT:
         a_s = 0.0
     else:
