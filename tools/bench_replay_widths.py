@@ -6,13 +6,14 @@ holding ``<gpu>.json``; ``shipped`` = ``kernels_ampere/tuned``) the replay state
 asked widths are captured again with that table's launches and timed as ``bench_e2e.py``
 times them (history length reset before every replay, the reset's own time subtracted):
 width 1 = the AR replay, every other width = the fused state of that width (D = 8: 16, 24,
-32, 40 after a fused hit, 17, 25, 33, 41 after a draft step). ``--profile`` widths are then
+32, 40 after a fused hit, 17, 25, 33, 41 after a draft step), ``dM`` = the draft step of width
+M (D + 1 .. 2D), ``v9`` = the verify (D + 1; ``states``). ``--profile`` widths are then
 replayed under ``torch.profiler``: the kernels of one replay grouped by name, GPU µs each
 (kernel durations overlap under programmatic launch, so their sum can exceed the replay: a
 kernel starts early and waits for its producer; a table named ``<name>-nopdl`` is captured
 without programmatic launch, so its kernels run one after another and their durations add up).
 
-    python tools/bench_replay_widths.py --tables before=/tmp/old,after=shipped --widths 1,16,32,33,40 \\
+    python tools/bench_replay_widths.py --tables before=/tmp/old,after=shipped --widths 1,d9,d16,16,32,33,40 \\
         --profile 32,33 --out /tmp/replays
 
 Writes ``replay_widths.json`` and ``replay_widths.md`` under ``--out``.
@@ -67,16 +68,27 @@ def use_table(folder: Path) -> None:
     tuning.load_table.cache_clear()
 
 
-def states(block: int, widths: list[int]) -> list[ReplayState]:
+def states(block: int, labels: list[str]) -> dict[str, ReplayState]:
+    """The replay state of each ``--widths`` label: ``1`` = the AR replay, a fused width (D = 8:
+    16, 24, .. after a hit, 17, 25, .. after a draft step) = that fused state, ``dM`` = the draft
+    step of width M (D + 1 .. 2D: k pending rows and D masks), ``vM`` = the verify of width M
+    (D + 1)."""
     fused = {fused_width(block, n, c) for c in range(1, block + 2) for n in (block + 1, block)}
-    out = []
-    for w in widths:
-        if w == 1:
-            out.append(ReplayState(1, 0, "verify"))
-        elif w in fused:
-            out.append(ReplayState(w, 0, "fused"))
+    out = {}
+    for label in labels:
+        role, digits = {"d": ("draft", label[1:]), "v": ("verify", label[1:])}.get(label[:1], ("", label))
+        if not digits.isdigit():
+            raise SystemExit(f"bench_replay_widths: width {label!r} is not M, dM (draft) or vM (verify)")
+        w = int(digits)
+        if role == "draft" and block + 1 <= w <= 2 * block or role == "verify" and w in (1, block + 1):
+            out[label] = ReplayState(w, 0, role)
+        elif not role and w == 1:
+            out[label] = ReplayState(1, 0, "verify")
+        elif not role and w in fused:
+            out[label] = ReplayState(w, 0, "fused")
         else:
-            raise SystemExit(f"bench_replay_widths: width {w} is neither 1 nor a fused width ({sorted(fused)})")
+            raise SystemExit(f"bench_replay_widths: width {label!r} is not a replay state: 1, a fused width "
+                             f"({sorted(fused)}), d{block + 1}..d{2 * block} (draft) or v1 / v{block + 1} (verify)")
     return out
 
 
@@ -96,7 +108,7 @@ def precompile_table(eng: Engine, widths: list[int], jobs: int) -> None:
     precompile(work, jobs)
 
 
-def time_states(eng: Engine, wanted: list[ReplayState], repeats: int, pdl: bool = True) -> dict[int, float]:
+def time_states(eng: Engine, wanted: dict[str, ReplayState], repeats: int, pdl: bool = True) -> dict[str, float]:
     from kernels_ampere.common import programmatic_launch
 
     b = eng.backend
@@ -105,14 +117,14 @@ def time_states(eng: Engine, wanted: list[ReplayState], repeats: int, pdl: bool 
     previous = programmatic_launch()
     programmatic_launch(pdl)  # a graph keeps the launch mode it was captured with
     try:
-        for state in wanted:  # this table's launches: capture again
+        for state in wanted.values():  # this table's launches: capture again
             b._capture(state)
     finally:
         programmatic_launch(previous)
     reset = lambda: b.static.history_len.fill_(PROMPT_LEN)  # noqa: E731
     t_reset = cuda_ms(reset, repeats)
     out = {}
-    for state in wanted:
+    for label, state in wanted.items():
         graph = b.graphs[state]
 
         def one():
@@ -120,7 +132,7 @@ def time_states(eng: Engine, wanted: list[ReplayState], repeats: int, pdl: bool 
             graph.replay()
 
         one()
-        out[state.width] = 1000 * (cuda_ms(one, repeats) - t_reset)
+        out[label] = 1000 * (cuda_ms(one, repeats) - t_reset)
     b.reset()
     return out
 
@@ -156,13 +168,13 @@ def markdown(report: dict) -> str:
              "µs per replay (history 32, median-free mean of the repeats, reset subtracted); width 1 = AR, "
              "others = the fused state of that width.", "",
              "| table | " + " | ".join(f"M = {w}" for w in widths) + " | " +
-             " | ".join(f"M = {w} / AR" for w in widths if w != 1) + " |",
-             "|---|" + "---|" * (2 * len(widths) - (1 in widths))]
+             " | ".join(f"M = {w} / AR" for w in widths if w != "1") + " |",
+             "|---|" + "---|" * (2 * len(widths) - ("1" in widths))]
     for name, t in report["tables"].items():
         us = t["replay_us"]
         ar = us.get("1")
-        lines.append(f"| {name} | " + " | ".join(f"{us[str(w)]:.1f}" for w in widths) + " | " +
-                     " | ".join(f"{us[str(w)] / ar:.2f}x" if ar else "" for w in widths if w != 1) + " |")
+        lines.append(f"| {name} | " + " | ".join(f"{us[w]:.1f}" for w in widths) + " | " +
+                     " | ".join(f"{us[w] / ar:.2f}x" if ar else "" for w in widths if w != "1") + " |")
     for name, t in report["tables"].items():
         for w, rows in t.get("profile", {}).items():
             total = sum(r["us"] for r in rows)
@@ -189,8 +201,8 @@ def main(argv=None) -> int:
         print("bench_replay_widths: needs a CUDA device", file=sys.stderr)
         return 2
     tables = parse_tables(args.tables)
-    widths = [int(w) for w in args.widths.split(",")]
-    profiled = [int(w) for w in args.profile.split(",") if w.strip()]
+    widths = [w.strip() for w in args.widths.split(",") if w.strip()]
+    profiled = [w.strip() for w in args.profile.split(",") if w.strip()]
     art = args.artifact
     if art is None:
         log("building the random 2B-shaped checkpoint and exporting it")
@@ -206,17 +218,17 @@ def main(argv=None) -> int:
         if eng is None:
             log(f"loading {art} with table {name}")
             eng = Engine.load(art, backend="ampere", device="cuda", runtime="full")
-        wanted = states(eng.block_size, widths)
-        precompile_table(eng, widths, args.jobs)
+        wanted = states(eng.block_size, widths + [w for w in profiled if w not in widths])
+        precompile_table(eng, sorted({state.width for state in wanted.values()}), args.jobs)
         t0 = time.perf_counter()
         pdl = not name.endswith("-nopdl")
-        us = time_states(eng, wanted, args.repeats, pdl)
+        us = time_states(eng, wanted, args.repeats, pdl)  # the profiled ones too: captured with this table
         log(f"{name}: " + ", ".join(f"M={w} {v:.1f} us" for w, v in us.items()) + f" ({time.perf_counter() - t0:.0f} s)")
         entry = {"folder": str(folder), "programmatic_launch": pdl,
-                 "replay_us": {str(w): round(v, 1) for w, v in us.items()}, "profile": {}}
+                 "replay_us": {w: round(v, 1) for w, v in us.items()}, "profile": {}}
         for w in (profiled if not args.profile_tables or name in args.profile_tables.split(",") else ()):
             try:
-                entry["profile"][str(w)] = profile_state(eng, next(s for s in wanted if s.width == w))
+                entry["profile"][w] = profile_state(eng, wanted[w])
             except Exception as e:  # a profiler without graph kernel records: the timings still stand
                 entry["profile_error"] = f"{type(e).__name__}: {e}"[:300]
         report["tables"][name] = entry
