@@ -166,7 +166,7 @@ def markdown(report: dict) -> str:
              f"- device: {report['device']}", f"- date: {report['date']}", f"- commit: {report['commit']}",
              f"- command: `{report['command']}`", "",
              "µs per replay (history 32, median-free mean of the repeats, reset subtracted); width 1 = AR, "
-             "others = the fused state of that width.", "",
+             "dM / vM = the draft / verify step of width M, other widths = the fused state of that width.", "",
              "| table | " + " | ".join(f"M = {w}" for w in widths) + " | " +
              " | ".join(f"M = {w} / AR" for w in widths if w != "1") + " |",
              "|---|" + "---|" * (2 * len(widths) - ("1" in widths))]
