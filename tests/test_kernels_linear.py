@@ -350,6 +350,43 @@ def test_w2a8_split_k_tiles_past_the_in_kernel_bound_reduce_by_a_launch(monkeypa
     assert_exact(out, w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32), str(cfg))
 
 
+@pytest.mark.gpu
+@needs_gpu
+def test_w2a8_split_k_first_launch_in_a_capture_reduces_by_a_launch(monkeypatch):
+    """No count buffer can be made inside a CUDA graph capture: a split launch captured before
+    any launch outside made one takes the reduction launch, and the graph keeps that route
+    (replays with the twin's bits) after later launches outside made the buffer and sum in
+    the kernel."""
+    import kernels_ampere.w2a8 as w2a8
+    from kernels_ampere import common
+
+    m, n, k = 3, 40, 768
+    gen = torch.Generator().manual_seed(33)
+    _, packed = random_weight(n, k, gen)
+    a, a_s = random_activations(m, k, gen)
+    w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
+    ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32)
+    cfg = LinearConfig(MMA, 16, 64, num_warps=4, num_stages=2, split_k=3)
+    launches = []
+    real = w2a8.split_k_reduce
+    monkeypatch.setattr(w2a8, "split_k_reduce", lambda *args, **kw: launches.append(1) or real(*args, **kw))
+    with monkeypatch.context() as patch:  # compile the reduction route outside the capture, making no counts
+        patch.setattr(w2a8, "split_counters", lambda device, tiles: None)
+        w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
+    monkeypatch.setattr(common, "_split_counts", {})
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
+    assert launches == [1, 1] and common._split_counts == {}
+    graph.replay()
+    assert_exact(out, ref, "captured with the reduction launch")
+    assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg), ref, "in the kernel")
+    assert launches == [1, 1] and len(common._split_counts) == 1
+    out.zero_()
+    graph.replay()
+    assert_exact(out, ref, "the graph after the counts were made")
+
+
 def test_split_counters_refuse_too_many_tiles():
     from kernels_ampere import common
 
