@@ -333,12 +333,12 @@ def split_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     launch outside it made them: the caller reduces by a launch of its own then. Kernels on
     one device share the counts, so split launches must not run concurrently on two streams
     (the runtime decodes on one)."""
+    if tiles > SPLIT_COUNTS:
+        return None
     counts = _split_counts.get(device)
-    if counts is None:
-        if tiles > SPLIT_COUNTS or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            return None
+    if counts is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         counts = _split_counts[device] = torch.zeros(SPLIT_COUNTS, dtype=torch.int32, device=device)
-    return counts if tiles <= SPLIT_COUNTS else None
+    return counts
 
 
 @triton.jit

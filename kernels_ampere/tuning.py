@@ -51,7 +51,7 @@ class LinearConfig:
     block_kb: int  # packed bytes of one row read per K step: a multiple of 32 (one 128-chunk)
     num_warps: int = 4
     num_stages: int = 1
-    split_k: int = 1  # K slices run by separate programs, summed in order by a second launch
+    split_k: int = 1  # K slices run by separate programs, summed in order (in the kernel or by a second launch)
     prefetch: bool = False  # W2A8: each program asks the L2 for its weights before waiting (PDL)
     block_m: int = 0  # W2A8 ``mma``: activation rows per tile (16, 32, 64, 128); 0 = the whole width (<= 128)
     asum_by_dot: bool = False  # W2A8 ``mma``: the activation sums on the tensor cores, not dp4a over the words

@@ -42,6 +42,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from kernels_ampere import tuning, w2a8  # noqa: E402
+from kernels_ampere.common import split_k_chunks  # noqa: E402
 from kernels_ampere.tuning import DOT, GEMV, LANES, MMA, ROWS, LinearConfig  # noqa: E402
 
 ALU = {"LOP3", "SHF", "IADD3", "ISETP", "PRMT", "SEL", "LEA", "SGXT", "MOV", "CS2R", "PLOP3", "IABS", "IMNMX",
@@ -85,9 +86,7 @@ def compile_config(cfg: LinearConfig, m: int, k: int, arch: int, grouped: bool =
     chunks = 1 if (grouped and cfg.kernel == MMA) else cfg.block_kb // 32
     # no programmatic launch (an Orin has none), so no L2 prefetch either: w2a8_linear gates it on the launch
     chunks_total = -(-k // 128)
-    per_split = -(-chunks_total // cfg.split_k)
-    per_split = -(-per_split // chunks) * chunks
-    n_split = -(-chunks_total // per_split)  # the last program of each tile adds the slices (common.last_slice)
+    per_split, n_split = split_k_chunks(chunks_total, cfg.split_k, chunks)  # as w2a8_linear slices K
     const = dict(K=k, GROUPED=grouped, SPLIT=n_split > 1, RESIDUAL=False, SUM_SLICES=n_split if n_split > 1 else 0,
                  BLOCK_N=cfg.block_n, CHUNKS=chunks, USE_GDC=False, PREFETCH=False, USE_ASM=True)
     if cfg.kernel != GEMV:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,8 +67,8 @@ def replaced(table: dict, shapes: list[tuple[int, int]], widths: list[int], conf
     """``table`` with its row-scale ``w2a8_linear`` entries at ``widths`` for ``shapes`` replaced."""
     keys = [tuning.linear_key(n, k, m, False) for m in widths for n, k in shapes]
     entries = [e for e in table["entries"] if not (e["op"] == "w2a8_linear" and e["key"] in keys)]
-    entries += [{"op": "w2a8_linear", "key": tuning.linear_key(n, k, m, False), "config": asdict(cfg), "us": None,
-                 "chosen_by": why} for m in widths for (n, k), cfg in zip(shapes, configs)]
+    entries += [{**tuning.record("w2a8_linear", tuning.linear_key(n, k, m, False), cfg, 0.0), "us": None,
+                 "chosen_by": why} for m in widths for (n, k), cfg in zip(shapes, configs)]  # not timed alone
     return {**table, "entries": entries}
 
 
