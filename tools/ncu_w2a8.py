@@ -1,0 +1,199 @@
+"""Hardware counters of a model step's W2A8 launches, read with Nsight Compute (``ncu``).
+
+The stack and replay benchmarks give µs; this says where a launch's time goes: achieved
+occupancy, DRAM throughput, issue activity, the tensor pipes and the warp stall reasons, per
+projection and width, each launch exactly as the runtime makes it (the shipped table, else the
+SM-count default; ``--set``-style overrides per width via ``--config``). Two halves:
+
+    ncu --clock-control none --profile-from-start off --kernel-name regex:_w2a8_ --set full \\
+        -o RUN python tools/ncu_w2a8.py launch --widths 1,16,32 --calls RUN.calls.json
+    ncu --import RUN.ncu-rep --page raw --csv > RUN.raw.csv
+    python tools/ncu_w2a8.py summarize RUN.raw.csv --calls RUN.calls.json --out DIR
+
+``launch`` checks every launch bit for bit against the twin, then profiles one call of each
+(``cudaProfilerStart`` / ``Stop`` around them: compilation and warm-up stay out of the report);
+ncu flushes the caches before each profiled kernel, so the weights come from DRAM as in a
+decode step, and serialises the launches (no programmatic-launch overlap: the numbers are a
+launch on its own). ``summarize`` joins the report's rows to the calls in launch order and
+writes ``ncu_w2a8.json`` and ``ncu_w2a8.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import re
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tools.provenance import commit
+
+# (column in the raw page, short name): what the summary table shows of each launch
+SUMMARY_METRICS = (
+    ("gpu__time_duration.sum", "duration"),
+    ("launch__grid_size", "programs"),
+    ("launch__block_size", "threads"),
+    ("launch__registers_per_thread", "registers"),
+    ("launch__waves_per_multiprocessor", "waves"),
+    ("sm__warps_active.avg.pct_of_peak_sustained_active", "achieved occupancy %"),
+    ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM % of peak"),
+    ("dram__bytes_read.sum", "DRAM bytes read"),
+    ("lts__t_bytes.sum", "L2 bytes"),
+    ("smsp__issue_active.avg.pct_of_peak_sustained_active", "issue active %"),
+    ("smsp__inst_executed.sum", "instructions (warp)"),
+    ("sm__cycles_active.avg", "SM active cycles"),
+    ("gpc__cycles_elapsed.max", "elapsed cycles"),
+)
+STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
+TENSOR = re.compile(r"^sm__pipe_tensor\w*_cycles_active\.avg\.pct_of_peak_sustained_active$")
+TOP_STALLS = 5
+
+
+def launch(args) -> int:
+    import torch
+
+    from kernels_ampere import tuning
+    from kernels_ampere.autotune import MODEL_SHAPES, LinearBench
+    from kernels_ampere.tuning import LinearConfig
+
+    if not torch.cuda.is_available():
+        raise SystemExit("ncu_w2a8 launch: needs a CUDA GPU")
+    dev = torch.device("cuda")
+    overrides = {}  # (m, projection) -> LinearConfig
+    for spec in args.config:
+        key, _, fields = spec.partition("=")
+        m, _, name = key.partition(":")
+        overrides[(int(m), name)] = LinearConfig(**json.loads(fields))
+    cases = {name: LinearBench("w2a8_linear", n, k, g, rotate_mb=0.0, seed=i, residual=name in ("wo", "w2 (down)"),
+                               min_copies=1)
+             for i, (name, n, k, g) in enumerate(MODEL_SHAPES[args.model])}
+    calls, launches = [], []
+    for m in args.widths:
+        for name, n, k, g in MODEL_SHAPES[args.model]:
+            case = cases[name]
+            case.set_width(m)
+            config = overrides.get((m, name)) or tuning.lookup("w2a8_linear", tuning.linear_key(n, k, m, g), dev) \
+                or tuning.default_linear(m, g, n=n, k=k, sms=tuning.sm_count(dev))
+            case.check(config)  # compiles it too
+            launches.append((case, m, config))  # inputs made again at profiling time (same seed stream)
+            calls.append({"model": args.model, "projection": name, "n": n, "k": k, "m": m,
+                          "config": dataclasses.asdict(config)})
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for case, m, config in launches:
+        case.set_width(m)
+        case.call(0, config)()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    meta = {"device": torch.cuda.get_device_name(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "commit": commit(), "torch": torch.__version__}
+    Path(args.calls).write_text(json.dumps({"calls": calls, **meta}, indent=1))
+    print(f"ncu_w2a8: {len(calls)} launches profiled; calls in {args.calls}")
+    return 0
+
+
+def read_raw(path: Path) -> tuple[list[dict], dict]:
+    """``ncu --page raw --csv``: a header row, a units row, one row per profiled kernel."""
+    with path.open(newline="") as fh:
+        rows = [r for r in csv.reader(fh) if r]
+    start = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
+    if start is None:
+        raise SystemExit(f"ncu_w2a8: {path} has no 'Kernel Name' header: not an ncu --page raw --csv export")
+    header, units = rows[start], rows[start + 1]
+    return [dict(zip(header, r)) for r in rows[start + 2:]], dict(zip(header, units))
+
+
+def number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))
+    except (AttributeError, ValueError):
+        return None
+
+
+def kernel_summary(row: dict, units: dict) -> dict:
+    out = {short: number(row.get(col, "")) for col, short in SUMMARY_METRICS}
+    unit = units.get("gpu__time_duration.sum", "")
+    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(unit)
+    if out["duration"] is not None and scale is not None:
+        out["duration"] = out["duration"] * scale  # µs
+    stalls = {m.group(1): number(v) for c, v in row.items() if (m := STALL.match(c)) and number(v)}
+    out["stalls"] = dict(sorted(stalls.items(), key=lambda kv: -kv[1]))
+    out["tensor pipes %"] = {c.split("__")[1].split("_cycles")[0]: number(v) for c, v in row.items()
+                             if TENSOR.match(c) and number(v)}
+    out["kernel"] = row.get("Kernel Name", "")
+    return out
+
+
+def summarize(args) -> int:
+    rows, units = read_raw(Path(args.raw))
+    meta = json.loads(Path(args.calls).read_text())
+    calls = meta["calls"]
+    if len(rows) != len(calls):
+        raise SystemExit(f"ncu_w2a8: {args.raw} has {len(rows)} kernels, {args.calls} {len(calls)} calls: "
+                         "profile with --kernel-name regex:_w2a8_ so each call is one row")
+    out = []
+    for call, row in zip(calls, rows):
+        s = kernel_summary(row, units)
+        weights = call["n"] * call["k"]
+        if s["duration"]:
+            s["weights per SM-clock"] = weights / (s["elapsed cycles"] or float("nan")) / \
+                max(1.0, number(row.get("device__attribute_multiprocessor_count", "")) or 1.0)
+        out.append({**call, **s})
+    dest = Path(args.out)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "ncu_w2a8.json").write_text(json.dumps({"launches": out, **{k: v for k, v in meta.items() if k != "calls"}},
+                                                   indent=1))
+    (dest / "ncu_w2a8.md").write_text("\n".join(markdown(out, meta, args.command)) + "\n")
+    print("\n".join(markdown(out, meta, args.command)))
+    return 0
+
+
+def fmt(v, digits=1) -> str:
+    return "" if v is None else f"{v:,.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def markdown(launches: list[dict], meta: dict, command: str) -> list[str]:
+    lines = ["# W2A8 launches under Nsight Compute", ""]
+    lines += [f"- {k}: {meta[k]}" for k in ("device", "date", "commit") if k in meta]
+    if command:
+        lines.append(f"- command: `{command}`")
+    lines += ["- each launch alone (ncu serialises kernels and flushes the caches first: weights from DRAM, "
+              "no programmatic-launch overlap); stall columns: warps stalled per issued instruction", ""]
+    lines += ["| projection | M | kernel | µs | programs | regs | waves | occupancy % | DRAM % | issue % | "
+              "tensor % | weights / SM-clock | top stalls |", "|" + "---|" * 13]
+    for r in launches:
+        cfg = r["config"]
+        kern = f"{cfg.get('kernel')} {cfg.get('block_n')}x{cfg.get('block_kb')} w{cfg.get('num_warps')}" \
+               f" s{cfg.get('num_stages')} k{cfg.get('split_k')}" + (" fold" if cfg.get("fold_lanes") else "")
+        tensor = max(r["tensor pipes %"].values(), default=None)
+        stalls = ", ".join(f"{k} {v:.2f}" for k, v in list(r["stalls"].items())[:TOP_STALLS])
+        lines.append(f"| {r['projection']} | {r['m']} | {kern} | {fmt(r['duration'], 2)} | {fmt(r['programs'], 0)} | "
+                     f"{fmt(r['registers'], 0)} | {fmt(r['waves'], 2)} | {fmt(r['achieved occupancy %'])} | "
+                     f"{fmt(r['DRAM % of peak'])} | {fmt(r['issue active %'])} | {fmt(tensor)} | "
+                     f"{fmt(r.get('weights per SM-clock'))} | {stalls} |")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="what", required=True)
+    la = sub.add_parser("launch", help="make the launches (run under ncu)")
+    la.add_argument("--model", default="bitnet-2b")
+    la.add_argument("--widths", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 32])
+    la.add_argument("--calls", required=True, help="where to write the launches' list (JSON)")
+    la.add_argument("--config", action="append", default=[],
+                    help='M:projection={"kernel": "mma", ...} (LinearConfig fields) instead of the shipped launch')
+    su = sub.add_parser("summarize", help="join an ncu --page raw --csv export to the launches")
+    su.add_argument("raw")
+    su.add_argument("--calls", required=True)
+    su.add_argument("--out", required=True)
+    su.add_argument("--command", default="", help="the ncu command, for the report")
+    args = ap.parse_args(argv)
+    return launch(args) if args.what == "launch" else summarize(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
