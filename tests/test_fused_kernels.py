@@ -97,24 +97,40 @@ def test_accept_matches_the_twin(kind, pending):
             assert torch.equal(a.cpu(), b.cpu()), (a, b)
 
 
+def chain_case(g, rows_all, blocks: int):
+    """The head's draft rows of ``blocks`` candidate blocks, their tokens and confidences, and
+    one block's rows as ``fused_accept`` names them (``wanted``)."""
+    top = torch.randint(0, 500, (rows_all.shape[0],), generator=g)
+    conf = torch.rand(rows_all.shape[0], generator=g)
+    b = int(torch.randint(0, blocks, (1,), generator=g))
+    wanted = b * (D - 1) + torch.arange(D - 1)
+    return top, conf, wanted
+
+
 def test_chain_matches_the_twin():
     g = torch.Generator().manual_seed(21)
     sl = FusedInputs.slices(D)
     for trial in range(4):
-        rows = torch.randn(D - 1, 40, generator=g)
-        conf = torch.rand(D - 1, generator=g)
+        blocks = 1 + trial
+        rows = torch.randn(blocks * (D - 1), 40, generator=g)
+        top, conf, wanted = chain_case(g, rows, blocks)
         if trial % 2:
-            rows[2, 5] = float("nan")
-            conf[4] = float("inf")
-        top = torch.randint(0, 500, (D - 1,), generator=g)
-        rows, conf, top = rows.to(DEVICE), conf.to(DEVICE), top.to(DEVICE)
+            rows[wanted[2], 5] = float("nan")
+            conf[wanted[4]] = float("inf")
+            conf[(wanted[0] + D - 1) % rows.shape[0]] = float("nan")  # another block's: not read
+        rows, conf, top, wanted = rows.to(DEVICE), conf.to(DEVICE), top.to(DEVICE), wanted.to(DEVICE)
         outs = []
         for fn in (fused_chain_reference, fk.fused_chain):
             io = FusedInputs.allocate(D, DEVICE)
-            fn(rows, top, conf, io.readback, io.causal, io.conf, sl)
+            fn(rows, top, conf, wanted, io.readback, io.causal, io.conf, sl)
             outs.append((io.readback, io.causal, io.conf))
         for a, b in zip(*outs):
             assert torch.equal(a.cpu(), b.cpu()), (a, b)
+        got = outs[1][0][sl["next_tokens"]].cpu().long()
+        expect = top[wanted].cpu()
+        if trial % 2:
+            expect[2] = expect[4] = -1  # the bad row and the bad confidence are flagged
+        assert torch.equal(got, expect)
 
 
 def check_long_rows(bad: float, h: int, seed: int) -> None:
@@ -137,14 +153,14 @@ def check_long_rows(bad: float, h: int, seed: int) -> None:
             outs.append((hist, wanted, io.readback, io.causal, pending_out))
         for a, b in zip(*outs):
             assert torch.equal(a.cpu(), b.cpu()), (a, b)
-        rows = torch.randn(D - 1, h, generator=g).to(DEVICE)
-        rows[3, col] = bad
-        top = torch.randint(0, 500, (D - 1,), generator=g).to(DEVICE)
-        conf = torch.rand(D - 1, generator=g).to(DEVICE)
+        rows = torch.randn(2 * (D - 1), h, generator=g)
+        top, conf, wanted = chain_case(g, rows, 2)
+        rows[wanted[3], col] = bad
+        rows, top, conf, wanted = rows.to(DEVICE), top.to(DEVICE), conf.to(DEVICE), wanted.to(DEVICE)
         outs = []
         for fn in (fused_chain_reference, fk.fused_chain):
             io = FusedInputs.allocate(D, DEVICE)
-            fn(rows, top, conf, io.readback, io.causal, io.conf, sl)
+            fn(rows, top, conf, wanted, io.readback, io.causal, io.conf, sl)
             outs.append((io.readback, io.causal, io.conf))
         for a, b in zip(*outs):
             assert torch.equal(a.cpu(), b.cpu()), (a, b)

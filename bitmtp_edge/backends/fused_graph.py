@@ -9,12 +9,19 @@ Two variants per candidate count c, told apart by their causal rows n:
 
 Everything happens on the device: the candidate set C (``decoding_rules.candidate_lengths``
 of the drafts' confidences), the rows' tokens, positions, slots and attention spans, the
-accepted count a and the verifier token v, whether a ∈ C, the cheap head on the D − 1 rows
-of block a only (the drafts after v), and the next step's inputs: ``causal``/``conf`` for a
-fused hit, the draft graph's pending slot for a miss. One ``readback`` holds what the host
-needs, read once per iteration. Around the forward and the two heads this is three kernels
-on the Triton ops (``fused_kernels.py``: prepare, accept, chain) and their torch twins below
-on the twin ops: captured, each small torch op would be a kernel node of its own.
+accepted count a and the verifier token v, whether a ∈ C, the drafts after v (rows 1..D−1
+of block a), and the next step's inputs: ``causal``/``conf`` for a fused hit, the draft
+graph's pending slot for a miss. One ``readback`` holds what the host needs, read once per
+iteration. Around the forward and the head this is three kernels on the Triton ops
+(``fused_kernels.py``: prepare, accept, chain) and their torch twins below on the twin ops:
+captured, each small torch op would be a kernel node of its own.
+
+**One head pass.** The verify rows need the 16-bit verify head, so the step runs that head
+once on them *and* on rows 1..D−1 of every candidate block (``FusedInputs.head_rows``), and
+takes the next drafts and their confidences from it: one read of the 16-bit head instead of
+that read plus one of the int8 draft head (the draft step, which reads no verify head, keeps
+the cheap head). The next drafts are then the verify head's argmax on those rows on every
+backend (the reference backend's fused step too), and the output is AR's either way.
 """
 
 from __future__ import annotations
@@ -35,13 +42,19 @@ class FusedInputs:
     causal: torch.Tensor  # [D] int64: [v, e_1..e_{D-1}] left by the last fused graph
     conf: torch.Tensor  # [D - 1] float32: c(e_1)..c(e_{D-1})
     readback: torch.Tensor  # [3 + (D + 1) + 2 (D - 1) + 2 D] float64, layout in ``slices``
+    # (n, c) -> the step rows the head reads: the n causal ones, then rows 1..D-1 of each of the
+    # c blocks (row 0 duplicates a causal row); constants, made here, outside any capture
+    head_rows: dict[tuple[int, int], torch.Tensor]
 
     @classmethod
     def allocate(cls, block_size: int, device) -> "FusedInputs":
         d = block_size
+        head_rows = {(n, c): torch.tensor(head_row_list(n, c, d), dtype=torch.long, device=device)
+                     for n in (d, d + 1) for c in range(1, n + 1)}
         return cls(causal=torch.zeros(d, dtype=torch.long, device=device),
                    conf=torch.zeros(max(d - 1, 0), dtype=torch.float32, device=device),
-                   readback=torch.zeros(3 + (d + 1) + 2 * (d - 1) + 2 * d, dtype=torch.float64, device=device))
+                   readback=torch.zeros(3 + (d + 1) + 2 * (d - 1) + 2 * d, dtype=torch.float64, device=device),
+                   head_rows=head_rows)
 
     def mutable(self) -> list[torch.Tensor]:
         return [self.causal, self.conf, self.readback]
@@ -56,6 +69,12 @@ class FusedInputs:
             out[name] = slice(at, at + n)
             at += n
         return out
+
+
+def head_row_list(causal: int, count: int, block_size: int) -> list[int]:
+    """The fused step's rows the head reads: the causal rows, then rows 1..D−1 of each block."""
+    blocks = min(count, causal)
+    return list(range(causal)) + [causal + b * block_size + i for b in range(blocks) for i in range(1, block_size)]
 
 
 def fused_width(block_size: int, causal: int, count: int) -> int:
@@ -86,17 +105,18 @@ def fused_body(fast, k_cache, v_cache, capacity: int, history_len: torch.Tensor,
     attn_rows.copy_(rows_limit)  # history slots past the last causal row are skipped
     x = fast.forward(step_tokens, positions, k_cache, v_cache, slots, None, attn_rows, capacity=capacity,
                      row_spans=spans)
-    greedy, gconf = fast.verify_top1(x[:n])  # the verify rows: the AR greedy token of each
+    c = min(count, n)  # chosen.shape[0]
+    rows = x.index_select(0, io.head_rows[(n, c)])  # the causal rows, then every block's rows 1..D-1
+    top, conf = fast.verify_top1(rows)  # verify rows: the AR greedy token of each; the rest: drafts
     wanted = torch.empty(d - 1, dtype=torch.long, device=x.device)
     accept = fk.fused_accept if kernels else fused_accept_reference
-    accept(x, greedy, gconf, tokens, chosen, drafts, confidences, history_len, io.readback, wanted, io.causal,
+    accept(x, top[:n], conf[:n], tokens, chosen, drafts, confidences, history_len, io.readback, wanted, io.causal,
            pending_out, d, pending, sl)
-    rows_a = x.index_select(0, wanted)  # rows 1..D-1 of a's block: the drafts after v
-    top, conf = fast.draft_top1(rows_a)
-    if calibration is not None:
-        conf = calibration(conf, 1)  # rows 1..D-1 of a's block: slots 1..D-1
+    next_conf = conf[n:]
+    if calibration is not None:  # rows 1..D-1 of each block: slots 1..D-1
+        next_conf = calibration(next_conf.view(c, d - 1), 1).view(-1)
     chain = fk.fused_chain if kernels else fused_chain_reference
-    chain(rows_a, top, conf, io.readback, io.causal, io.conf, sl)
+    chain(rows[n:], top[n:], next_conf, wanted, io.readback, io.causal, io.conf, sl)
 
 
 # --- the pure-PyTorch twins of fused_kernels.py ------------------------------------------------
@@ -126,9 +146,9 @@ def fused_prepare_reference(history_len, tokens, confidences, mask_id: int, capa
 
 def fused_accept_reference(x, greedy, gconf, tokens, chosen, drafts, confidences, history_len, readback, wanted,
                            causal, pending_out, block: int, pending: int, slices: dict) -> None:
-    """After the verify head: a, v, a ∈ C, the rows of a's block (``wanted``), L += pending +
-    a, the readback's first part; v into the next step's inputs (a fused hit's causal[0],
-    a draft step's pending[0])."""
+    """After the head: a, v, a ∈ C, a's block among the head's draft rows (``wanted``: rows
+    1..D-1 of each block, block after block), L += pending + a, the readback's first part; v
+    into the next step's inputs (a fused hit's causal[0], a draft step's pending[0])."""
     n, d, m = tokens.shape[0], block, tokens.shape[0] - 1
     c = chosen.shape[0]
     greedy = flag_non_finite(x[:n], greedy, gconf)
@@ -138,7 +158,7 @@ def fused_accept_reference(x, greedy, gconf, tokens, chosen, drafts, confidences
     hit_at = chosen == accepted
     hit = hit_at.any().view(1)
     block_index = hit_at.long().argmax()  # a's block (block 0 on a miss: computed, never read)
-    wanted.copy_(n + block_index * d + 1 + torch.arange(d - 1, device=x.device))
+    wanted.copy_(block_index * (d - 1) + torch.arange(d - 1, device=x.device))
     history_len += pending + accepted  # the pending anchor and d_1..d_a, all at their slots
     rb = readback
     rb[slices["held_tokens"]][:m].copy_(drafts)
@@ -152,9 +172,10 @@ def fused_accept_reference(x, greedy, gconf, tokens, chosen, drafts, confidences
     pending_out.copy_(verifier.clamp_min(0))  # a miss drafts next from pending [v]
 
 
-def fused_chain_reference(rows, top, conf, readback, causal, next_conf, slices: dict) -> None:
-    """After the draft head on a's block: the next drafts (flagged) and their confidences
-    into the readback and the next fused step's inputs."""
+def fused_chain_reference(rows, top, conf, wanted, readback, causal, next_conf, slices: dict) -> None:
+    """The next drafts (rows ``wanted`` of the blocks' draft rows and of the head on them),
+    flagged, and their confidences into the readback and the next fused step's inputs."""
+    rows, top, conf = rows.index_select(0, wanted), top.index_select(0, wanted), conf.index_select(0, wanted)
     top = flag_non_finite(rows, top, conf)
     readback[slices["next_tokens"]].copy_(top)
     readback[slices["next_conf"]].copy_(conf)

@@ -6,11 +6,11 @@ accept, readback, next inputs) cost as much as a third of the model's forward. H
 
 * ``fused_prepare``: the candidate set C (``decoding_rules.candidate_lengths``), and the
   step's tokens, positions, KV slots, attention row spans and attention row limit;
-* ``fused_accept`` (after the verify head): the greedy tokens flagged where a row is not
-  finite, the accepted count a, the verifier token v, whether a ∈ C and its block, the rows
-  whose drafts the draft head reads next, L += pending + a, and the readback's first part;
-* ``fused_chain`` (after the draft head): the next drafts, flagged, into the readback and
-  the next fused step's inputs.
+* ``fused_accept`` (after the head): the greedy tokens flagged where a row is not finite,
+  the accepted count a, the verifier token v, whether a ∈ C and its block, which of the
+  head's draft rows hold the next drafts, L += pending + a, and the readback's first part;
+* ``fused_chain``: those next drafts, flagged, into the readback and the next fused step's
+  inputs.
 
 Each is one program over at most ~80 rows, so the launches cost their latency only: accept
 and chain issue every load before their first store and check finiteness in unrolled column
@@ -141,7 +141,7 @@ def _fused_accept_kernel(
     drafts_ptr, conf_ptr,  # [N - 1]: the drafts as the host reads them (int64 or float64), confidences
     hist_ptr,  # [1] int64: L, advanced in place
     rb_ptr,  # float64 readback (FusedInputs.slices)
-    wanted_ptr,  # [D - 1] int64 out: rows 1..D-1 of a's block
+    wanted_ptr,  # [D - 1] int64 out: a's block among the head's draft rows (rows 1..D-1 of each block)
     causal_ptr, pending_ptr,  # [D] int64 (the next fused step's [v, ...]), [1] int64 (a draft step's v)
     H: tl.constexpr, N: tl.constexpr, C: tl.constexpr, D: tl.constexpr, PENDING: tl.constexpr,
     RB_ACCEPTED: tl.constexpr, RB_VERIFIER: tl.constexpr, RB_HIT: tl.constexpr, RB_CANDIDATES: tl.constexpr,
@@ -175,7 +175,7 @@ def _fused_accept_kernel(
     hit = tl.sum(at.to(tl.int32), axis=0) > 0
     block = tl.where(hit, tl.min(tl.where(at, k, BLOCK_C), axis=0), 0)  # block 0 on a miss: never read
     r = tl.arange(0, BLOCK_D)
-    tl.store(wanted_ptr + r, (N + block * D + 1 + r).to(tl.int64), mask=r < D - 1)
+    tl.store(wanted_ptr + r, (block * (D - 1) + r).to(tl.int64), mask=r < D - 1)
     tl.store(hist_ptr, hist + PENDING + accepted)
     tl.store(rb_ptr + RB_ACCEPTED, accepted.to(tl.float64))
     tl.store(rb_ptr + RB_VERIFIER, verifier.to(tl.float64))
@@ -205,8 +205,9 @@ def fused_accept(x, greedy, gconf, tokens, chosen, drafts, confidences, history_
 
 @triton.jit
 def _fused_chain_kernel(
-    rows_ptr, stride_x,  # [D - 1, H] float32: the hidden rows the draft head read
-    top_ptr, conf_ptr,  # [D - 1] int64 / float32: the draft head on them
+    rows_ptr, stride_x,  # [C·(D - 1), H] float32: the hidden rows 1..D-1 of every candidate block
+    top_ptr, conf_ptr,  # [C·(D - 1)] int64 / float32: the head on them
+    wanted_ptr,  # [D - 1] int64: a's block among them (fused_accept)
     rb_ptr, causal_ptr, next_conf_ptr,  # readback; [D] int64 (rows 1..); [D - 1] float32
     H: tl.constexpr, RB_NEXT_TOKENS: tl.constexpr, RB_NEXT_CONF: tl.constexpr, R: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -215,9 +216,10 @@ def _fused_chain_kernel(
     gdc_prologue(USE_GDC)
     i = tl.arange(0, BLOCK_R)
     ok = i < R
-    conf = tl.load(conf_ptr + i, mask=ok, other=0.0)
-    top = tl.load(top_ptr + i, mask=ok, other=0)
-    finite = _row_finite(rows_ptr, stride_x, i, ok, H, BLOCK_R, BLOCK_H)
+    row = tl.load(wanted_ptr + i, mask=ok, other=0)
+    conf = tl.load(conf_ptr + row, mask=ok, other=0.0)
+    top = tl.load(top_ptr + row, mask=ok, other=0)
+    finite = _row_finite(rows_ptr, stride_x, row, ok, H, BLOCK_R, BLOCK_H)
     finite = finite & (conf == conf) & (tl.abs(conf) != float("inf"))
     top = tl.where(finite, top, -1)
     tl.store(rb_ptr + RB_NEXT_TOKENS + i, top.to(tl.float64), mask=ok)
@@ -226,12 +228,14 @@ def _fused_chain_kernel(
     tl.store(next_conf_ptr + i, conf, mask=ok)
 
 
-def fused_chain(rows, top, conf, readback, causal, next_conf, slices: dict) -> None:
-    r, h = rows.shape
+def fused_chain(rows, top, conf, wanted, readback, causal, next_conf, slices: dict) -> None:
+    """The next drafts: rows ``wanted`` of the candidate blocks' draft rows ``rows`` and of the
+    head's ``top`` / ``conf`` on them."""
+    r, h = wanted.shape[0], rows.shape[1]
     if r == 0:
         return
     _fused_chain_kernel[(1,)](
-        rows, rows.stride(0), top, conf, readback, causal, next_conf,
+        rows, rows.stride(0), top, conf, wanted, readback, causal, next_conf,
         H=h, RB_NEXT_TOKENS=slices["next_tokens"].start, RB_NEXT_CONF=slices["next_conf"].start, R=r,
         BLOCK_R=next_pow2(r), BLOCK_H=min(next_pow2(h), ROW_STEP), num_warps=8, **pdl_options(_fused_chain_kernel),
     )

@@ -162,12 +162,12 @@ class ReferenceBackend:
         a = accepted_prefix(drafts, greedy)
         self.kv.advance(k + a)  # the pending rows and d_1..d_a, already at their slots
         nxt = None
-        if a in chosen:  # the draft head only on the rows that are read: drafts after v
-            b = chosen.index(a)
+        if a in chosen:  # the drafts after v: rows 1..D-1 of a's block, under the verify head
+            b = chosen.index(a)  # (the step reads it anyway: fused_graph.py, "One head pass")
             rows = hidden[n + b * d + 1:n + (b + 1) * d]
             nxt = DraftResult([], [])
             if rows.shape[0]:
-                conf, top = torch.softmax(self.model.draft_logits(rows), dim=-1).max(dim=-1)
+                conf, top = torch.softmax(self.model.verify_logits(rows), dim=-1).max(dim=-1)
                 conf = self._calibrated(conf, 1)  # rows 1..D-1 of a's block: slots 1..D-1
                 nxt = DraftResult(flag_non_finite(rows, top, conf).tolist(), conf.tolist())
         return FusedResult(a, greedy[a], chosen, nxt)

@@ -37,13 +37,14 @@ class ConfidenceCalibration:
         return cls(mtp.confidence_calibration, device)
 
     def __call__(self, confidences: torch.Tensor, first_slot: int = 0) -> torch.Tensor:
-        """confidences [M] of slots first_slot .. first_slot + M - 1 -> calibrated, same dtype.
-        NaN stays NaN (a non-finite row is still flagged); 0 and 1 stay 0 and 1."""
+        """confidences [..., M] of slots first_slot .. first_slot + M - 1 (the last dimension:
+        a fused step's candidate blocks are rows) -> calibrated, same shape and dtype. NaN
+        stays NaN (a non-finite row is still flagged); 0 and 1 stay 0 and 1."""
         return calibrate_confidences(confidences, self.params, first_slot)
 
 
 def calibrate_confidences(confidences: torch.Tensor, params: torch.Tensor, first_slot: int = 0) -> torch.Tensor:
-    m = confidences.shape[0]
+    m = confidences.shape[-1]
     if first_slot < 0 or first_slot + m > params.shape[0]:
         raise ValueError(f"confidences of slots {first_slot}..{first_slot + m - 1}, but the calibration "
                          f"has {params.shape[0]} slots")
