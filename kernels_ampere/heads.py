@@ -31,7 +31,12 @@ from .tuning import HeadConfig, default_head, lookup
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 _NO_INDEX = tl.constexpr(2**31 - 1)  # larger than any vocabulary index
-F16_ROW_TILE = 16  # rows per program of the 16-bit head, whatever the width (row invariance)
+F16_ROW_TILE = 16  # rows per tile of the 16-bit head, whatever the width (row invariance)
+# Row tiles one program of the 16-bit head takes, each weight tile loaded once for all of them
+# (a fused step's head reads its verify rows and every candidate block's draft rows: ~30 at
+# D = 8, c = 3); separate programs would each read the weights (H200: a second 16-row tile in
+# its own program cost the 2B-shape fused replay ~40 µs of the ~80 a one-pass head saves).
+F16_MAX_ROW_TILES = 4
 
 
 @triton.jit
@@ -46,33 +51,68 @@ def _head_partial_kernel(
     INT8: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
     UPCAST: tl.constexpr,
+    ROW_TILES: tl.constexpr = 1,  # BLOCK_M-row tiles per program (1..4), each weight tile loaded once for all
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
-    # the row tiles of one vocabulary tile are neighbours in the grid: they run together and
-    # share its weights' DRAM traffic through the L2 (a fused step's head reads ~30 rows)
+    # the row tiles of one vocabulary tile are neighbours in the grid (and up to ROW_TILES of
+    # them in one program): they share its weights' DRAM traffic (a fused step's head reads ~30 rows)
     pid = tl.program_id(1)
     rv = pid * BLOCK_V + tl.arange(0, BLOCK_V)
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rm = tl.program_id(0) * (BLOCK_M * ROW_TILES) + tl.arange(0, BLOCK_M)
     rh = tl.arange(0, BLOCK_H)
     mask_v = rv < V
-    mask_m = rm < M
     if INT8:  # the weights' row scales are constants: read before the wait, not after the loop
         ws = tl.load(w_scale_ptr + rv, mask=mask_v, other=0.0)
+    else:
+        ws = tl.zeros((BLOCK_V,), tl.float32)
     gdc_prologue(USE_GDC)
-    if INT8:  # the rows' scales: asked for now, in flight during the loop
-        hs = tl.load(h_scale_ptr + rm, mask=mask_m, other=0.0)
-    acc = tl.zeros((BLOCK_V, BLOCK_M), tl.int32 if INT8 else tl.float32)
+    acc0 = tl.zeros((BLOCK_V, BLOCK_M), tl.int32 if INT8 else tl.float32)
+    acc1 = tl.zeros((BLOCK_V, BLOCK_M), tl.int32 if INT8 else tl.float32)
+    acc2 = tl.zeros((BLOCK_V, BLOCK_M), tl.int32 if INT8 else tl.float32)
+    acc3 = tl.zeros((BLOCK_V, BLOCK_M), tl.int32 if INT8 else tl.float32)
     for h0 in range(0, H, BLOCK_H):
         mask_h = (h0 + rh) < H
         w = tl.load(w_ptr + rv[:, None] * stride_wv + (h0 + rh)[None, :],
                     mask=mask_v[:, None] & mask_h[None, :], other=0)  # [BLOCK_V, BLOCK_H]
-        x = tl.load(h_ptr + rm[None, :] * stride_hm + (h0 + rh)[:, None],
-                    mask=mask_m[None, :] & mask_h[:, None], other=0)  # [BLOCK_H, BLOCK_M]
-        if UPCAST:
-            acc = tl.dot(w.to(tl.float32), x.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w, x, acc, out_dtype=tl.int32 if INT8 else tl.float32)
+        # each row tile is the same dot a one-tile program makes: a row's logits do not depend
+        # on how many tiles share the program (row invariance of the 16-bit head)
+        acc0 = _row_tile_dot(w, h_ptr, rm, M, h0 + rh, mask_h, stride_hm, acc0, INT8, UPCAST)
+        if ROW_TILES > 1:
+            acc1 = _row_tile_dot(w, h_ptr, rm + BLOCK_M, M, h0 + rh, mask_h, stride_hm, acc1, INT8, UPCAST)
+        if ROW_TILES > 2:
+            acc2 = _row_tile_dot(w, h_ptr, rm + 2 * BLOCK_M, M, h0 + rh, mask_h, stride_hm, acc2, INT8, UPCAST)
+        if ROW_TILES > 3:
+            acc3 = _row_tile_dot(w, h_ptr, rm + 3 * BLOCK_M, M, h0 + rh, mask_h, stride_hm, acc3, INT8, UPCAST)
+    _row_tile_partials(acc0, rm, M, pid, rv, mask_v, ws, h_scale_ptr, pmax_ptr, pidx_ptr, psum_ptr, INT8, BLOCK_V)
+    if ROW_TILES > 1:
+        _row_tile_partials(acc1, rm + BLOCK_M, M, pid, rv, mask_v, ws, h_scale_ptr, pmax_ptr, pidx_ptr, psum_ptr,
+                           INT8, BLOCK_V)
+    if ROW_TILES > 2:
+        _row_tile_partials(acc2, rm + 2 * BLOCK_M, M, pid, rv, mask_v, ws, h_scale_ptr, pmax_ptr, pidx_ptr, psum_ptr,
+                           INT8, BLOCK_V)
+    if ROW_TILES > 3:
+        _row_tile_partials(acc3, rm + 3 * BLOCK_M, M, pid, rv, mask_v, ws, h_scale_ptr, pmax_ptr, pidx_ptr, psum_ptr,
+                           INT8, BLOCK_V)
+
+
+@triton.jit
+def _row_tile_dot(w, h_ptr, rm, M, cols, mask_h, stride_hm, acc, INT8: tl.constexpr, UPCAST: tl.constexpr):
+    """``acc += w @ h[rm, cols]^T`` for one tile of rows (rows past M read as 0)."""
+    x = tl.load(h_ptr + rm[None, :] * stride_hm + cols[:, None],
+                mask=(rm < M)[None, :] & mask_h[:, None], other=0)  # [BLOCK_H, BLOCK_M]
+    if UPCAST:
+        return tl.dot(w.to(tl.float32), x.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(w, x, acc, out_dtype=tl.int32 if INT8 else tl.float32)
+
+
+@triton.jit
+def _row_tile_partials(acc, rm, M, pid, rv, mask_v, ws, h_scale_ptr, pmax_ptr, pidx_ptr, psum_ptr,
+                       INT8: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One row tile's local max, its lowest index and ``sum exp(logit - max)`` over this
+    program's vocabulary rows, stored per row."""
+    mask_m = rm < M
     if INT8:
+        hs = tl.load(h_scale_ptr + rm, mask=mask_m, other=0.0)
         logits = acc.to(tl.float32) * hs[None, :] * ws[:, None]
     else:
         logits = acc
@@ -144,11 +184,12 @@ def _head_argmax(h, h_scale, w, w_scale, config, op):
     pmax = torch.empty((n_parts, m), dtype=torch.float32, device=h.device)
     pidx = torch.empty((n_parts, m), dtype=torch.int32, device=h.device)
     psum = torch.empty((n_parts, m), dtype=torch.float32, device=h.device)
-    _head_partial_kernel[(triton.cdiv(m, block_m), n_parts)](
+    tiles = min(triton.cdiv(m, block_m), F16_MAX_ROW_TILES)  # int8: one tile holds every row
+    _head_partial_kernel[(triton.cdiv(m, block_m * tiles), n_parts)](
         h, h if h_scale is None else h_scale, w, w if w_scale is None else w_scale,
         pmax, pidx, psum, m, v, hdim, h.stride(0), w.stride(0),
         INT8=int8, BLOCK_M=block_m, BLOCK_V=config.block_v, BLOCK_H=config.block_h,
-        UPCAST=bf16_dot_upcast(_head_partial_kernel, h),
+        UPCAST=bf16_dot_upcast(_head_partial_kernel, h), ROW_TILES=tiles,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(_head_partial_kernel),
     )
     _head_combine_kernel[(m,)](pmax, pidx, psum, top1, conf, n_parts, m,

@@ -86,9 +86,39 @@ def test_f16_head_matches_twin(m, v, h, dtype):
     torch.testing.assert_close(conf, conf_ref, rtol=1e-4, atol=0)
 
 
+def f16_rows_alone_and_together(m, v, h, dtype, config, seed):
+    gen = torch.Generator().manual_seed(seed)
+    hs = torch.randn(m, h, generator=gen).to(dtype).to(DEVICE)
+    w = (torch.randn(v, h, generator=gen) / h ** 0.5).to(dtype).to(DEVICE)
+    together = f16_head_argmax(hs, w, config=config)
+    alone = [f16_head_argmax(hs[i:i + 1], w, config=config) for i in range(m)]
+    return together, [torch.cat(x) for x in zip(*alone)]
+
+
+@pytest.mark.parametrize("m", [16, 17, 40, 64, 70])  # 1-4 row tiles in one program, and a second program
+def test_f16_head_rows_are_the_same_alone_and_in_a_many_tile_program(m):
+    """A fused step's head reads ~30 rows, its verify rows among them, in programs of several
+    16-row tiles: each row's top-1 and confidence must be bit for bit those of the row alone
+    (an AR step), whatever tile of whatever program it lands in."""
+    (top1, conf), (top1_1, conf_1) = f16_rows_alone_and_together(m, 300, 128, torch.bfloat16, SMALL, seed=m)
+    assert torch.equal(top1, top1_1)
+    assert torch.equal(conf, conf_1)
+
+
 def test_f16_head_rejects_mixed_dtypes():
     with pytest.raises(TypeError, match="must match"):
         f16_head_argmax(torch.randn(1, 64, device=DEVICE).half(), torch.randn(8, 64, device=DEVICE).bfloat16())
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("m", (30, 72))
+def test_f16_head_rows_alone_and_together_on_gpu(m):
+    """The 2B shape's 16-bit head, tuned launch: a fused step's rows (two and five row tiles)
+    give every row the bits it gets alone."""
+    (top1, conf), (top1_1, conf_1) = f16_rows_alone_and_together(m, 128256, 2560, torch.bfloat16, None, seed=m)
+    assert torch.equal(top1, top1_1)
+    assert torch.equal(conf, conf_1)
 
 
 @pytest.mark.gpu
