@@ -29,7 +29,10 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tools.provenance import commit
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script (python tools/ncu_w2a8.py), also under ncu
+
+from tools.provenance import commit  # noqa: E402
 
 # (column in the raw page, short name): what the summary table shows of each launch
 SUMMARY_METRICS = (
@@ -39,7 +42,7 @@ SUMMARY_METRICS = (
     ("launch__registers_per_thread", "registers"),
     ("launch__waves_per_multiprocessor", "waves"),
     ("sm__warps_active.avg.pct_of_peak_sustained_active", "achieved occupancy %"),
-    ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM % of peak"),
+    ("dram__bytes_read.sum.pct_of_peak_sustained_elapsed", "DRAM % of peak"),
     ("dram__bytes_read.sum", "DRAM bytes read"),
     ("lts__t_bytes.sum", "L2 bytes"),
     ("smsp__issue_active.avg.pct_of_peak_sustained_active", "issue active %"),
