@@ -66,6 +66,8 @@ def _head_partial_kernel(
     else:
         ws = tl.zeros((BLOCK_V,), tl.float32)
     gdc_prologue(USE_GDC)
+    # int8: the rows' scales asked for now, in flight during the loop (one tile holds every row)
+    hs = _row_scales(h_scale_ptr, rm, M, INT8, BLOCK_M)
     acc0 = tl.zeros((BLOCK_V, BLOCK_M), tl.int32 if INT8 else tl.float32)
     acc1 = tl.zeros((BLOCK_V, BLOCK_M), tl.int32 if INT8 else tl.float32)
     acc2 = tl.zeros((BLOCK_V, BLOCK_M), tl.int32 if INT8 else tl.float32)
@@ -83,16 +85,24 @@ def _head_partial_kernel(
             acc2 = _row_tile_dot(w, h_ptr, rm + 2 * BLOCK_M, M, h0 + rh, mask_h, stride_hm, acc2, INT8, UPCAST)
         if ROW_TILES > 3:
             acc3 = _row_tile_dot(w, h_ptr, rm + 3 * BLOCK_M, M, h0 + rh, mask_h, stride_hm, acc3, INT8, UPCAST)
-    _row_tile_partials(acc0, rm, M, pid, rv, mask_v, ws, h_scale_ptr, pmax_ptr, pidx_ptr, psum_ptr, INT8, BLOCK_V)
+    _row_tile_partials(acc0, rm, M, pid, rv, mask_v, ws, hs, pmax_ptr, pidx_ptr, psum_ptr, INT8, BLOCK_V)
     if ROW_TILES > 1:
-        _row_tile_partials(acc1, rm + BLOCK_M, M, pid, rv, mask_v, ws, h_scale_ptr, pmax_ptr, pidx_ptr, psum_ptr,
-                           INT8, BLOCK_V)
+        _row_tile_partials(acc1, rm + BLOCK_M, M, pid, rv, mask_v, ws, _row_scales(h_scale_ptr, rm + BLOCK_M, M, INT8,
+                           BLOCK_M), pmax_ptr, pidx_ptr, psum_ptr, INT8, BLOCK_V)
     if ROW_TILES > 2:
-        _row_tile_partials(acc2, rm + 2 * BLOCK_M, M, pid, rv, mask_v, ws, h_scale_ptr, pmax_ptr, pidx_ptr, psum_ptr,
-                           INT8, BLOCK_V)
+        _row_tile_partials(acc2, rm + 2 * BLOCK_M, M, pid, rv, mask_v, ws, _row_scales(h_scale_ptr, rm + 2 * BLOCK_M,
+                           M, INT8, BLOCK_M), pmax_ptr, pidx_ptr, psum_ptr, INT8, BLOCK_V)
     if ROW_TILES > 3:
-        _row_tile_partials(acc3, rm + 3 * BLOCK_M, M, pid, rv, mask_v, ws, h_scale_ptr, pmax_ptr, pidx_ptr, psum_ptr,
-                           INT8, BLOCK_V)
+        _row_tile_partials(acc3, rm + 3 * BLOCK_M, M, pid, rv, mask_v, ws, _row_scales(h_scale_ptr, rm + 3 * BLOCK_M,
+                           M, INT8, BLOCK_M), pmax_ptr, pidx_ptr, psum_ptr, INT8, BLOCK_V)
+
+
+@triton.jit
+def _row_scales(h_scale_ptr, rm, M, INT8: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The int8 rows' activation scales (zeros for the 16-bit head, which has none)."""
+    if INT8:
+        return tl.load(h_scale_ptr + rm, mask=rm < M, other=0.0)
+    return tl.zeros((BLOCK_M,), tl.float32)
 
 
 @triton.jit
@@ -106,13 +116,12 @@ def _row_tile_dot(w, h_ptr, rm, M, cols, mask_h, stride_hm, acc, INT8: tl.conste
 
 
 @triton.jit
-def _row_tile_partials(acc, rm, M, pid, rv, mask_v, ws, h_scale_ptr, pmax_ptr, pidx_ptr, psum_ptr,
+def _row_tile_partials(acc, rm, M, pid, rv, mask_v, ws, hs, pmax_ptr, pidx_ptr, psum_ptr,
                        INT8: tl.constexpr, BLOCK_V: tl.constexpr):
     """One row tile's local max, its lowest index and ``sum exp(logit - max)`` over this
-    program's vocabulary rows, stored per row."""
+    program's vocabulary rows, stored per row (int8: ``hs`` the rows' scales)."""
     mask_m = rm < M
     if INT8:
-        hs = tl.load(h_scale_ptr + rm, mask=mask_m, other=0.0)
         logits = acc.to(tl.float32) * hs[None, :] * ws[:, None]
     else:
         logits = acc
