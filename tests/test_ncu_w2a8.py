@@ -63,3 +63,19 @@ def test_duration_in_nanoseconds_is_read_as_microseconds(tmp_path):
     raw.write_text(text)
     ncu_w2a8.main(["summarize", str(raw), "--calls", str(meta), "--out", str(tmp_path / "o")])
     assert json.loads((tmp_path / "o" / "ncu_w2a8.json").read_text())["launches"][0]["duration"] == 3.5
+
+
+@pytest.mark.parametrize("spec, what", [
+    ('16:wo={"kernel": "mma", "block_n": 64, "block_kb": 48}', "block_kb=48"),  # LinearConfig refuses it
+    ('16:wo={"kernel": mma}', "expected"),  # not JSON
+    ('x:wo={"kernel": "mma", "block_n": 64, "block_kb": 64}', "expected"),  # not a width
+    ('16:qkv={"kernel": "mma", "block_n": 64, "block_kb": 64}', "no projection 'qkv'"),
+])
+def test_launch_refuses_a_bad_config_override_before_touching_the_gpu(spec, what):
+    with pytest.raises(SystemExit, match=what):
+        ncu_w2a8.main(["launch", "--calls", "unused.json", "--config", spec])
+
+
+def test_launch_refuses_an_unknown_model():
+    with pytest.raises(SystemExit, match="not one of"):
+        ncu_w2a8.main(["launch", "--calls", "unused.json", "--model", "gpt-9"])

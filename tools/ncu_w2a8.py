@@ -62,15 +62,26 @@ def launch(args) -> int:
     from kernels_ampere.autotune import MODEL_SHAPES, LinearBench
     from kernels_ampere.tuning import LinearConfig
 
-    if not torch.cuda.is_available():
-        raise SystemExit("ncu_w2a8 launch: needs a CUDA GPU")
-    dev = torch.device("cuda")
+    from tools.kernel_stack import RESIDUAL_SHAPES
+
+    if args.model not in MODEL_SHAPES:
+        raise SystemExit(f"ncu_w2a8 launch: --model {args.model!r} is not one of {sorted(MODEL_SHAPES)}")
+    names = [name for name, *_ in MODEL_SHAPES[args.model]]
     overrides = {}  # (m, projection) -> LinearConfig
     for spec in args.config:
         key, _, fields = spec.partition("=")
         m, _, name = key.partition(":")
-        overrides[(int(m), name)] = LinearConfig(**json.loads(fields))
-    cases = {name: LinearBench("w2a8_linear", n, k, g, rotate_mb=0.0, seed=i, residual=name in ("wo", "w2 (down)"),
+        try:
+            overrides[(int(m), name)] = LinearConfig(**json.loads(fields))
+        except (ValueError, TypeError) as err:  # JSONDecodeError is a ValueError
+            raise SystemExit(f"ncu_w2a8 launch: --config {spec!r}: {err}; expected "
+                             'M:projection={"kernel": "mma", "block_n": 64, "block_kb": 64, ...}') from None
+        if name not in names:
+            raise SystemExit(f"ncu_w2a8 launch: --config {spec!r}: no projection {name!r} in {args.model} ({names})")
+    if not torch.cuda.is_available():
+        raise SystemExit("ncu_w2a8 launch: needs a CUDA GPU")
+    dev = torch.device("cuda")
+    cases = {name: LinearBench("w2a8_linear", n, k, g, rotate_mb=0.0, seed=i, residual=name in RESIDUAL_SHAPES,
                                min_copies=1)
              for i, (name, n, k, g) in enumerate(MODEL_SHAPES[args.model])}
     calls, launches = [], []
@@ -81,7 +92,7 @@ def launch(args) -> int:
             config = overrides.get((m, name)) or tuning.lookup("w2a8_linear", tuning.linear_key(n, k, m, g), dev) \
                 or tuning.default_linear(m, g, n=n, k=k, sms=tuning.sm_count(dev))
             case.check(config)  # compiles it too
-            launches.append((case, m, config))  # inputs made again at profiling time (same seed stream)
+            launches.append((case, m, config))  # profiled on fresh inputs of this width below
             calls.append({"model": args.model, "projection": name, "n": n, "k": k, "m": m,
                           "config": dataclasses.asdict(config)})
     torch.cuda.synchronize()
