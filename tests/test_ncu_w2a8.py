@@ -79,3 +79,48 @@ def test_launch_refuses_a_bad_config_override_before_touching_the_gpu(spec, what
 def test_launch_refuses_an_unknown_model():
     with pytest.raises(SystemExit, match="not one of"):
         ncu_w2a8.main(["launch", "--calls", "unused.json", "--model", "gpt-9"])
+
+
+SOURCE_HEADER = ["Address", "Source", "Warp Stall Sampling (All Samples)", "stall_barrier", "stall_long_sb",
+                 "stall_barrier (Not Issued)"]
+
+
+def source_kernel(lines):
+    """(address, sass, samples, barrier samples, long-scoreboard samples) -> source-page rows."""
+    return [["Kernel Name", "_w2a8_mma_kernel"], SOURCE_HEADER] + [
+        [f"0x{a:x}", f"      {text}", str(n), str(b), str(lsb), "0"] for a, text, n, b, lsb in lines]
+
+
+def test_source_summary_splits_the_samples_at_the_main_loop(tmp_path):
+    base = 0x7f00
+    k0 = [(base, "LDG.E R2, [R4]", 10, 0, 10),  # before the loop
+          (base + 0x10, "BAR.SYNC.DEFER_BLOCKING 0x0", 6, 6, 0),  # the outer loop starts here
+          (base + 0x20, "STS.128 [R8], R4", 30, 0, 30),  # an inner loop starts here
+          (base + 0x30, "BAR.SYNC.DEFER_BLOCKING 0x0", 4, 4, 0),
+          (base + 0x40, "WARPGROUP.DEPBAR.LE gsb0, 0x0", 20, 0, 0),  # not a CTA barrier
+          (base + 0x50, f"@P0 BRA 0x{base + 0x20:x}", 0, 0, 0),  # the inner loop's branch back
+          (base + 0x60, f"@P1 BRA 0x{base + 0x10:x}", 0, 0, 0),  # the outer one's: the longest body
+          (base + 0x70, "STG.E [R2], R6", 30, 0, 0)]
+    k1 = [(base, "EXIT", 5, 0, 0)]
+    path = tmp_path / "source.csv"
+    with path.open("w", newline="") as fh:
+        csv.writer(fh).writerows(source_kernel(k0) + source_kernel(k1))
+    kernels = ncu_w2a8.read_source(path)
+    assert len(kernels) == 2
+    s = ncu_w2a8.source_summary(kernels[0])
+    assert ncu_w2a8.main_loop(kernels[0]) == (1, 6)
+    assert s["samples"] == 100
+    assert s["regions"]["before the loop"] == {"samples": 0.10, "barriers": 0, "instructions": 1}
+    assert s["regions"]["loop"] == {"samples": 0.60, "barriers": 2, "instructions": 6}
+    assert s["regions"]["after the loop"]["samples"] == 0.30
+    assert s["stall reasons"] == {"long_sb": 0.40, "barrier": 0.10}  # "Not Issued" columns left out
+    assert [t["index"] for t in s["top instructions"]] == [2, 7, 4]
+    flat = ncu_w2a8.source_summary(kernels[1])  # no loop: everything counts as before it
+    assert flat["regions"]["before the loop"]["samples"] == 1.0 and flat["regions"]["loop"]["instructions"] == 0
+
+
+def test_source_page_without_stall_samples_is_refused(tmp_path):
+    path = tmp_path / "source.csv"
+    path.write_text('"Kernel Name","k"\n"Address","Source"\n"0x10","EXIT"\n')
+    with pytest.raises(SystemExit, match="stall sampling"):
+        ncu_w2a8.read_source(path)

@@ -23,7 +23,7 @@ ls -la w2a8.ncu-rep
 "$NCU" --import w2a8.ncu-rep --page source --csv --print-source sass > /tmp/ncu_exports/source.csv 2> /tmp/ncu_exports/source.err
 cp calls.json /tmp/ncu_exports/
 PYTHONPATH=. python tools/ncu_w2a8.py summarize /tmp/ncu_exports/raw.csv --calls calls.json --out "$OUT/ncu" \
-  --command "$CMD" > "$OUT/summary.txt" 2>&1
+  --source /tmp/ncu_exports/source.csv --command "$CMD" > "$OUT/summary.txt" 2>&1
 echo "summary: exit $?"; cut -c1-260 "$OUT/summary.txt"
 tar czf "$OUT/ncu_raw.tgz" -C /tmp/ncu_exports .
 ls -la "$OUT/ncu_raw.tgz"

@@ -3,19 +3,21 @@
 The stack and replay benchmarks give µs; this says where a launch's time goes: achieved
 occupancy, DRAM throughput, issue activity, the tensor pipes and the warp stall reasons, per
 projection and width, each launch exactly as the runtime makes it (the shipped table, else the
-SM-count default; ``--set``-style overrides per width via ``--config``). Two halves:
+SM-count default; ``--config M:projection={...}`` launches another configuration). Two halves:
 
     ncu --clock-control none --profile-from-start off --kernel-name regex:_w2a8_ --set full \\
         -o RUN python tools/ncu_w2a8.py launch --widths 1,16,32 --calls RUN.calls.json
     ncu --import RUN.ncu-rep --page raw --csv > RUN.raw.csv
-    python tools/ncu_w2a8.py summarize RUN.raw.csv --calls RUN.calls.json --out DIR
+    ncu --import RUN.ncu-rep --page source --csv --print-source sass > RUN.source.csv
+    python tools/ncu_w2a8.py summarize RUN.raw.csv --calls RUN.calls.json --source RUN.source.csv --out DIR
 
 ``launch`` checks every launch bit for bit against the twin, then profiles one call of each
 (``cudaProfilerStart`` / ``Stop`` around them: compilation and warm-up stay out of the report);
 ncu flushes the caches before each profiled kernel, so the weights come from DRAM as in a
 decode step, and serialises the launches (no programmatic-launch overlap: the numbers are a
 launch on its own). ``summarize`` joins the report's rows to the calls in launch order and
-writes ``ncu_w2a8.json`` and ``ncu_w2a8.md``.
+writes ``ncu_w2a8.json`` and ``ncu_w2a8.md``; ``--source`` adds, from the report's SASS page,
+where each launch's stall samples fall (before its main loop, in it, after it).
 """
 
 from __future__ import annotations
@@ -141,6 +143,71 @@ def kernel_summary(row: dict, units: dict) -> dict:
     return out
 
 
+SAMPLES = "Warp Stall Sampling (All Samples)"
+BRANCH = re.compile(r"\bBRA\b.*?0x([0-9a-f]+)")
+TOP_LINES = 3
+
+
+def read_source(path: Path) -> list[list[dict]]:
+    """``ncu --page source --csv --print-source sass``: per kernel a "Kernel Name" row, a
+    header row, then one row per SASS instruction (address, text, stall samples by reason)."""
+    kernels, header = [], None
+    with path.open(newline="") as fh:
+        for row in csv.reader(fh):
+            if not row:
+                continue
+            if row[0] == "Kernel Name":
+                kernels.append([])
+            elif row[0] == "Address":
+                header = row
+            elif kernels and header:
+                kernels[-1].append(dict(zip(header, row)))
+    if not kernels or header is None or SAMPLES not in header:
+        raise SystemExit(f"ncu_w2a8: {path} is not an ncu --page source --csv --print-source sass export "
+                         "of a report with stall sampling (--set full)")
+    return kernels
+
+
+def main_loop(lines: list[dict]) -> tuple[int, int] | None:
+    """Instruction indices [first, last] of the longest backward branch's body (the main loop)."""
+    addr = [int(r["Address"], 16) for r in lines]
+    best = None
+    for i, r in enumerate(lines):
+        hit = BRANCH.search(r["Source"])
+        if hit and int(hit.group(1), 16) < addr[i]:
+            first = next(j for j, a in enumerate(addr) if a >= int(hit.group(1), 16))
+            if best is None or i - first > best[1] - best[0]:
+                best = (first, i)
+    return best
+
+
+def source_summary(lines: list[dict]) -> dict:
+    """Where a kernel's stall samples fall: before its main loop, in it, after it (share of
+    the samples and CTA barriers in each), the stall reasons over the whole kernel, and the
+    instructions that hold the most samples."""
+    samples = [int(number(r.get(SAMPLES, "")) or 0) for r in lines]
+    total = sum(samples) or 1
+    loop = main_loop(lines)
+    first, last = loop if loop else (len(lines), len(lines) - 1)
+    regions = {"before the loop": range(0, first), "loop": range(first, last + 1),
+               "after the loop": range(last + 1, len(lines))}
+    reasons = {}
+    for col in lines[0] if lines else ():
+        if col.startswith("stall_") and "Not Issued" not in col:
+            reasons[col[len("stall_"):]] = sum(int(number(r[col]) or 0) for r in lines) / total
+    top = sorted(range(len(lines)), key=lambda i: -samples[i])[:TOP_LINES]
+    return {
+        "samples": sum(samples),
+        "regions": {name: {"samples": sum(samples[i] for i in idx) / total,
+                           "barriers": sum("BAR.SYNC" in lines[i]["Source"] or "BAR.RED" in lines[i]["Source"]
+                                           for i in idx),
+                           "instructions": len(idx)} for name, idx in regions.items()},
+        "stall reasons": dict(sorted(((k, v) for k, v in reasons.items() if v), key=lambda kv: -kv[1])),
+        "top instructions": [{"index": i, "share": samples[i] / total, "sass": lines[i]["Source"].strip()}
+                             for i in top if samples[i]],
+    }
+
+
 def summarize(args) -> int:
     rows, units = read_raw(Path(args.raw))
     meta = json.loads(Path(args.calls).read_text())
@@ -148,9 +215,14 @@ def summarize(args) -> int:
     if len(rows) != len(calls):
         raise SystemExit(f"ncu_w2a8: {args.raw} has {len(rows)} kernels, {args.calls} {len(calls)} calls: "
                          "profile with --kernel-name regex:_w2a8_ so each call is one row")
+    sources = read_source(Path(args.source)) if args.source else None
+    if sources is not None and len(sources) != len(calls):
+        raise SystemExit(f"ncu_w2a8: {args.source} has {len(sources)} kernels, {args.calls} {len(calls)} calls")
     out = []
-    for call, row in zip(calls, rows):
+    for i, (call, row) in enumerate(zip(calls, rows)):
         s = kernel_summary(row, units)
+        if sources is not None:
+            s["source"] = source_summary(sources[i])
         weights = call["n"] * call["k"]
         if s["duration"]:
             s["weights per SM-clock"] = weights / (s["elapsed cycles"] or float("nan")) / \
@@ -188,6 +260,18 @@ def markdown(launches: list[dict], meta: dict, command: str) -> list[str]:
                      f"{fmt(r['registers'], 0)} | {fmt(r['waves'], 2)} | {fmt(r['achieved occupancy %'])} | "
                      f"{fmt(r['DRAM % of peak'])} | {fmt(r['issue active %'])} | {fmt(tensor)} | "
                      f"{fmt(r.get('weights per SM-clock'))} | {stalls} |")
+    if any("source" in r for r in launches):
+        lines += ["", "Where the stall samples fall (share of the kernel's samples; CTA barriers in each part; "
+                      "the main loop = the longest backward branch of the SASS):", "",
+                  "| projection | M | samples | before the loop (barriers) | loop (barriers) | after (barriers) | "
+                  "instructions holding the most samples |", "|" + "---|" * 7]
+        for r in launches:
+            src = r.get("source")
+            if not src:
+                continue
+            parts = [f"{p['samples']:.0%} ({p['barriers']})" for p in src["regions"].values()]
+            top = "; ".join(f"{t['share']:.0%} `{t['sass'][:48]}`" for t in src["top instructions"])
+            lines.append(f"| {r['projection']} | {r['m']} | {src['samples']} | {' | '.join(parts)} | {top} |")
     return lines
 
 
@@ -205,6 +289,9 @@ def main(argv=None) -> int:
     su.add_argument("--calls", required=True)
     su.add_argument("--out", required=True)
     su.add_argument("--command", default="", help="the ncu command, for the report")
+    su.add_argument("--source", default=None,
+                    help="the report's source page (ncu --import R --page source --csv --print-source sass): "
+                         "where each launch's stall samples fall")
     args = ap.parse_args(argv)
     return launch(args) if args.what == "launch" else summarize(args)
 
