@@ -25,9 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kernels_ampere import tuning  # noqa: E402
+from kernels_ampere.autotune import MODEL_SHAPES  # noqa: E402
 from kernels_ampere.tuning import MMA, LinearConfig  # noqa: E402
 
-BITNET_2B_SHAPES = "3840x2560,2560x2560,13824x2560,2560x6912"  # N x K: QKV, O, gate+up, down
+# N x K of QKV, O, gate+up, down
+BITNET_2B_SHAPES = ",".join(f"{n}x{k}" for _, n, k, _ in MODEL_SHAPES["bitnet-2b"])
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:

@@ -71,9 +71,8 @@ class FusedInputs:
         return out
 
 
-def head_row_list(causal: int, count: int, block_size: int) -> list[int]:
+def head_row_list(causal: int, blocks: int, block_size: int) -> list[int]:
     """The fused step's rows the head reads: the causal rows, then rows 1..D−1 of each block."""
-    blocks = min(count, causal)
     return list(range(causal)) + [causal + b * block_size + i for b in range(blocks) for i in range(1, block_size)]
 
 
@@ -105,7 +104,7 @@ def fused_body(fast, k_cache, v_cache, capacity: int, history_len: torch.Tensor,
     attn_rows.copy_(rows_limit)  # history slots past the last causal row are skipped
     x = fast.forward(step_tokens, positions, k_cache, v_cache, slots, None, attn_rows, capacity=capacity,
                      row_spans=spans)
-    c = min(count, n)  # chosen.shape[0]
+    c = chosen.shape[0]
     rows = x.index_select(0, io.head_rows[(n, c)])  # the causal rows, then every block's rows 1..D-1
     top, conf = fast.verify_top1(rows)  # verify rows: the AR greedy token of each; the rest: drafts
     wanted = torch.empty(d - 1, dtype=torch.long, device=x.device)
