@@ -1,0 +1,58 @@
+"""tools/gluon_w2a8_probe.py: the explicit-layout probe compiles (no GPU) to what it claims, and
+on a GPU computes the exact integer product."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def static_counts(*variants: str, width: int = 16, arch: int = 87) -> list[dict]:
+    """The probe's --sass mode in a process of its own: the tests run under the Triton
+    interpreter, which compiles nothing."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "tools/gluon_w2a8_probe.py", "--sass", str(arch), "--widths", str(width),
+                          "--variants", ",".join(variants)], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+
+
+def test_probe_loop_has_no_shared_memory_and_loads_16_bytes_per_thread_on_orin():
+    wide, narrow = static_counts("128:2:16", "64:2:4")
+    for row in (wide, narrow):  # operands loaded straight into the mma.sync layouts: no CTA barrier anywhere
+        assert row["shared_bytes"] == 0 and row["barriers"] == 0 and row["shared_ops"] == 0, row
+        assert row["loop_imma"] == 32, row  # 2 chunks x 4 lanes x (codes + offset) x two n8 tiles
+    # k_width 16: each thread's operand bytes are 16 contiguous bytes in memory (the K order is the layout's)
+    assert set(wide["loads_by_width"]) == {"LDG.E.128"}, wide
+    assert narrow["loop_loads"] >= 4 * wide["loop_loads"], (narrow, wide)
+
+
+def test_probe_refuses_programmatic_launch_below_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "tools/gluon_w2a8_probe.py", "--sass", "87", "--variants", "128:2:16:1"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0 and "sm_90" in run.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", (1, 9, 16, 32))
+@pytest.mark.parametrize("k_width", (4, 16))
+def test_probe_is_the_exact_integer_product_on_gpu(m, k_width):
+    from kernels_ampere.packing import pack_ternary
+    from tools.gluon_w2a8_probe import probe_launch
+
+    gen = torch.Generator(device="cuda").manual_seed(m + k_width)
+    n, k = 384, 1280
+    codes = torch.randint(-1, 2, (n, k), generator=gen, device="cuda", dtype=torch.int8)
+    a = torch.randint(-127, 128, (m, k), generator=gen, device="cuda", dtype=torch.int8)
+    out = torch.zeros((m, n), dtype=torch.int32, device="cuda")
+    probe_launch(a, pack_ternary(codes), out, 64, max(16, 1 << (m - 1).bit_length()), 3, 2, k_width)
+    assert torch.equal(out, (a.double() @ codes.double().T).to(torch.int32))
