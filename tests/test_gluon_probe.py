@@ -47,12 +47,12 @@ def test_probe_refuses_programmatic_launch_below_sm90():
 @pytest.mark.parametrize("k_width", (4, 16))
 def test_probe_is_the_exact_integer_product_on_gpu(m, k_width):
     from kernels_ampere.packing import pack_ternary
-    from tools.gluon_w2a8_probe import probe_launch
+    from tools.gluon_w2a8_probe import probe_block_m, probe_launch
 
     gen = torch.Generator(device="cuda").manual_seed(m + k_width)
     n, k = 384, 1280
     codes = torch.randint(-1, 2, (n, k), generator=gen, device="cuda", dtype=torch.int8)
     a = torch.randint(-127, 128, (m, k), generator=gen, device="cuda", dtype=torch.int8)
     out = torch.zeros((m, n), dtype=torch.int32, device="cuda")
-    probe_launch(a, pack_ternary(codes), out, 64, max(16, 1 << (m - 1).bit_length()), 3, 2, k_width)
+    probe_launch(a, pack_ternary(codes), out, 64, probe_block_m(m), 3, 2, k_width)
     assert torch.equal(out, (a.double() @ codes.double().T).to(torch.int32))

@@ -204,6 +204,7 @@ def static_profile(arch: int, k: int, block_n: int, block_m: int, chunks: int, k
 
 
 def graph_us(fn, replays: int = 20) -> float:
+    """Best of ``replays`` timed replays of one CUDA graph of ``fn`` (µs)."""
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
@@ -220,6 +221,11 @@ def graph_us(fn, replays: int = 20) -> float:
         stop.synchronize()
         best = min(best, start.elapsed_time(stop) * 1000)
     return best
+
+
+def probe_block_m(m: int) -> int:
+    """The probe's width tile: the width rounded up to a power of two, at least the MMA's 16."""
+    return max(16, 1 << (m - 1).bit_length())
 
 
 def split_for(n: int, k: int, block_n: int, sms: int) -> int:
@@ -242,19 +248,27 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     variants = []  # (block_n, chunks, k_width, programmatic launch)
     for v in args.variants.split(","):
-        f = [int(x) for x in v.split(":")]
+        try:
+            f = [int(x) for x in v.split(":")]
+        except ValueError:
+            f = []
         if len(f) not in (3, 4) or f[0] % 16 or f[1] < 1 or f[2] not in (4, 8, 16):
             raise SystemExit(f"gluon_w2a8_probe: --variants item {v!r}: expected block_n:chunks:k_width[:pdl] with "
                              f"block_n a multiple of 16 and k_width 4, 8 or 16")
         variants.append((f[0], f[1], f[2], bool(f[3]) if len(f) > 3 else False))
-    widths = [int(w) for w in args.widths.split(",")]
+    try:
+        widths = [int(w) for w in args.widths.split(",")]
+    except ValueError:
+        raise SystemExit(f"gluon_w2a8_probe: --widths {args.widths!r}: expected a comma list of integers") from None
+    if any(w < 1 for w in widths):
+        raise SystemExit(f"gluon_w2a8_probe: --widths {args.widths!r}: every width must be at least 1")
     if args.sass is not None:
         if args.sass < 90 and any(v[3] for v in variants):
             raise SystemExit(f"gluon_w2a8_probe: programmatic launch (a :1 variant) needs sm_90 or newer, not sm_{args.sass}")
         for m in widths:
             for block_n, cps, kw, pdl in variants:
-                print(json.dumps({"M": m, **static_profile(args.sass, 2560, block_n, max(16, 1 << (m - 1).bit_length()),
-                                                           cps, kw, pdl)}), flush=True)
+                print(json.dumps({"M": m, **static_profile(args.sass, 2560, block_n, probe_block_m(m), cps, kw,
+                                                           pdl)}), flush=True)
         return 0
     if args.out is None:
         raise SystemExit("gluon_w2a8_probe: --out is required (where the report goes)")
@@ -277,7 +291,7 @@ def main(argv=None) -> int:
         acts = [torch.randint(-127, 128, (m, k), generator=gen, device=dev, dtype=torch.int8) for _, k in shapes]
         a_scale = torch.full((m,), 1.0, device=dev)
         w_scale = [torch.ones(n, device=dev) for n, _ in shapes]
-        block_m = max(16, 1 << (m - 1).bit_length())
+        block_m = probe_block_m(m)
         # exactness first: every shape, layer 0, against torch's integer product
         refs = []
         for s, (n, k) in enumerate(shapes):
