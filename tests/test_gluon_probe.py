@@ -25,10 +25,11 @@ def static_counts(*variants: str, width: int = 16, arch: int = 87) -> list[dict]
 
 
 def test_probe_loop_has_no_shared_memory_and_loads_16_bytes_per_thread_on_orin():
-    wide, narrow = static_counts("128:2:16", "64:2:4")
-    for row in (wide, narrow):  # operands loaded straight into the mma.sync layouts: no CTA barrier anywhere
+    wide, narrow, chained = static_counts("128:2:16", "64:2:4", "128:2:16:0:2")
+    for row in (wide, narrow, chained):  # operands loaded straight into the mma.sync layouts: no CTA barrier anywhere
         assert row["shared_bytes"] == 0 and row["barriers"] == 0 and row["shared_ops"] == 0, row
-        assert row["loop_imma"] == 32, row  # 2 chunks x 4 lanes x (codes + offset) x two n8 tiles
+    assert wide["loop_imma"] == narrow["loop_imma"] == 32  # 2 chunks x 4 lanes x (codes + offset) x two n8 tiles
+    assert chained["loop_imma"] == 64  # two steps per iteration, one per chain
     # k_width 16: each thread's operand bytes are 16 contiguous bytes in memory (the K order is the layout's)
     assert set(wide["loads_by_width"]) == {"LDG.E.128"}, wide
     assert narrow["loop_loads"] >= 4 * wide["loop_loads"], (narrow, wide)
@@ -44,15 +45,16 @@ def test_probe_refuses_programmatic_launch_below_sm90():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("m", (1, 9, 16, 32))
-@pytest.mark.parametrize("k_width", (4, 16))
-def test_probe_is_the_exact_integer_product_on_gpu(m, k_width):
+@pytest.mark.parametrize("k_width,chains", [(4, 1), (16, 1), (16, 2)])
+def test_probe_is_the_exact_integer_product_on_gpu(m, k_width, chains):
     from kernels_ampere.packing import pack_ternary
     from tools.gluon_w2a8_probe import probe_block_m, probe_launch
 
-    gen = torch.Generator(device="cuda").manual_seed(m + k_width)
+    gen = torch.Generator(device="cuda").manual_seed(m + k_width + chains)
     n, k = 384, 1280
     codes = torch.randint(-1, 2, (n, k), generator=gen, device="cuda", dtype=torch.int8)
     a = torch.randint(-127, 128, (m, k), generator=gen, device="cuda", dtype=torch.int8)
     out = torch.zeros((m, n), dtype=torch.int32, device="cuda")
-    probe_launch(a, pack_ternary(codes), out, 64, probe_block_m(m), 3, 2, k_width)
+    # K = 10 chunks in 3 slices of 4, 4, 2: a last slice shorter than a step pair (chains = 2)
+    probe_launch(a, pack_ternary(codes), out, 64, probe_block_m(m), 3, 2, k_width, chains=chains)
     assert torch.equal(out, (a.double() @ codes.double().T).to(torch.int32))

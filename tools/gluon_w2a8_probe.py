@@ -22,6 +22,9 @@ the operand layouts of Ampere's ``mma.sync`` (``IMMA.16832``, what an Orin runs)
   lanes, ``>> 6`` per step), and the offset correction ``sum_k a`` is a second ``mma`` per lane
   against a constant tile (``-4^i``; ``+64`` for lane 3), into the same accumulator: the tensor
   cores are idle in these launches, the integer pipes are not;
+* ``CHAINS = 2``: alternate steps go to two accumulators (two independent chains of dependent
+  MMAs per program, summed at the end), so a warp has an MMA to issue while the other chain
+  waits (session 12: compiled, 101 registers at M = 16 and 176 at 32 on sm_87; not yet run);
 * K is sliced over programs whose int32 sums meet by ``atomic_add`` in a zeroed ``[M, N]``
   int32 buffer (integer addition: the same bits in any order); no scales. Optionally launched
   with programmatic dependent launch (sm_90; the first step's weights load before the wait).
@@ -87,9 +90,31 @@ def _gdc_prologue(anchor):
 
 
 @gluon.jit
+def _probe_step(wb, a_step, a_ok, acc, corr0, corr1, corr2, corr3):
+    """One K step into ``acc``: the four lanes of the packed tile ``wb`` (A layout) against their
+    activations at ``a_step`` (B layout), Horner-folded, each lane's offset correction a second MMA."""
+    a0 = gl.load(a_step, mask=a_ok, other=0)
+    a1 = gl.load(a_step + 32, mask=a_ok, other=0)
+    a2 = gl.load(a_step + 64, mask=a_ok, other=0)
+    a3 = gl.load(a_step + 96, mask=a_ok, other=0)
+    acc = mma_v2((wb & 0x03).to(gl.int8, bitcast=True), a0, acc)
+    acc = mma_v2(corr0, a0, acc)
+    acc = acc << 2
+    acc = mma_v2((wb & 0x0C).to(gl.int8, bitcast=True), a1, acc)
+    acc = mma_v2(corr1, a1, acc)
+    acc = acc << 2
+    acc = mma_v2((wb & 0x30).to(gl.int8, bitcast=True), a2, acc)
+    acc = mma_v2(corr2, a2, acc)
+    acc = acc << 2
+    acc = mma_v2(((wb & 0xC0) ^ 0x80).to(gl.int8, bitcast=True), a3, acc)
+    acc = mma_v2(corr3, a3, acc)
+    return acc >> 6
+
+
+@gluon.jit
 def _probe_kernel(a_ptr, w_ptr, out_ptr, M, N, stride_am, stride_wn, stride_om, chunks_per_split,
                   K: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, CHUNKS: gl.constexpr, KW: gl.constexpr,
-                  MMA: gl.constexpr, USE_GDC: gl.constexpr):
+                  MMA: gl.constexpr, USE_GDC: gl.constexpr, CHAINS: gl.constexpr = 1):
     A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=KW)
     B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=KW)
     N_CHUNKS: gl.constexpr = K // 128
@@ -108,42 +133,41 @@ def _probe_kernel(a_ptr, w_ptr, out_ptr, M, N, stride_am, stride_wn, stride_om, 
     corr2 = gl.full([BLOCK_N, KS], -16, gl.int8, layout=A_OP)
     corr3 = gl.full([BLOCK_N, KS], 64, gl.int8, layout=A_OP)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.int32, layout=MMA)
+    acc2 = gl.zeros([BLOCK_N, BLOCK_M], gl.int32, layout=MMA)  # CHAINS = 2: the odd steps' chain
+    STEP: gl.constexpr = CHUNKS * CHAINS  # chunks per loop iteration
     w_next = w_rows + c_lo * 32
     a_step = a_cols + c_lo * 128
-    w_ok = (rn < N)[:, None] & (c_lo + rj // 32 < c_hi)[None, :]
-    a_ok = (c_lo + rk // 32 < c_hi)[:, None] & (rm < M)[None, :]
-    wb = gl.load(w_next, mask=w_ok, other=0)  # constants: in flight before the wait
+    # constants: the first iteration's weights in flight before the wait
+    wb = gl.load(w_next, mask=(rn < N)[:, None] & (c_lo + rj // 32 < c_hi)[None, :], other=0)
+    wb2 = wb
+    if CHAINS == 2:
+        wb2 = gl.load(w_next + KS, mask=(rn < N)[:, None] & (c_lo + CHUNKS + rj // 32 < c_hi)[None, :], other=0)
     if USE_GDC:
         _gdc_prologue(gl.program_id(0) + gl.arange(0, 1, layout=gl.BlockedLayout([1], [32], [gl.num_warps()], [0])))
-    # each step's activation lines asked of the L1 one step ahead (no registers: int8 tiles carried
-    # through the loop would be repacked byte by byte), so the step's loads hit the L1, not the L2
-    lines = gl.arange(0, 2 * BLOCK_M * CHUNKS, layout=gl.BlockedLayout([1], [32], [gl.num_warps()], [0]))
-    line_ptrs = a_ptr + (lines // (2 * CHUNKS)) * stride_am + (lines % (2 * CHUNKS)) * 64
-    line_ok = lines // (2 * CHUNKS) < M
+    # each step's activation lines asked of the L1 one iteration ahead (no registers: int8 tiles
+    # carried through the loop would be repacked byte by byte), so the loads hit the L1, not the L2
+    lines = gl.arange(0, 2 * BLOCK_M * STEP, layout=gl.BlockedLayout([1], [32], [gl.num_warps()], [0]))
+    line_ptrs = a_ptr + (lines // (2 * STEP)) * stride_am + (lines % (2 * STEP)) * 64
+    line_ok = lines // (2 * STEP) < M
     _prefetch_l1(line_ptrs + c_lo * 128, line_ok)
-    for c in range(c_lo, c_hi, CHUNKS):
-        w_next += KS
-        wn = gl.load(w_next, mask=(rn < N)[:, None] & (c + CHUNKS + rj // 32 < c_hi)[None, :], other=0)
-        _prefetch_l1(line_ptrs + (c + CHUNKS) * 128, line_ok & (c + CHUNKS < c_hi))
-        a_ok = (c + rk // 32 < c_hi)[:, None] & (rm < M)[None, :]
-        a0 = gl.load(a_step, mask=a_ok, other=0)
-        a1 = gl.load(a_step + 32, mask=a_ok, other=0)
-        a2 = gl.load(a_step + 64, mask=a_ok, other=0)
-        a3 = gl.load(a_step + 96, mask=a_ok, other=0)
-        a_step += 128 * CHUNKS
-        acc = mma_v2((wb & 0x03).to(gl.int8, bitcast=True), a0, acc)
-        acc = mma_v2(corr0, a0, acc)
-        acc = acc << 2
-        acc = mma_v2((wb & 0x0C).to(gl.int8, bitcast=True), a1, acc)
-        acc = mma_v2(corr1, a1, acc)
-        acc = acc << 2
-        acc = mma_v2((wb & 0x30).to(gl.int8, bitcast=True), a2, acc)
-        acc = mma_v2(corr2, a2, acc)
-        acc = acc << 2
-        acc = mma_v2(((wb & 0xC0) ^ 0x80).to(gl.int8, bitcast=True), a3, acc)
-        acc = mma_v2(corr3, a3, acc)
-        acc = acc >> 6
+    for c in range(c_lo, c_hi, STEP):
+        # the next iteration's weights in flight while this one is multiplied (registers, no shared
+        # memory); pointers advance by a constant (each load's address: one add)
+        w_next += KS * CHAINS
+        wn = gl.load(w_next, mask=(rn < N)[:, None] & (c + STEP + rj // 32 < c_hi)[None, :], other=0)
+        if CHAINS == 2:
+            wn2 = gl.load(w_next + KS, mask=(rn < N)[:, None] & (c + STEP + CHUNKS + rj // 32 < c_hi)[None, :],
+                          other=0)
+        _prefetch_l1(line_ptrs + (c + STEP) * 128, line_ok & (c + STEP < c_hi))
+        acc = _probe_step(wb, a_step, (c + rk // 32 < c_hi)[:, None] & (rm < M)[None, :], acc,
+                          corr0, corr1, corr2, corr3)
+        if CHAINS == 2:  # an independent chain of MMAs beside the first: the warp issues one while the other waits
+            acc2 = _probe_step(wb2, a_step + 128 * CHUNKS, (c + CHUNKS + rk // 32 < c_hi)[:, None] & (rm < M)[None, :],
+                               acc2, corr0, corr1, corr2, corr3)
+            wb2 = wn2
+        a_step += 128 * STEP
         wb = wn
+    acc = acc + acc2
     on = gl.program_id(0) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
     om = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
     out_ok = (on < N)[:, None] & (om < M)[None, :]
@@ -151,7 +175,7 @@ def _probe_kernel(a_ptr, w_ptr, out_ptr, M, N, stride_am, stride_wn, stride_om, 
 
 
 def probe_launch(a, packed, out, block_n: int, block_m: int, split: int, chunks_per_step: int = 1,
-                 k_width: int = 16, pdl: bool = False):
+                 k_width: int = 16, pdl: bool = False, chains: int = 1):
     """One launch: ``out`` (int32 [M, N], zeroed) += the exact int32 product."""
     m, k = a.shape
     n = packed.shape[0]
@@ -161,10 +185,11 @@ def probe_launch(a, packed, out, block_n: int, block_m: int, split: int, chunks_
     grid = (triton.cdiv(n, block_n), triton.cdiv(chunks, per))
     _probe_kernel[grid](a, packed, out, m, n, a.stride(0), packed.stride(0), out.stride(0), per, K=k, BLOCK_N=block_n,
                         BLOCK_M=block_m, CHUNKS=chunks_per_step, KW=k_width, MMA=mma_layout(warps),
-                        USE_GDC=pdl, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
+                        USE_GDC=pdl, CHAINS=chains, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
 
 
-def static_profile(arch: int, k: int, block_n: int, block_m: int, chunks: int, k_width: int, pdl: bool) -> dict:
+def static_profile(arch: int, k: int, block_n: int, block_m: int, chunks: int, k_width: int, pdl: bool,
+                   chains: int = 1) -> dict:
     """Compile one probe launch for ``arch`` with no GPU (as ``tools/kernel_sass.py`` does the
     shipped kernels) and count its SASS: registers, shared memory, CTA barriers and
     shared-memory traffic in the whole kernel, and the main loop's loads by width."""
@@ -181,7 +206,7 @@ def static_profile(arch: int, k: int, block_n: int, block_m: int, chunks: int, k
     sig = {"a_ptr": "*i8", "w_ptr": "*u8", "out_ptr": "*i32", "M": "i32", "N": "i32", "stride_am": "i32",
            "stride_wn": "i32", "stride_om": "i32", "chunks_per_split": "i32"}
     const = dict(K=k, BLOCK_N=block_n, BLOCK_M=block_m, CHUNKS=chunks, KW=k_width, MMA=mma_layout(block_n // 16),
-                 USE_GDC=pdl)
+                 USE_GDC=pdl, CHAINS=chains)
     sig.update({name: "constexpr" for name in const})
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(3)}  # torch allocations: 16-byte aligned
     for name in ("N", "stride_am", "stride_wn", "stride_om"):
@@ -197,7 +222,7 @@ def static_profile(arch: int, k: int, block_n: int, block_m: int, chunks: int, k
     loads = collections.Counter(re.search(r"LDG(\.[A-Z0-9_]+)*", line).group(0) for line in sass.splitlines()
                                 if re.search(r"\bLDG\b|LDG\.", line))
     return {"arch": arch, "K": k, "block_n": block_n, "block_m": block_m, "chunks": chunks, "k_width": k_width,
-            "pdl": pdl, "regs": res.get("reg"), "shared_bytes": res.get("shared", 0),
+            "pdl": pdl, "chains": chains, "regs": res.get("reg"), "shared_bytes": res.get("shared", 0),
             "barriers": ops["BAR"], "shared_ops": ops["STS"] + ops["LDS"] + ops["LDSM"],
             "loop_instructions": sum(loop.values()), "loop_loads": loop["LDG"], "loads_by_width": dict(loads),
             "loop_imma": loop["IMMA"]}
@@ -237,25 +262,27 @@ def split_for(n: int, k: int, block_n: int, sms: int) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--widths", default="1,9,16,32")
-    ap.add_argument("--variants", default="128:2:16,128:2:16:1,64:2:16:1",
-                    help="probe launches, comma list of block_n:chunks:k_width[:pdl] (weight rows per program, 16 "
-                         "per warp; 128-chunks per step; consecutive K elements per thread in the operand layouts; "
-                         "1: programmatic dependent launch)")
+    ap.add_argument("--variants", default="128:2:16,128:2:16:1,128:2:16:0:2,128:2:16:1:2",
+                    help="probe launches, comma list of block_n:chunks:k_width[:pdl[:chains]] (weight rows per "
+                         "program, 16 per warp; 128-chunks per step; consecutive K elements per thread in the "
+                         "operand layouts; 1: programmatic dependent launch; 2: two independent MMA chains, "
+                         "alternate steps)")
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--sass", type=int, default=None, metavar="ARCH",
                     help="no GPU: compile each variant for sm_ARCH (87: Orin) and print its SASS counts (JSON)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    variants = []  # (block_n, chunks, k_width, programmatic launch)
+    variants = []  # (block_n, chunks, k_width, programmatic launch, chains)
     for v in args.variants.split(","):
         try:
             f = [int(x) for x in v.split(":")]
         except ValueError:
             f = []
-        if len(f) not in (3, 4) or f[0] % 16 or f[1] < 1 or f[2] not in (4, 8, 16):
-            raise SystemExit(f"gluon_w2a8_probe: --variants item {v!r}: expected block_n:chunks:k_width[:pdl] with "
-                             f"block_n a multiple of 16 and k_width 4, 8 or 16")
-        variants.append((f[0], f[1], f[2], bool(f[3]) if len(f) > 3 else False))
+        f += [0, 1][len(f) - 3:] if 3 <= len(f) <= 5 else []
+        if len(f) != 5 or f[0] % 16 or f[1] < 1 or f[2] not in (4, 8, 16) or f[3] not in (0, 1) or f[4] not in (1, 2):
+            raise SystemExit(f"gluon_w2a8_probe: --variants item {v!r}: expected block_n:chunks:k_width[:pdl[:chains]] "
+                             f"with block_n a multiple of 16, k_width 4, 8 or 16, pdl 0 or 1, chains 1 or 2")
+        variants.append((f[0], f[1], f[2], bool(f[3]), f[4]))
     try:
         widths = [int(w) for w in args.widths.split(",")]
     except ValueError:
@@ -266,9 +293,9 @@ def main(argv=None) -> int:
         if args.sass < 90 and any(v[3] for v in variants):
             raise SystemExit(f"gluon_w2a8_probe: programmatic launch (a :1 variant) needs sm_90 or newer, not sm_{args.sass}")
         for m in widths:
-            for block_n, cps, kw, pdl in variants:
+            for block_n, cps, kw, pdl, chains in variants:
                 print(json.dumps({"M": m, **static_profile(args.sass, 2560, block_n, probe_block_m(m), cps, kw,
-                                                           pdl)}), flush=True)
+                                                           pdl, chains)}), flush=True)
         return 0
     if args.out is None:
         raise SystemExit("gluon_w2a8_probe: --out is required (where the report goes)")
@@ -296,15 +323,16 @@ def main(argv=None) -> int:
         refs = []
         for s, (n, k) in enumerate(shapes):
             refs.append((acts[s].double() @ weights[0][s][0].double().T).to(torch.int32))
-        for block_n, cps, kw, pdl in variants:
+        for block_n, cps, kw, pdl, chains in variants:
             for s, (n, k) in enumerate(shapes):
                 packed = weights[0][s][1]
                 out = torch.zeros((m, n), dtype=torch.int32, device=dev)
-                probe_launch(acts[s], packed, out, block_n, block_m, split_for(n, k, block_n, sms), cps, kw, pdl)
+                probe_launch(acts[s], packed, out, block_n, block_m, split_for(n, k, block_n, sms), cps, kw, pdl,
+                             chains)
                 ref = refs[s]
                 bad = (out != ref).sum().item()
                 if bad:
-                    raise SystemExit(f"probe M={m} {n}x{k} {block_n}:{cps}:{kw}:{pdl:d}: {bad} of {out.numel()} differ")
+                    raise SystemExit(f"probe M={m} {n}x{k} {block_n}:{cps}:{kw}:{pdl:d}:{chains}: {bad} of {out.numel()} differ")
                 shipped = w2a8_linear(acts[s], a_scale, packed, w_scale[s], out_dtype=torch.float32)
                 if not torch.equal(shipped, ref.float()):
                     raise SystemExit(f"shipped M={m} {n}x{k}: differs from the integer product")
@@ -316,17 +344,17 @@ def main(argv=None) -> int:
                     w2a8_linear(acts[s], a_scale, packed, w_scale[s], out_dtype=torch.float32)
 
         row = {"M": m, "shipped_us": graph_us(shipped_stack, args.replays)}
-        for block_n, cps, kw, pdl in variants:
-            def probe_stack(block_n=block_n, cps=cps, kw=kw, pdl=pdl):
+        for block_n, cps, kw, pdl, chains in variants:
+            def probe_stack(block_n=block_n, cps=cps, kw=kw, pdl=pdl, chains=chains):
                 outs.zero_()
                 i = 0
                 for layer in weights:
                     for s, (_, packed) in enumerate(layer):
                         n, k = shapes[s]
                         probe_launch(acts[s], packed, outs[i, :, :n], block_n, block_m, split_for(n, k, block_n, sms), cps,
-                                     kw, pdl)
+                                     kw, pdl, chains)
                         i += 1
-            name = f"probe {block_n}x{cps} kw{kw}{' pdl' if pdl else ''}"
+            name = f"probe {block_n}x{cps} kw{kw}{' pdl' if pdl else ''}{' 2 chains' if chains == 2 else ''}"
             row[f"{name}_us"] = graph_us(probe_stack, args.replays)
             for s, ref in enumerate(refs):  # the graph's last replay, layer 0: still exact
                 if not torch.equal(outs[s, :, :shapes[s][0]], ref):
