@@ -36,6 +36,10 @@ is compared with does the whole linear (scales, split-K sums), which is stated b
 number. Timing: the BitNet-2B stack (30 layers x 4 projections, distinct weights, 521 MB: cold
 L2) in one CUDA graph, replayed; the probe's graph starts with one memset of all 120 outputs.
 
+Answer so far (H200, session 12; ``tools/results/kernels.md``, "Explicit layouts"): at
+``KW = 16`` it costs what the shipped launches cost (0.98-1.10x at M = 1-32), so the barriers
+are not where the wide launches' time goes; at ``KW = 4`` it was 1.5-2x slower.
+
     python tools/gluon_w2a8_probe.py --widths 1,16,32 --out tools/results/gluon_probe
     python tools/gluon_w2a8_probe.py --sass 87 --widths 16      # no GPU: the compiled loop, per variant
 """
