@@ -252,6 +252,11 @@ def graph_us(fn, replays: int = 20) -> float:
     return best
 
 
+def variant_name(block_n: int, chunks: int, k_width: int, pdl: bool, chains: int) -> str:
+    """A variant's column in the report (the names of session 12's reports)."""
+    return f"probe {block_n}x{chunks} kw{k_width}{' pdl' if pdl else ''}{' 2 chains' if chains == 2 else ''}"
+
+
 def probe_block_m(m: int) -> int:
     """The probe's width tile: the width rounded up to a power of two, at least the MMA's 16."""
     return max(16, 1 << (m - 1).bit_length())
@@ -327,19 +332,22 @@ def main(argv=None) -> int:
         refs = []
         for s, (n, k) in enumerate(shapes):
             refs.append((acts[s].double() @ weights[0][s][0].double().T).to(torch.int32))
+        for s, (n, k) in enumerate(shapes):
+            shipped = w2a8_linear(acts[s], a_scale, weights[0][s][1], w_scale[s], out_dtype=torch.float32)
+            if not torch.equal(shipped, refs[s].float()):
+                raise SystemExit(f"shipped M={m} {n}x{k}: differs from the integer product")
+        inexact = {}  # a variant that misses a bit is reported, not timed
         for block_n, cps, kw, pdl, chains in variants:
             for s, (n, k) in enumerate(shapes):
-                packed = weights[0][s][1]
                 out = torch.zeros((m, n), dtype=torch.int32, device=dev)
-                probe_launch(acts[s], packed, out, block_n, block_m, split_for(n, k, block_n, sms), cps, kw, pdl,
-                             chains)
-                ref = refs[s]
-                bad = (out != ref).sum().item()
+                probe_launch(acts[s], weights[0][s][1], out, block_n, block_m, split_for(n, k, block_n, sms), cps,
+                             kw, pdl, chains)
+                bad = (out != refs[s]).sum().item()
                 if bad:
-                    raise SystemExit(f"probe M={m} {n}x{k} {block_n}:{cps}:{kw}:{pdl:d}:{chains}: {bad} of {out.numel()} differ")
-                shipped = w2a8_linear(acts[s], a_scale, packed, w_scale[s], out_dtype=torch.float32)
-                if not torch.equal(shipped, ref.float()):
-                    raise SystemExit(f"shipped M={m} {n}x{k}: differs from the integer product")
+                    inexact[variant_name(block_n, cps, kw, pdl, chains)] = f"{n}x{k}: {bad} of {out.numel()} differ"
+                    print(f"probe M={m} {variant_name(block_n, cps, kw, pdl, chains)}: inexact ({n}x{k}: {bad} of "
+                          f"{out.numel()} differ), not timed", flush=True)
+                    break
         outs = torch.zeros((layers * len(shapes), m, max(n for n, _ in shapes)), dtype=torch.int32, device=dev)
 
         def shipped_stack():
@@ -349,16 +357,21 @@ def main(argv=None) -> int:
 
         row = {"M": m, "shipped_us": graph_us(shipped_stack, args.replays)}
         for block_n, cps, kw, pdl, chains in variants:
+            name = variant_name(block_n, cps, kw, pdl, chains)
+            if name in inexact:
+                row[f"{name}_us"] = None
+                row.setdefault("inexact", {})[name] = inexact[name]
+                continue
+
             def probe_stack(block_n=block_n, cps=cps, kw=kw, pdl=pdl, chains=chains):
                 outs.zero_()
                 i = 0
                 for layer in weights:
                     for s, (_, packed) in enumerate(layer):
                         n, k = shapes[s]
-                        probe_launch(acts[s], packed, outs[i, :, :n], block_n, block_m, split_for(n, k, block_n, sms), cps,
-                                     kw, pdl, chains)
+                        probe_launch(acts[s], packed, outs[i, :, :n], block_n, block_m, split_for(n, k, block_n, sms),
+                                     cps, kw, pdl, chains)
                         i += 1
-            name = f"probe {block_n}x{cps} kw{kw}{' pdl' if pdl else ''}{' 2 chains' if chains == 2 else ''}"
             row[f"{name}_us"] = graph_us(probe_stack, args.replays)
             for s, ref in enumerate(refs):  # the graph's last replay, layer 0: still exact
                 if not torch.equal(outs[s, :, :shapes[s][0]], ref):
@@ -382,7 +395,8 @@ def main(argv=None) -> int:
              "shipped = `w2a8_linear` (tuned table, scales, split-K sums); probe = the exact int32 product "
              "only (no scales), plus one memset of its outputs", "",
              "| M | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
-    lines += [f"| {r['M']} | " + " | ".join(f"{r[k]:.1f}" for k in keys) + " |" for r in rows]
+    lines += [f"| {r['M']} | " + " | ".join("inexact" if r[k] is None else f"{r[k]:.1f}" for k in keys) + " |"
+              for r in rows]
     (out / "gluon_probe.md").write_text("\n".join(lines) + "\n")
     return 0
 
