@@ -13,13 +13,17 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def static_counts(*variants: str, width: int = 16, arch: int = 87) -> list[dict]:
-    """The probe's --sass mode in a process of its own: the tests run under the Triton
+def probe_cli(*args: str) -> subprocess.CompletedProcess:
+    """The probe's command line in a process of its own: the tests run under the Triton
     interpreter, which compiles nothing."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "tools/gluon_w2a8_probe.py", "--sass", str(arch), "--widths", str(width),
-                          "--variants", ",".join(variants)], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600)
+    return subprocess.run([sys.executable, "tools/gluon_w2a8_probe.py", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def static_counts(*variants: str, width: int = 16, arch: int = 87) -> list[dict]:
+    """The probe's --sass counts of each variant."""
+    run = probe_cli("--sass", str(arch), "--widths", str(width), "--variants", ",".join(variants))
     assert run.returncode == 0, run.stderr[-3000:]
     return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
 
@@ -36,9 +40,7 @@ def test_probe_loop_has_no_shared_memory_and_loads_16_bytes_per_thread_on_orin()
 
 
 def test_probe_refuses_programmatic_launch_below_sm90():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "tools/gluon_w2a8_probe.py", "--sass", "87", "--variants", "128:2:16:1"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    run = probe_cli("--sass", "87", "--variants", "128:2:16:1")
     assert run.returncode != 0 and "sm_90" in run.stderr
 
 

@@ -218,10 +218,8 @@ def static_profile(arch: int, k: int, block_n: int, block_m: int, chunks: int, k
     kern = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
                           target=GPUTarget("cuda", arch, 32), options={"num_warps": block_n // 16})
     with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "probe.cubin"
-        loop, res = kernel_sass.loop_profile(kern.asm["cubin"], cubin)
-        sass = subprocess.run([kernel_sass.nv_bin("cuobjdump"), "-sass", str(cubin)], capture_output=True,
-                              text=True).stdout
+        sass, res = kernel_sass.disassemble(kern.asm["cubin"], Path(tmp) / "probe.cubin")
+    loop = kernel_sass.main_loop(sass)
     ops = collections.Counter(mt.group(3) for mt in map(kernel_sass.LINE.search, sass.splitlines()) if mt)
     loads = collections.Counter(re.search(r"LDG(\.[A-Z0-9_]+)*", line).group(0) for line in sass.splitlines()
                                 if re.search(r"\bLDG\b|LDG\.", line))

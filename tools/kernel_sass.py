@@ -111,11 +111,21 @@ def compile_config(cfg: LinearConfig, m: int, k: int, arch: int, grouped: bool =
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "enable_fp_fusion": False})
 
 
-def loop_profile(cubin: bytes, tmp: Path) -> tuple[collections.Counter, dict]:
+def disassemble(cubin: bytes, tmp: Path) -> tuple[str, dict]:
+    """(SASS text, resource usage: reg / stack / shared / local) of a cubin, written to ``tmp``."""
     tmp.write_bytes(cubin)
     sass = subprocess.run([nv_bin("cuobjdump"), "-sass", str(tmp)], capture_output=True, text=True).stdout
     usage = subprocess.run([nv_bin("cuobjdump"), "-res-usage", str(tmp)], capture_output=True, text=True).stdout
-    res = {k.lower(): int(v) for k, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage)}
+    return sass, {k.lower(): int(v) for k, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage)}
+
+
+def loop_profile(cubin: bytes, tmp: Path) -> tuple[collections.Counter, dict]:
+    sass, res = disassemble(cubin, tmp)
+    return main_loop(sass), res
+
+
+def main_loop(sass: str) -> collections.Counter:
+    """Instruction counts of the main loop: the longest backward branch of the SASS."""
     ins = [(int(mt.group(1), 16), mt.group(3), mt.group(5)) for mt in map(LINE.search, sass.splitlines()) if mt]
     best = []
     for addr, op, args in ins:
@@ -123,7 +133,7 @@ def loop_profile(cubin: bytes, tmp: Path) -> tuple[collections.Counter, dict]:
         if target and int(target.group(1), 16) < addr:
             body = [o for a, o, _ in ins if int(target.group(1), 16) <= a <= addr]
             best = body if len(body) > len(best) else best
-    return collections.Counter(best), res
+    return collections.Counter(best)
 
 
 def bound(counts: collections.Counter, weights_per_warp: float) -> tuple[float, str]:

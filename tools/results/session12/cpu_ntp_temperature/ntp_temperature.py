@@ -36,7 +36,8 @@ def losses(path: str, tokens: np.ndarray, first: int, count: int, window: int = 
         rows = range(i, min(i + batch, first + count))
         x = torch.stack([torch.from_numpy(tokens[r * window:(r + 1) * window].astype(np.int64)) for r in rows])
         y = torch.stack([torch.from_numpy(tokens[r * window + 1:(r + 1) * window + 1].astype(np.int64)) for r in rows])
-        logits = model.verify_logits(model(x, pos.expand(len(rows), -1), mask)).double().reshape(-1, 8192)
+        logits = model.verify_logits(model(x, pos.expand(len(rows), -1), mask)).double()
+        logits = logits.reshape(-1, logits.shape[-1])
         for t in TEMPS:
             total[t] += float(torch.nn.functional.cross_entropy(logits / t, y.reshape(-1), reduction="sum"))
         n += y.numel()
