@@ -29,7 +29,18 @@
 #           distribution (--ntp-kl-weight $NTP_KL5) and the longest training one call holds:
 #     d8sd5    MTP weight $MTP4 (d8sd4kd's, with the larger KL weight)
 #     d8sd5m   MTP weight $MTP5_LOW (less pull of the blocks on the backbone)
-# then the decode check: EVAL=quick, a 10-prompt GPU run; EVAL=ntp, only the held-out NTP loss
+#   ROUND=6 (five rounds held the D = 8 line 4.1-4.7% above SFT; sft2mtp kept NTP within 0.5%):
+#           the SFT side with a full schedule, teacher = sft-27m (its own greedy continuations,
+#           what a verifier near the SFT model will say), each run fitted to the same wall clock:
+#     sft6     sft-27m --init -> BitMTP D = 8, self-distillation (KL $KL, slot weights $SLOTS,
+#              NTP on the distill prompts), MTP weight 1.0, lr $LR_SFT
+#     sft6kd   the same + NTP distillation from sft-27m (--ntp-kl-weight $NTP_KL): the student
+#              starts at its teacher, so the KL holds it there
+#     sftcont  the control: sft-27m continued on corpus rows alone (MTP weight 0) for sft6's
+#              steps at the same lr: the SFT baseline with the same budget
+# then the decode check: EVAL=replay, the held-out NTP loss and the decoding replay of
+# tools.eval_acceptance on the GPU ($EVAL_PROMPTS held-out, $DOC_PROMPTS docstring prompts) for the new
+# models and the release model; EVAL=quick, a 10-prompt GPU run; EVAL=ntp, only the held-out NTP loss
 # of the new models and the baselines (decoding is replayed on the CPU afterwards); EVAL=full, the report's evaluation on
 # the GPU (float64 reference backend): every policy on $EVAL_PROMPTS held-out prompts and
 # speculative / hybrid on the docstring set, for the release model (run beside the corpus
@@ -98,9 +109,10 @@ case $ROUND in
   3) RUNS="d8sd3 d8sd3m"; SFTRUN=sft2sd ;;
   4) RUNS="d8sd4 d8sd4kd"; SFTRUN= ;;
   5) RUNS="d8sd5 d8sd5m"; SFTRUN= ;;
-  *) echo "ROUND=$ROUND: choose 1, 2, 3, 4 or 5" >&2; exit 2 ;;
+  6) RUNS="sft6 sft6kd sftcont"; SFTRUN=; TEACHER=$SFT ;;
+  *) echo "ROUND=$ROUND: choose 1, 2, 3, 4, 5 or 6" >&2; exit 2 ;;
 esac
-case $EVAL in quick|ntp|full) ;; *) echo "EVAL=$EVAL: choose quick, ntp or full" >&2; exit 2 ;; esac
+case $EVAL in quick|ntp|replay|full) ;; *) echo "EVAL=$EVAL: choose quick, ntp, replay or full" >&2; exit 2 ;; esac
 TAIL_GIVEN=${TAIL_S:-}         # seconds kept after training (EVAL=full: fitted to the release eval unless given)
 if [ "$EVAL" = full ]; then TAIL_S=${TAIL_S:-150}; else TAIL_S=${TAIL_S:-70}; fi
 mkdir -p "$R/eval" "$OUT"
@@ -215,6 +227,15 @@ elif [ "$ROUND" = 5 ]; then
   P1=$!
   run d8sd5m $SD --mtp-weight "$MTP5_LOW" &
   P2=$!
+elif [ "$ROUND" = 6 ]; then
+  SD="--init $SFT --lr $LR_SFT --warmup-steps 100 --max-steps 0"
+  DS="--distill $R/distill --kl-weight $KL --slot-weights $SLOTS --distill-ntp prompt"
+  run sft6 $SD $DS --share-plan "$R/sft6/plan.json" &
+  P1=$!
+  run sft6kd $SD $DS --ntp-teacher "$SFT" --ntp-kl-weight "$NTP_KL" &
+  P2=$!
+  run sftcont $SD --mtp-weight 0 --steps-from "$R/sft6/plan.json" &
+  P3=$!
 elif [ "$ROUND" = 2 ]; then
   SD="--init $D8 --lr $LR --distill $R/distill --kl-weight $KL --slot-weights $SLOTS --distill-ntp prompt"
   run d8sd2 $SD --max-steps 0 --share-plan "$R/d8sd2/plan.json" &
@@ -237,7 +258,7 @@ if [ "$EVAL" = full ] && [ -n "$SFTRUN" ] && [ -d "$R/$SFTRUN/compact" ]; then
   evaluate $SFTRUN "$SFTRUN=$R/$SFTRUN/compact" &
   E1=$!
 fi
-wait $P1 $P2
+wait $P1 $P2 ${P3:-}
 echo "training done after $(( $(date +%s) - T0 ))s"
 # The checkpoints are what this call is for: packed before any evaluation can run into the budget.
 for r in $SFTRUN $RUNS; do
@@ -245,7 +266,7 @@ for r in $SFTRUN $RUNS; do
 done
 for r in $SFTRUN $RUNS; do echo "== $r"; grep -v "it/s\]" "$R/$r.log" | tail -n 4; done
 
-if [ "$EVAL" = full ] || [ "$EVAL" = ntp ]; then
+if [ "$EVAL" = full ] || [ "$EVAL" = ntp ] || [ "$EVAL" = replay ]; then
   if [ "$EVAL" = full ]; then
     M=""; for r in $RUNS; do [ -d "$R/$r/compact" ] && M="$M $r=$R/$r/compact"; done
     # shellcheck disable=SC2086
@@ -259,6 +280,18 @@ if [ "$EVAL" = full ] || [ "$EVAL" = ntp ]; then
     --md "$R/eval/ntp.md" > "$R/eval/ntp.log" 2>&1
   grep -E "^\| [a-z0-9]+ \| [0-9.]+ \|" "$R/eval/ntp.md"
   [ "$EVAL" = full ] && wait ${E0:-} ${E1:-} $E2
+  if [ "$EVAL" = replay ]; then  # every model with blocks; the release model is the control
+    A="--model d8=$D8"
+    for r in $SFTRUN $RUNS; do [ -f "$R/$r/compact/bitmtp.json" ] && A="$A --model $r=$R/$r/compact"; done
+    RD=$([ "$GPUS" -gt 0 ] && echo cuda || echo cpu)
+    timeout $(( $(left) - 12 )) python -m tools.eval_acceptance --data "$RELEASE_DATA" $A --prompts "$EVAL_PROMPTS" \
+      --max-new-tokens "$MAX_NEW" --device "$RD" --json "$R/eval/replay_heldout.json" > "$R/eval/replay_heldout.log" 2>&1
+    tail -n 12 "$R/eval/replay_heldout.log"
+    timeout $(( $(left) - 10 )) python -m tools.eval_acceptance --data "$RELEASE_DATA" $A --prompts "$DOC_PROMPTS" \
+      --prompt-file "$DOCS" --max-new-tokens "$MAX_NEW" --device "$RD" --json "$R/eval/replay_doc.json" \
+      > "$R/eval/replay_doc.log" 2>&1
+    tail -n 12 "$R/eval/replay_doc.log"
+  fi
   echo "evaluation done after $(( $(date +%s) - T0 ))s"
 elif [ "$(left)" -gt 25 ] && [ "$GPUS" -gt 0 ]; then  # quick GPU decode check
   M="--model d8=$D8"; for r in $SFTRUN $RUNS; do [ -d "$R/$r/compact" ] && M="$M --model $r=$R/$r/compact"; done
