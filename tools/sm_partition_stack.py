@@ -1,0 +1,169 @@
+"""The W2A8 stack confined to a few SMs of a large GPU: an Orin's SM count, measured.
+
+``kernel_stack.py`` replays the BitNet-2B stack on the whole H200, where a launch of one
+2B projection is a fraction of a wave and its time is mostly latency (ramp, round trips);
+an Orin NX runs the same launch as many waves over 8 SMs. A CUDA green context confines
+every launch of a stream to N SMs of this GPU, so this script measures what the Orin's
+question actually is: how many ternary weights an SM gets through per clock when each
+launch spans many waves. The SMs keep the H200's memory system (bytes per SM-clock are not
+the limit here), so the rate is the kernels' own ceiling, which a board reaches only where
+its bandwidth allows (Orin NX ≈ 56 weights per SM-clock, AGX Orin ≈ 39).
+
+    python tools/sm_partition_stack.py --sms 8 --widths 1,9,16,32 --out runs/sm8.json
+    python tools/sm_partition_stack.py --sms 0 ...     # the whole GPU, same timing, for the ratio
+
+Schemes: ``shipped`` (this GPU's tuned table, else its defaults: the H200's launches) and
+``board defaults`` (``tuning.default_linear`` for the partition's SM count: what a board
+with that many SMs and no table launches). Every launch is checked against
+the twin (exact) before it is timed; the stack is captured in one CUDA graph on the partition's
+stream and replayed (no programmatic-launch overlap is assumed of a board). A bf16 matmul in the same process shows the confinement
+(its TFLOP/s scales with the SMs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from kernels_ampere import tuning  # noqa: E402
+from tools.kernel_stack import Stack, sm_clock_mhz  # noqa: E402
+
+
+def enter_partition(sms: int):
+    """A stream whose launches run on ``sms`` SMs (a green context), made current. -> context."""
+    from torch.cuda.green_contexts import GreenContext
+
+    dev = torch.cuda.current_device()
+    try:
+        ctx = GreenContext.create(num_sms=sms, device_id=dev)
+    except TypeError:  # torch 2.10-2.11 spell the arguments positionally
+        ctx = GreenContext.create(sms, dev)
+    if hasattr(ctx, "Stream"):
+        torch.cuda.set_stream(ctx.Stream())
+    else:
+        ctx.set_context()  # swaps torch's current stream for the green context's
+    return ctx
+
+
+@triton.jit
+def _sm_id_kernel(out_ptr):
+    pid = tl.program_id(0)
+    sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
+    tl.store(out_ptr + pid, sm)
+
+
+def sms_reached(programs: int = 1 << 16) -> int:
+    """How many distinct SMs the current stream's launches run on (each program stores its %smid)."""
+    ids = torch.empty(programs, dtype=torch.int32, device="cuda")
+    _sm_id_kernel[(programs,)](ids)
+    return int(torch.unique(ids).numel())
+
+
+def event_time_us(fn, passes: int, graph: bool = True) -> float:
+    """Median µs of ``fn()`` over ``passes`` runs: captured in one CUDA graph on the current
+    stream (the partition's: its kernel nodes keep the green context) and replayed, so host
+    launch cost is not timed; ``graph=False`` times the eager launches."""
+    fn()
+    torch.cuda.synchronize()
+    run = fn
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=torch.cuda.current_stream()):
+            fn()
+        run = g.replay
+        run()
+        torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(passes):
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def matmul_tflops(passes: int) -> float:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    us = event_time_us(lambda: a @ b, passes, graph=False)
+    return 2 * 8192 ** 3 / (us * 1e-6) / 1e12
+
+
+def configs_for(stack: Stack, scheme: str, m: int, sms: int) -> dict:
+    dev = torch.device("cuda")
+    out = {}
+    for name, n, k, g in stack.shapes:
+        if scheme == "shipped":
+            key = tuning.linear_key(n, k, m, g)
+            out[name] = tuning.lookup("w2a8_linear", key, dev) or tuning.default_linear(
+                m, g, n=n, k=k, sms=tuning.sm_count(dev))
+        else:
+            out[name] = tuning.default_linear(m, g, n=n, k=k, sms=sms)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sms", type=int, default=8, help="SMs of the partition (0: the whole GPU)")
+    ap.add_argument("--model", default="bitnet-2b")
+    ap.add_argument("--widths", default="1,9,16,32")
+    ap.add_argument("--passes", type=int, default=5)
+    ap.add_argument("--out", required=True, help="JSON file to write")
+    args = ap.parse_args(argv)
+    try:
+        widths = [int(w) for w in args.widths.split(",")]
+    except ValueError:
+        raise SystemExit(f"sm_partition_stack: --widths {args.widths!r}: expected comma-separated integers")
+    if not torch.cuda.is_available():
+        raise SystemExit("sm_partition_stack: needs a CUDA GPU")
+    full_sms = tuning.sm_count(torch.device("cuda"))
+    if args.sms:
+        partition = enter_partition(args.sms)  # noqa: F841 (the green context lives as long as its stream)
+    else:
+        torch.cuda.set_stream(torch.cuda.Stream())  # graphs are captured on a side stream
+    sms = sms_reached()
+    if args.sms and sms != args.sms:
+        print(f"the partition runs on {sms} SMs (asked for {args.sms}): rates are per SM reached", flush=True)
+    mhz = sm_clock_mhz()
+    stack = Stack(args.model, rotate_mb=0.0)
+    schemes = ["shipped"] + (["board defaults"] if args.sms else [])
+    rows = []
+    for m in widths:
+        stack.set_width(m)
+        for scheme in schemes:
+            cfgs = configs_for(stack, scheme, m, args.sms or sms)
+            stack.check(cfgs)
+            calls = [case.call(i, cfgs.get(name)) for i in range(stack.instances) for name, case in stack.cases.items()]
+            us = event_time_us(lambda: [c() for c in calls], args.passes) / stack.copies
+            rate = stack.weights / (us * 1e-6 * sms * mhz * 1e6) if mhz else None
+            rows.append({"M": m, "scheme": scheme, "us": round(us, 1), "weights_per_sm_clock": rate and round(rate, 2),
+                         "configs": {k: v.__dict__ for k, v in cfgs.items()}})
+            print(f"sms {sms} M {m:3d} {scheme:15s} {us:9.1f} us  {rate:6.2f} weights/SM-clock", flush=True)
+    tflops = matmul_tflops(args.passes)
+    print(f"bf16 8192^3 matmul on this partition: {tflops:.1f} TFLOP/s", flush=True)
+    meta = {"device": torch.cuda.get_device_name(), "sms": sms, "sms_asked": args.sms or full_sms, "gpu_sms": full_sms,
+            "mma_v3": os.environ.get("DISABLE_MMA_V3", "0") != "1", "sm_clock_mhz": mhz,
+            "model": args.model, "bf16_matmul_tflops": round(tflops, 1), "green_context": bool(args.sms),
+            "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+            "command": "python tools/sm_partition_stack.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
