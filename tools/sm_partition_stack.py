@@ -12,9 +12,10 @@ its bandwidth allows (Orin NX ≈ 56 weights per SM-clock, AGX Orin ≈ 39).
     python tools/sm_partition_stack.py --sms 8 --widths 1,9,16,32 --out runs/sm8.json
     python tools/sm_partition_stack.py --sms 0 ...     # the whole GPU, same timing, for the ratio
 
-Schemes: ``shipped`` (this GPU's tuned table, else its defaults: the H200's launches) and
+Schemes: ``shipped`` (this GPU's tuned table, else its defaults: the H200's launches),
 ``board defaults`` (``tuning.default_linear`` for the partition's SM count: what a board
-with that many SMs and no table launches). Every launch is checked against
+with that many SMs and no table launches) and, at M <= 2, ``board, mma from M = 1`` (the
+tensor-core launch the defaults give M = 3, instead of gemv). Every launch is checked against
 the twin (exact) before it is timed; the stack is captured in one CUDA graph on the partition's
 stream and replayed (no programmatic-launch overlap is assumed of a board). A bf16 matmul in the same process shows the confinement
 (its TFLOP/s scales with the SMs).
@@ -111,8 +112,10 @@ def configs_for(stack: Stack, scheme: str, m: int, sms: int) -> dict:
             key = tuning.linear_key(n, k, m, g)
             out[name] = tuning.lookup("w2a8_linear", key, dev) or tuning.default_linear(
                 m, g, n=n, k=k, sms=tuning.sm_count(dev))
-        else:
+        elif scheme == "board defaults":
             out[name] = tuning.default_linear(m, g, n=n, k=k, sms=sms)
+        else:  # "board, mma from M = 1": the tensor-core launch of M = 3 at every width <= 2 as well
+            out[name] = tuning.default_linear(max(m, 3), g, n=n, k=k, sms=sms)
     return out
 
 
@@ -140,11 +143,13 @@ def main(argv=None) -> int:
         print(f"the partition runs on {sms} SMs (asked for {args.sms}): rates are per SM reached", flush=True)
     mhz = sm_clock_mhz()
     stack = Stack(args.model, rotate_mb=0.0)
-    schemes = ["shipped"] + (["board defaults"] if args.sms else [])
+    schemes = ["shipped"] + (["board defaults", "board, mma from M = 1"] if args.sms else [])
     rows = []
     for m in widths:
         stack.set_width(m)
         for scheme in schemes:
+            if scheme.endswith("M = 1") and m > 2:
+                continue  # the same launches as "board defaults"
             cfgs = configs_for(stack, scheme, m, args.sms or sms)
             stack.check(cfgs)
             calls = [case.call(i, cfgs.get(name)) for i in range(stack.instances) for name, case in stack.cases.items()]
