@@ -192,7 +192,7 @@ MMA_MAX_M = 32  # v3: widths in one tile of the pipelined tensor-core kernel; wi
 # that share each weight tile through the L2. Measured slower than v3 on the 2B stack at
 # M = 27-40 (1551 / 1730 / 1740 against 1310 / 1591 / 1626 µs), faster at M = 80 (2742 vs
 # 2814 with ``dot``); kept as an option, not the default.
-# "v5" (the default) = v3 with every ``mma`` launch of M = 3..128 folded (``fold_lanes``: the
+# "v5" = v3 with every ``mma`` launch of M = 3..128 folded (``fold_lanes``: the
 # four lanes in one accumulator, a quarter of the registers, one dot per lane per K step, half
 # the tensor-core waits at two chunks per step): M = 3..16 v3's tiles; M = 17..64 the whole
 # width in one tile of 128 weight rows over 8 warps (half the activation reads per weight of
@@ -204,8 +204,20 @@ MMA_MAX_M = 32  # v3: widths in one tile of the pipelined tensor-core kernel; wi
 # 80 2206 vs 3094 / 2341; the 2B-shape replays at widths 32 / 33 / 40 1892 / 2141 / 2185
 # against the previous table's 2082 / 2368 / 2489. At 33 and 40 the stack alone ranks 32-row
 # folded tiles first (1342 / 1378) but the replays put them 3-4% behind the 128-row tiles.
-W2A8_GENERATIONS = ("v1", "v2", "v3", "v4", "v5")
-W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v5")
+# "v6" (the default) = v5, except that a GPU of few SMs (an Jetson Orin's 4-16) runs M = 1 and
+# M = 2 on v5's M = 3 launch (folded ``mma``, one program per 64 weight rows, no K slice)
+# instead of gemv, which decodes every weight once per activation row (its grid is one
+# program per row: M = 2 costs twice M = 1). Measured on N SMs of the H200 (a CUDA green
+# context, ``tools/sm_partition_stack.py``, the BitNet-2B stack in one graph, µs per step,
+# gemv vs mma; tools/results/kernels.md "An Orin's SM count on the H200"): 8 SMs M = 1
+# 4139 vs 3427 (mma.sync, an Orin's instruction: 4154 vs 3526), M = 2 7953 vs 3480; 16 SMs
+# M = 1 2189 vs 2025, M = 2 4053 vs 2038; 32 SMs M = 1 1231 vs 2123 (gemv wins), M = 2 2155
+# vs 1894; 64 SMs M = 2 1229 vs 944; 128 SMs M = 2 758 vs 762. Group-128 weights keep gemv
+# (their ``mma`` steps one chunk at a time; not measured at these widths).
+W2A8_GENERATIONS = ("v1", "v2", "v3", "v4", "v5", "v6")
+W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v6")
+MMA_M1_MAX_SMS = 16  # v6: M = 1 on the tensor cores up to this many SMs (gemv won at 32)
+MMA_M2_MAX_SMS = 64  # v6: M = 2 likewise (even at 128)
 MMA_TILED_MAX_M = 128  # v4: widths on 16-row ``mma`` tiles; wider ones as v3
 TILED_MIN_M = 64  # v3: wider widths on 32-row ``mma`` tiles with K sliced by the tiles' count
 WIDE_BLOCK_M = 16
@@ -238,8 +250,10 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     each slice keeping five chunks at least for the three-stage software pipeline (at
     M = 33..64 that launch runs in two 32-row tiles); from M = 65 the width's 32-row tiles
     multiply the programs, and K is sliced only where they still leave half the SMs idle.
-    v5 (the default) slices K the same way at every M = 3..128 (as for 64-row weight tiles),
-    so an Orin gets the folded whole-width tiles unsliced.
+    v5 slices K the same way at every M = 3..128 (as for 64-row weight tiles), so an Orin
+    gets the folded whole-width tiles unsliced. v6 (the default) is v5 with M = 1 (up to 16
+    SMs) and M = 2 (up to 64) on the M = 3 launch: on few SMs a launch spans many waves and
+    decoding each weight once for the width beats gemv's once per row.
     """
     chunks = _cdiv(k, 128) if k else 0
     sms = sms or 132
@@ -247,6 +261,10 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     if generation not in W2A8_GENERATIONS:
         raise ValueError(f"W2A8 kernel generation must be one of {W2A8_GENERATIONS} (BITMTP_W2A8_KERNELS), "
                          f"got {generation!r}")
+    if not weight_only and generation == "v6":
+        if not grouped and ((m == 1 and sms <= MMA_M1_MAX_SMS) or (m == 2 and sms <= MMA_M2_MAX_SMS)):
+            return default_linear(3, grouped, n=n, k=k, sms=sms, generation="v5")
+        generation = "v5"
     if not weight_only and generation == "v4" and MMA_MAX_M // 2 < m <= MMA_TILED_MAX_M:
         # 16-row tiles side by side: K slices until the tiles of all rows cover the SMs once
         m_tiles = _cdiv(m, WIDE_BLOCK_M)
@@ -322,7 +340,7 @@ def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool =
     """What the tuner times for one (N, K, M). W2A8: gemv (with and without the L2
     prefetch) and ``lanes`` up to M = 2, the pipelined ``mma`` over the whole width up to
     M = 48 and in 16- / 32-row tiles for M = 17..128, the same with folded lanes (and 128
-    weight rows over 8 warps) for M = 3..128, ``dot`` from M = 2; W2A16: gemv at M <= 2,
+    weight rows over 8 warps) for M = 1..128, ``dot`` from M = 2; W2A16: gemv at M <= 2,
     the 16-bit dot always."""
     chunks = _cdiv(k, 128)
     out = []
@@ -383,8 +401,8 @@ def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool =
                            asum_by_dot=asum)
         if cfg not in out:
             out.append(cfg)
-    if 3 <= m <= MMA_TILED_MAX_M:  # the lanes folded into one accumulator (a quarter of the registers): v3's
-        # tiles; from 17 rows the whole width (or 32-row tiles) per program, 128 weight rows over 8 warps
+    if m <= MMA_TILED_MAX_M:  # the lanes folded into one accumulator (a quarter of the registers): v3's
+        # tiles (at M <= 2 too: on a GPU of few SMs they beat gemv); from 17 rows the whole width (or 32-row tiles) per program, 128 weight rows over 8 warps
         folded = [(64, 4, sk, 0) for sk in (1, 2, 3, 4)]
         if m > 16:
             folded += [(64, 4, sk, 32) for sk in (1, 2, 4)] + [(128, 8, sk, 0) for sk in (1, 2, 3, 4)]

@@ -222,7 +222,7 @@ def test_w2a8_real_shapes_exact_on_gpu(n, k, m):
         new += [LinearConfig(MMA, 32, 128, num_stages=4, block_m=16 if m > 16 else 0, asum_by_dot=True),
                 LinearConfig(MMA, 16, 128, num_warps=2, num_stages=4, block_m=16 if m > 16 else 0, asum_by_dot=True)]
     defaults = [default_linear(m, False, n=n, k=k, sms=torch.cuda.get_device_properties(0).multi_processor_count,
-                               generation=g) for g in ("v1", "v3", "v4", "v5")]
+                               generation=g) for g in ("v1", "v3", "v4", "v5", "v6")]
     for cfg in [None, *defaults, *([LinearConfig(LANES, 8, 256, prefetch=True)] if m <= 4 else []), *new]:
         out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg)
         assert_exact(out, w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32),
@@ -410,7 +410,8 @@ def test_w2a8_group128_real_shapes_exact_on_gpu(m):
         a, a_s = random_activations(m, k, gen)
         w_s = (0.5 + torch.rand(n, k // 128, generator=gen)).to(DEVICE)
         ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32)
-        cfgs = [None, *(default_linear(m, True, n=n, k=k, sms=sms, generation=g) for g in ("v1", "v3", "v4", "v5"))]
+        cfgs = [None, *(default_linear(m, True, n=n, k=k, sms=sms, generation=g)
+                        for g in ("v1", "v3", "v4", "v5", "v6"))]
         cfgs += [LinearConfig(MMA, 64, 32, num_stages=3, block_m=16), LinearConfig(DOT, 64, 64, num_stages=3),
                  LinearConfig(MMA, 128, 64, num_warps=8, num_stages=3, fold_lanes=True)]
         for cfg in cfgs:
@@ -547,7 +548,7 @@ def test_untuned_defaults_follow_the_sm_count():
         default_linear(1, False, generation="v9")
 
 
-@pytest.mark.parametrize("generation", ["v1", "v2", "v3", "v4", "v5"])
+@pytest.mark.parametrize("generation", ["v1", "v2", "v3", "v4", "v5", "v6"])
 @pytest.mark.parametrize("m", (1, 2, 9, 21, 70))
 def test_w2a8_defaults_of_both_generations_match_the_twin(generation, m):
     n, k = 72, 640
@@ -662,3 +663,39 @@ def test_w2a8_v5_default_folds_every_tensor_core_launch():
     for kind in (DOT, GEMV, LANES):
         with pytest.raises(ValueError, match="fold_lanes"):
             LinearConfig(kind, 64, 64, fold_lanes=True)
+
+
+def test_w2a8_v6_default_runs_the_narrowest_widths_on_the_tensor_cores_of_a_small_gpu():
+    """v6 (the default): v5, except that M = 1 on up to 16 SMs and M = 2 on up to 64 take
+    v5's M = 3 launch (folded mma, no K slice on a board) instead of gemv; group-128
+    weights, larger GPUs and every other width keep v5's launch."""
+    m3 = {s: default_linear(3, False, n=2560, k=6912, sms=s, generation="v5") for s in (4, 8, 16, 32, 64, 132)}
+    for sms in (4, 8, 16):
+        for m in (1, 2):
+            cfg = default_linear(m, False, n=2560, k=6912, sms=sms, generation="v6")
+            assert cfg == m3[sms] and cfg.kernel == MMA and cfg.fold_lanes and cfg.split_k == 1
+    assert default_linear(2, False, n=2560, k=6912, sms=64, generation="v6") == m3[64]
+    for m, sms in ((1, 32), (1, 64), (1, 132), (2, 132)):
+        v6, v5 = (default_linear(m, False, n=2560, k=6912, sms=sms, generation=g) for g in ("v6", "v5"))
+        assert v6 == v5 and v6.kernel == GEMV
+    for m in (1, 2):  # group-128 scales: not measured there, gemv stays
+        assert default_linear(m, True, n=2560, k=6912, sms=8, generation="v6").kernel == GEMV
+    for m in (3, 9, 27, 80, 129):
+        for sms in (8, 132):
+            assert default_linear(m, False, n=2560, k=6912, sms=sms, generation="v6") == default_linear(
+                m, False, n=2560, k=6912, sms=sms, generation="v5")
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 72, 640), (2, 40, 384), (1, 24, 200)])
+def test_w2a8_v6_board_launch_at_the_narrowest_widths_matches_the_twin(m, n, k):
+    """The launch v6 gives M = 1 and 2 on an 8-SM board, on fresh random inputs (K padded to
+    whole 128-chunks in the last case), with the residual fused: the twin's bits."""
+    gen = torch.Generator().manual_seed(900 + 10 * m + n)
+    _, packed = random_weight(n, k, gen)
+    a, a_s = random_activations(m, k, gen)
+    w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
+    res = torch.randn(m, n, generator=gen).to(DEVICE)
+    cfg = default_linear(m, False, n=n, k=k, sms=8, generation="v6")
+    assert cfg.kernel == MMA
+    assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res, config=cfg),
+                 w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res), f"{cfg}")

@@ -194,7 +194,8 @@ def project(rows: list[dict], model: str = "bitnet-2b") -> list[str]:
     return lines
 
 
-GENERATIONS = ("v1", "v2", "v5")  # v1: gemv / dot, v2: lanes / mma, v5 (the default): gemv / folded mma
+GENERATIONS = ("v1", "v2", "v5", "v6")  # v1: gemv / dot, v2: lanes / mma, v5: gemv / folded mma,
+# v6 (the default): v5 with folded mma at M <= 2 on a GPU of few SMs
 
 
 def default_configs(m: int, n: int, k: int, sms: int) -> list[tuple[str, LinearConfig]]:
