@@ -11,6 +11,7 @@ its bandwidth allows (Orin NX ≈ 56 weights per SM-clock, AGX Orin ≈ 39).
 
     python tools/sm_partition_stack.py --sms 8 --widths 1,9,16,32 --out runs/sm8.json
     python tools/sm_partition_stack.py --sms 0 ...     # the whole GPU, same timing, for the ratio
+    python tools/sm_partition_stack.py --summarize runs/sm*.json --md runs/sm.md   # no GPU: one table
 
 Schemes: ``shipped`` (this GPU's tuned table, else its defaults: the H200's launches),
 ``board defaults`` (``tuning.default_linear`` for the partition's SM count: what a board
@@ -119,14 +120,61 @@ def configs_for(stack: Stack, scheme: str, m: int, sms: int) -> dict:
     return out
 
 
+def summary_markdown(runs: list[dict]) -> list[str]:
+    """One table over runs (the JSON this script writes): a row per (SMs, instruction, M),
+    µs and weights per SM-clock per scheme."""
+    schemes = list(dict.fromkeys(r["scheme"] for run in runs for r in run["rows"]))
+    lines = ["| SMs | tensor-core instruction | M | " + " | ".join(f"{s}: µs (weights/SM-clock)" for s in schemes) + " |",
+             "|---|---|---|" + "---|" * len(schemes)]
+    cells = {}
+    for run in runs:
+        meta = run["meta"]
+        inst = "wgmma (sm_90)" if meta.get("mma_v3", True) else "mma.sync (DISABLE_MMA_V3=1)"
+        for r in run["rows"]:
+            key = (meta["sms"], inst, r["M"])
+            cells.setdefault(key, {})[r["scheme"]] = f"{r['us']:.0f} ({r['weights_per_sm_clock']:.1f})"
+    for (sms, inst, m), row in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        lines.append(f"| {sms} | {inst} | {m} | " + " | ".join(row.get(s, "") for s in schemes) + " |")
+    return lines
+
+
+def summarize(paths: list[str], md: str | None) -> int:
+    runs = []
+    for p in paths:
+        try:
+            run = json.loads(Path(p).read_text())
+            run["meta"], run["rows"]  # noqa: B018 (the two keys this script writes)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"sm_partition_stack: {p}: not a result of this script ({e})")
+        runs.append(run)
+    meta = runs[0]["meta"]
+    lines = [f"W2A8 stack of {meta['model']} on N SMs of one {meta['device']} (CUDA green contexts), "
+             f"graph-replayed, SM clock {meta['sm_clock_mhz']:.0f} MHz; every launch checked exact against the twin.",
+             "", *summary_markdown(runs), ""]
+    lines += [f"- `{Path(p).name}`: {r['meta']['sms']} SMs reached (asked {r['meta']['sms_asked']}), bf16 matmul "
+              f"{r['meta']['bf16_matmul_tflops']} TFLOP/s, {r['meta']['date']}: `{r['meta']['command']}`"
+              for p, r in zip(paths, runs)]
+    text = "\n".join(lines) + "\n"
+    if md:
+        Path(md).write_text(text)
+    print(text, end="")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--summarize", nargs="+", metavar="JSON", help="no GPU: one Markdown table over earlier runs")
+    ap.add_argument("--md", help="with --summarize: the Markdown file to write")
     ap.add_argument("--sms", type=int, default=8, help="SMs of the partition (0: the whole GPU)")
     ap.add_argument("--model", default="bitnet-2b")
     ap.add_argument("--widths", default="1,9,16,32")
     ap.add_argument("--passes", type=int, default=5)
-    ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument("--out", help="JSON file to write")
     args = ap.parse_args(argv)
+    if args.summarize:
+        return summarize(args.summarize, args.md)
+    if not args.out:
+        raise SystemExit("sm_partition_stack: give --out FILE.json for the measurement (or --summarize)")
     try:
         widths = [int(w) for w in args.widths.split(",")]
     except ValueError:
