@@ -1,0 +1,68 @@
+"""tools/sm_partition_stack.py: its report from recorded runs (CPU), its argument errors, and
+on a GPU the partition it measures on (the SMs a green context's launches reach)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.helpers import needs_gpu
+from tools import sm_partition_stack as sps
+
+
+def run_file(path, sms, mma_v3, rows):
+    meta = {"device": "NVIDIA H200", "sms": sms, "sms_asked": sms, "gpu_sms": 132, "mma_v3": mma_v3,
+            "sm_clock_mhz": 1980.0, "model": "bitnet-2b", "bf16_matmul_tflops": 55.5, "green_context": True,
+            "torch": "2.11.0", "date": "2026-12-02", "command": f"python tools/sm_partition_stack.py --sms {sms}"}
+    path.write_text(json.dumps({"meta": meta, "rows": rows}))
+    return str(path)
+
+
+def row(m, scheme, us, rate):
+    return {"M": m, "scheme": scheme, "us": us, "weights_per_sm_clock": rate, "configs": {}}
+
+
+def test_summarize_puts_every_run_in_one_table(tmp_path, capsys):
+    a = run_file(tmp_path / "sm8.json", 8, True, [row(1, "shipped", 4163.0, 31.6), row(1, "board defaults", 3427.2, 38.4),
+                                                  row(9, "shipped", 4156.0, 31.7)])
+    b = run_file(tmp_path / "sm8_v2.json", 8, False, [row(1, "board defaults", 3526.0, 37.3)])
+    md = tmp_path / "sm.md"
+    assert sps.main(["--summarize", a, b, "--md", str(md)]) == 0
+    text = md.read_text()
+    assert text == capsys.readouterr().out
+    lines = [ln for ln in text.splitlines() if ln.startswith("| 8 ")]
+    assert lines == ["| 8 | mma.sync (DISABLE_MMA_V3=1) | 1 |  | 3526 (37.3) |",
+                     "| 8 | wgmma (sm_90) | 1 | 4163 (31.6) | 3427 (38.4) |",
+                     "| 8 | wgmma (sm_90) | 9 | 4156 (31.7) |  |"]
+    assert "| SMs | tensor-core instruction | M | shipped: µs (weights/SM-clock) | board defaults:" in text
+    assert "`sm8_v2.json`: 8 SMs reached (asked 8)" in text
+
+
+def test_summarize_refuses_a_file_it_did_not_write(tmp_path):
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"rows": []}))
+    with pytest.raises(SystemExit, match="other.json: not a result of this script"):
+        sps.main(["--summarize", str(other)])
+
+
+@pytest.mark.parametrize("argv,message", [(["--sms", "8"], "give --out"),
+                                          (["--widths", "1,x", "--out", "o.json"], "--widths '1,x'")])
+def test_bad_arguments_say_what_to_give(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        sps.main(argv)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_a_green_context_confines_launches_to_the_sms_asked():
+    default = torch.cuda.current_stream()
+    total = sps.sms_reached()
+    try:
+        sps.enter_partition(8)
+        reached = sps.sms_reached()
+    finally:
+        torch.cuda.set_stream(default)
+    assert total == torch.cuda.get_device_properties(0).multi_processor_count
+    assert reached == 8
