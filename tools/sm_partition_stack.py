@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import types
 import json
 import os
 import statistics
@@ -40,7 +41,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from kernels_ampere import tuning  # noqa: E402
-from tools.kernel_stack import Stack, sm_clock_mhz  # noqa: E402
+from kernels_ampere.autotune import MODEL_LAYERS, MODEL_SHAPES  # noqa: E402
+from tools.kernel_stack import BOARDS, Stack, project, sm_clock_mhz  # noqa: E402
 
 
 def enter_partition(sms: int):
@@ -138,6 +140,30 @@ def summary_markdown(runs: list[dict]) -> list[str]:
     return lines
 
 
+def projection_markdown(runs: list[dict]) -> list[str]:
+    """Each board's step time for the stack's ternary linears (``kernel_stack.project``: per
+    call max(bytes / (0.8 BW), weights / (r SMs f)) + 3 µs), r = the rate measured on a
+    partition of the board's SM count (an Orin's ``mma.sync`` where such a run exists)."""
+    lines = ["| board | measured on | M | scheme | weights/SM-clock | ternary linears per step, ms (steps/s) | "
+             "bandwidth-bound steps/s |", "|---|---|---|---|---|---|---|"]
+    for board, (board_sms, _, _) in BOARDS.items():
+        same = [run for run in runs if run["meta"]["sms"] == board_sms]
+        if not same:
+            continue
+        orin_isa = [run for run in same if not run["meta"].get("mma_v3", True)]
+        rates = {}
+        for run in orin_isa or same:  # later files win, as in the table above
+            for r in run["rows"]:
+                rates[(r["M"], r["scheme"])] = (r["weights_per_sm_clock"], run["meta"])
+        for (m, scheme), (rate, meta) in sorted(rates.items()):
+            stack = types.SimpleNamespace(shapes=MODEL_SHAPES[meta["model"]], layers=MODEL_LAYERS[meta["model"]])
+            p = project(stack, m, lambda *_: rate)[board]
+            inst = "wgmma" if meta.get("mma_v3", True) else "mma.sync"
+            lines.append(f"| {board} | {board_sms} SMs, {inst} | {m} | {scheme} | {rate:.1f} | "
+                         f"{p['step_ms']:.2f} ({p['steps_per_s']:.0f}) | {p['bandwidth_bound_steps_per_s']:.0f} |")
+    return lines if len(lines) > 2 else []
+
+
 def summarize(paths: list[str], md: str | None) -> int:
     runs = []
     for p in paths:
@@ -151,6 +177,11 @@ def summarize(paths: list[str], md: str | None) -> int:
     lines = [f"W2A8 stack of {meta['model']} on N SMs of one {meta['device']} (CUDA green contexts), "
              f"graph-replayed, SM clock {meta['sm_clock_mhz']:.0f} MHz; every launch checked exact against the twin.",
              "", *summary_markdown(runs), ""]
+    projection = projection_markdown(runs)
+    if projection:
+        lines += ["Projected on the boards (per call max(bytes / (0.8 · BW), weights / (r · SMs · f)) + 3 µs, "
+                  "r measured on the board's SM count here; assumes an Orin SM sustains per clock what an H200 SM "
+                  "does on the same instructions):", "", *projection, ""]
     lines += [f"- `{Path(p).name}`: {r['meta']['sms']} SMs reached (asked {r['meta']['sms_asked']}), bf16 matmul "
               f"{r['meta']['bf16_matmul_tflops']} TFLOP/s, {r['meta']['date']}: `{r['meta']['command']}`"
               for p, r in zip(paths, runs)]
