@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from kernels_ampere.autotune import MODEL_LAYERS, MODEL_SHAPES
 from tests.helpers import needs_gpu
 from tools import sm_partition_stack as sps
 
@@ -38,6 +39,13 @@ def test_summarize_puts_every_run_in_one_table(tmp_path, capsys):
                      "| 8 | wgmma (sm_90) | 9 | 4156 (31.7) |  |"]
     assert "| SMs | tensor-core instruction | M | shipped: µs (weights/SM-clock) | board defaults:" in text
     assert "`sm8_v2.json`: 8 SMs reached (asked 8)" in text
+    # the boards' projection: an 8-SM board from the 8-SM run with an Orin's mma.sync only, at
+    # the stack's bytes and weights: per call max(bytes / (0.8 BW), weights / (r SMs f)) + 3 µs
+    shapes, layers = MODEL_SHAPES["bitnet-2b"], MODEL_LAYERS["bitnet-2b"]
+    step = layers * sum(max(n * (-(-k // 128) * 32) / (0.8 * 102.4e9), n * k / (37.3 * 8 * 918e6)) + 3e-6
+                        for _, n, k, _ in shapes)
+    assert f"| Orin NX 16GB | 8 SMs, mma.sync | 1 | board defaults | 37.3 | {step * 1e3:.2f} ({1 / step:.0f}) |" in text
+    assert "8 SMs, wgmma" not in text and "AGX Orin" not in text  # no 16-SM run given
 
 
 def test_summarize_refuses_a_file_it_did_not_write(tmp_path):
