@@ -93,6 +93,7 @@ def test_doctor_says_plainly_there_is_no_gpu_and_no_jetson(bare_host):
     assert "not a Jetson" in lines["board"]
     assert "off a Jetson" in lines["posture"]
     assert "auto → reference on cpu" in lines["backend"]
+    assert "no Triton kernels run here" in lines["kernels"]
     assert "auto → psutil" in lines["monitors"] and "energy per token will be unknown" in lines["monitors"]
     assert "not a Jetson, no GPU" in res.output.splitlines()[-1]
 
@@ -102,7 +103,9 @@ def test_doctor_json_checks_the_artifact(artifact, bare_host):
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     checks = {c["name"]: c for c in data["checks"]}
-    assert list(checks) == ["python", "torch", "triton", "gpu", "backend", "board", "posture", "monitors", "artifact"]
+    assert list(checks) == ["python", "torch", "triton", "gpu", "backend", "kernels", "board", "posture", "monitors",
+                            "artifact"]
+    assert checks["kernels"]["details"]["table"] is None and "reference backend" in checks["kernels"]["summary"]
     assert checks["gpu"]["details"]["available"] is False
     assert checks["board"]["details"]["on_jetson"] is False
     assert checks["backend"]["details"]["auto"] == "reference"
@@ -264,3 +267,17 @@ def test_capture_progress_bar_counts_the_graphs():
     bar.close()
     assert "capturing CUDA graphs" in out.getvalue()
     CaptureProgress().close()  # nothing captured (CPU, reference): nothing shown, no error
+
+
+def test_doctor_names_the_launch_table_or_the_defaults_a_gpu_runs():
+    """A GPU with a shipped table gets it named; one without (every Orin today) is told the
+    SM-count defaults it runs, which kernel its AR step takes, and how to tune."""
+    from bitmtp_edge.app.doctor import kernel_table_check
+
+    h200 = kernel_table_check("NVIDIA H200", 132)
+    assert h200.status == "ok" and "kernels_ampere/tuned/nvidia_h200.json" in h200.summary
+    assert h200.details["entries"] > 0
+    orin = kernel_table_check("Orin (nvgpu)", 8)
+    assert orin.status == "info" and orin.details["table"] is None and "bitmtp tune" in orin.summary
+    assert orin.details["ar_step_kernel"] == "mma" and "for 8 SMs" in orin.summary
+    assert kernel_table_check("Some Big GPU", 132).details["ar_step_kernel"] == "gemv"

@@ -125,6 +125,35 @@ def check_backend(torch) -> Check:
     return Check("backend", "ok", f"auto → {chosen} on {device}: {why}", details)
 
 
+def kernel_table_check(device_name: str, sms: int) -> Check:
+    """Which W2A8 launches a GPU gets: its tuned table, else the SM-count defaults (say which
+    kernel its AR step runs, and how to get a table)."""
+    from kernels_ampere import tuning
+
+    entries = tuning.load_table(device_name)
+    table = f"kernels_ampere/tuned/{tuning.gpu_table_name(device_name)}.json"
+    details = {"device": device_name, "sms": sms, "table": table if entries else None, "entries": len(entries),
+               "default_generation": tuning.W2A8_DEFAULT_GENERATION}
+    if entries:
+        return Check("kernels", "ok", f"tuned launch table for {device_name} ({len(entries)} entries, {table})", details)
+    ar = tuning.default_linear(1, False, n=2560, k=2560, sms=sms).kernel
+    details["ar_step_kernel"] = ar
+    return Check("kernels", "info", f"no tuned launch table for {device_name}: the SM-count defaults for {sms} SMs "
+                 f"(generation {tuning.W2A8_DEFAULT_GENERATION}; an AR step's ternary linears on {ar}); "
+                 "`bitmtp tune` writes a table for this GPU in minutes", details)
+
+
+def check_kernels(torch, backend: Check) -> Check:
+    if backend.details.get("auto") in (None, "reference"):
+        return Check("kernels", "info", "no Triton kernels run here (reference backend)", {"table": None})
+    try:
+        device = torch.device("cuda")
+        return kernel_table_check(torch.cuda.get_device_name(device),
+                                  torch.cuda.get_device_properties(device).multi_processor_count)
+    except Exception as e:  # noqa: BLE001 - a broken driver or kernels package is the finding
+        return Check("kernels", "warn", f"cannot read the launch table: {type(e).__name__}: {e}", {"table": None})
+
+
 def check_board(root: str | os.PathLike = "/") -> Check:
     from ..jetson.board import detect_board
 
@@ -230,8 +259,10 @@ def run_doctor(artifact: str | os.PathLike | None = None, root: str | os.PathLik
     """Every check, in the order a user reads them."""
     checks = [check_python()]
     torch_check, torch = check_torch()
-    checks += [torch_check, check_triton(torch), check_gpu(torch), check_backend(torch), check_board(root),
-               check_power_posture(root), check_monitors(root), check_artifact(artifact, explicit=artifact is not None)]
+    backend = check_backend(torch)
+    checks += [torch_check, check_triton(torch), check_gpu(torch), backend, check_kernels(torch, backend),
+               check_board(root), check_power_posture(root), check_monitors(root),
+               check_artifact(artifact, explicit=artifact is not None)]
     return checks
 
 
