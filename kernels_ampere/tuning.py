@@ -204,7 +204,7 @@ MMA_MAX_M = 32  # v3: widths in one tile of the pipelined tensor-core kernel; wi
 # 80 2206 vs 3094 / 2341; the 2B-shape replays at widths 32 / 33 / 40 1892 / 2141 / 2185
 # against the previous table's 2082 / 2368 / 2489. At 33 and 40 the stack alone ranks 32-row
 # folded tiles first (1342 / 1378) but the replays put them 3-4% behind the 128-row tiles.
-# "v6" (the default) = v5, except that a GPU of few SMs (an Jetson Orin's 4-16) runs M = 1 and
+# "v6" (the default) = v5, except that a GPU of few SMs (a Jetson Orin's 4-16) runs M = 1 and
 # M = 2 on v5's M = 3 launch (folded ``mma``, one program per 64 weight rows, no K slice)
 # instead of gemv, which decodes every weight once per activation row (its grid is one
 # program per row: M = 2 costs twice M = 1). Measured on N SMs of the H200 (a CUDA green
@@ -402,7 +402,8 @@ def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool =
         if cfg not in out:
             out.append(cfg)
     if m <= MMA_TILED_MAX_M:  # the lanes folded into one accumulator (a quarter of the registers): v3's
-        # tiles (at M <= 2 too: on a GPU of few SMs they beat gemv); from 17 rows the whole width (or 32-row tiles) per program, 128 weight rows over 8 warps
+        # tiles (at M <= 2 too: on a GPU of few SMs they beat gemv); from 17 rows the whole width
+        # (or 32-row tiles) per program, 128 weight rows over 8 warps
         folded = [(64, 4, sk, 0) for sk in (1, 2, 3, 4)]
         if m > 16:
             folded += [(64, 4, sk, 32) for sk in (1, 2, 4)] + [(128, 8, sk, 0) for sk in (1, 2, 3, 4)]

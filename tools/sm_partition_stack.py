@@ -18,19 +18,21 @@ Schemes: ``shipped`` (this GPU's tuned table, else its defaults: the H200's laun
 with that many SMs and no table launches) and, at M <= 2, ``board, mma from M = 1`` (the
 tensor-core launch the defaults give M = 3, instead of gemv). Every launch is checked against
 the twin (exact) before it is timed; the stack is captured in one CUDA graph on the partition's
-stream and replayed (no programmatic-launch overlap is assumed of a board). A bf16 matmul in the same process shows the confinement
-(its TFLOP/s scales with the SMs).
+stream and replayed (sm_87 has no programmatic launch: ``BITMTP_PDL=0`` launches as a board
+does; session 13's runs had it on, recorded in the JSON from then on). A bf16 matmul in the same process shows the confinement (its TFLOP/s scales with
+the SMs). ``board defaults`` are the default generation's (recorded in the JSON: runs before
+v6 have no such field and were v5's, gemv at M <= 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import types
 import json
 import os
 import statistics
 import sys
+import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +43,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from kernels_ampere import tuning  # noqa: E402
+from kernels_ampere.common import programmatic_launch  # noqa: E402
 from kernels_ampere.autotune import MODEL_LAYERS, MODEL_SHAPES  # noqa: E402
 from tools.kernel_stack import BOARDS, Stack, project, sm_clock_mhz  # noqa: E402
 
@@ -240,7 +243,9 @@ def main(argv=None) -> int:
     tflops = matmul_tflops(args.passes)
     print(f"bf16 8192^3 matmul on this partition: {tflops:.1f} TFLOP/s", flush=True)
     meta = {"device": torch.cuda.get_device_name(), "sms": sms, "sms_asked": args.sms or full_sms, "gpu_sms": full_sms,
-            "mma_v3": os.environ.get("DISABLE_MMA_V3", "0") != "1", "sm_clock_mhz": mhz,
+            "mma_v3": os.environ.get("DISABLE_MMA_V3", "0") != "1",
+            "default_generation": tuning.W2A8_DEFAULT_GENERATION,
+            "programmatic_launch": programmatic_launch(),  # BITMTP_PDL=0: as an Orin (sm_87) launches "sm_clock_mhz": mhz,
             "model": args.model, "bf16_matmul_tflops": round(tflops, 1), "green_context": bool(args.sms),
             "torch": torch.__version__, "date": datetime.date.today().isoformat(),
             "command": "python tools/sm_partition_stack.py " + " ".join(argv if argv is not None else sys.argv[1:])}
