@@ -426,10 +426,22 @@ def head_candidates(m: int) -> list[HeadConfig]:
             ((64, 128, 4, 3), (128, 128, 4, 3), (128, 256, 4, 3), (256, 128, 8, 3), (128, 64, 4, 4))]
 
 
+SM_COUNT_ENV = "BITMTP_SM_COUNT"
+
+
 @functools.lru_cache(maxsize=None)
 def sm_count(device: torch.device) -> int:
+    """The SMs the untuned defaults are sized for: the device's, or ``BITMTP_SM_COUNT`` (a
+    benchmark confined to part of a GPU by a green context, or a board's defaults tried on a
+    large GPU; read once per device)."""
     if device.type != "cuda":
         return 1
+    given = os.environ.get(SM_COUNT_ENV, "").strip()
+    if given:
+        if not given.isdigit() or int(given) < 1:
+            raise ValueError(f"{SM_COUNT_ENV}={given!r}: give a positive whole number of SMs (the untuned "
+                             "launch defaults are sized for it), or unset it")
+        return int(given)
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 

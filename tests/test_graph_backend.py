@@ -313,3 +313,22 @@ def test_gpu_a_graph_captured_after_one_or_no_warm_up_run_replays_what_two_give(
             assert all(torch.equal(x, y) for x, y in zip(after[warmups], after[2])), (state, warmups)
         assert not all(torch.equal(x, y) for x, y in zip(after[1], start)), state  # the step wrote something
     restore(start)
+
+
+@gpu
+@needs_gpu
+def test_gpu_graphs_captured_on_a_given_stream_replay_the_same_tokens(tmp_path):
+    """``capture_stream`` (what a benchmark confined to a green context uses) moves where the
+    graphs are warmed up and captured, nothing else: the same tokens as torch's own stream."""
+    from bitmtp_edge import Engine
+    from bitmtp_edge.backends.graph import capture_stream
+
+    model = random_model(9, vocab=256, hidden=256)
+    art = write_test_artifact(model, tmp_path / "art", max_context=256, smallest=16)
+    plain = Engine.load(art, backend="ampere", device="cuda", runtime="full")
+    want = [plain.generate(PROMPT, max_new_tokens=64, policy=p).token_ids for p in ("ar", "fused")]
+    side = torch.cuda.Stream()
+    with capture_stream(side), torch.cuda.stream(side):
+        eng = Engine.load(art, backend="ampere", device="cuda", runtime="full")
+        got = [eng.generate(PROMPT, max_new_tokens=64, policy=p).token_ids for p in ("ar", "fused")]
+    assert got == want and want[0] == want[1]

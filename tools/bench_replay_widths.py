@@ -17,13 +17,26 @@ without programmatic launch, so its kernels run one after another and their dura
         --profile 32,33 --out /tmp/replays
 
 Writes ``replay_widths.json`` and ``replay_widths.md`` under ``--out``.
+
+``--sms N`` runs the whole engine on N SMs of the GPU (a CUDA green context: an Orin NX's 8,
+an AGX Orin's 16): the untuned defaults are sized for N (``BITMTP_SM_COUNT``), every graph is
+captured on the partition's stream, and before anything is timed a probe kernel captured the
+same way must reach exactly N SMs (else the run stops: this torch or driver does not keep a
+graph's kernels in the green context). ``--tables board=none`` times the SM-count defaults
+(no table: what a board without one launches).
+
+    python tools/bench_replay_widths.py --sms 8 --tables board=none --widths 1,d9,16,32 --profile "" \
+        --out /tmp/replays_sm8
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from datetime import datetime, timezone
@@ -55,7 +68,8 @@ def parse_tables(text: str) -> dict[str, Path]:
         name, _, folder = item.partition("=")
         if not folder:
             raise SystemExit(f"bench_replay_widths: --tables item {item!r} is not name=folder")
-        path = tuning.TUNED_DIR if folder == "shipped" else Path(folder)
+        # "none": an empty folder, so every launch takes the SM-count defaults
+        path = tuning.TUNED_DIR if folder == "shipped" else Path(tempfile.mkdtemp()) if folder == "none" else Path(folder)
         if not path.is_dir():
             raise SystemExit(f"bench_replay_widths: --tables {name}: {path} is not a folder (it holds <gpu>.json)")
         out[name] = path
@@ -163,7 +177,9 @@ def profile_state(eng: Engine, state: ReplayState, replays: int = 5) -> list[dic
 def markdown(report: dict) -> str:
     widths = report["widths"]
     lines = ["# Replay cost per width, BitNet-2B shape (random weights, D = 8)", "",
-             f"- device: {report['device']}", f"- date: {report['date']}", f"- commit: {report['commit']}",
+             f"- device: {report['device']}" + (f", confined to {report['sms']} SMs (a CUDA green context)"
+                                                if report.get("green_context") else ""),
+             f"- date: {report['date']}", f"- commit: {report['commit']}",
              f"- command: `{report['command']}`", "",
              "µs per replay (history 32, median-free mean of the repeats, reset subtracted); width 1 = AR, "
              "dM / vM = the draft / verify step of width M, other widths = the fused state of that width.", "",
@@ -195,12 +211,51 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/bitmtp_replay_widths"))
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--jobs", type=int, default=8, help="compile processes for each table's launches")
+    ap.add_argument("--sms", type=int, default=0, help="run on this many SMs of the GPU (a green context; "
+                    "0: all of them)")
     ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results")
     args = ap.parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])
+    if args.sms < 0:
+        raise SystemExit(f"bench_replay_widths: --sms {args.sms}: give a number of SMs (0: the whole GPU)")
     if not torch.cuda.is_available():
         print("bench_replay_widths: needs a CUDA device", file=sys.stderr)
         return 2
     tables = parse_tables(args.tables)
+    with contextlib.ExitStack() as confined:
+        if args.sms:
+            confined.enter_context(partition(args.sms))
+        return run(args, tables)
+
+
+@contextlib.contextmanager
+def partition(sms: int):
+    """The engine on ``sms`` SMs: defaults sized for them, graphs captured in their green context."""
+    from bitmtp_edge.backends.graph import capture_stream
+    from tools.sm_partition_stack import enter_partition, graph_sms_reached
+
+    before = os.environ.get(tuning.SM_COUNT_ENV)
+    os.environ[tuning.SM_COUNT_ENV] = str(sms)  # read by the launchers and the compile workers
+    tuning.sm_count.cache_clear()
+    try:
+        ctx = enter_partition(sms)  # noqa: F841 (the green context lives as long as its stream)
+        stream = torch.cuda.current_stream()
+        reached = graph_sms_reached(stream)
+        if reached != sms:
+            raise SystemExit(f"bench_replay_widths: --sms {sms}: a graph captured in the green context ran on "
+                             f"{reached} SMs; this torch / driver does not confine graph kernels, nothing was timed")
+        log(f"confined to {sms} SMs (a probe graph captured on the partition's stream reached {reached})")
+        with capture_stream(stream):
+            yield
+    finally:
+        if before is None:
+            os.environ.pop(tuning.SM_COUNT_ENV, None)
+        else:
+            os.environ[tuning.SM_COUNT_ENV] = before
+        tuning.sm_count.cache_clear()
+
+
+def run(args, tables: dict[str, Path]) -> int:
     widths = [w.strip() for w in args.widths.split(",") if w.strip()]
     profiled = [w.strip() for w in args.profile.split(",") if w.strip()]
     art = args.artifact
@@ -209,8 +264,9 @@ def main(argv=None) -> int:
         ckpt = make_random_bitnet_2b(args.work / "bitnet2b-ckpt", dict(BITNET_2B), block_size=8)
         art = export(ckpt, args.work / "bitnet2b-artifact", max_context=2048)  # as bench_e2e: segment 0 = 256 history slots
     report = {"device": torch.cuda.get_device_name(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "commit": commit(), "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
-              "widths": widths, "tables": {}}
+              "commit": commit(), "command": " ".join([Path(sys.argv[0]).name, *args.argv]),
+              "sms": args.sms or torch.cuda.get_device_properties(0).multi_processor_count,
+              "green_context": bool(args.sms), "widths": widths, "tables": {}}
     args.out.mkdir(parents=True, exist_ok=True)
     eng = None
     for name, folder in tables.items():

@@ -78,6 +78,24 @@ def sms_reached(programs: int = 1 << 16) -> int:
     return int(torch.unique(ids).numel())
 
 
+def graph_sms_reached(capture_stream, programs: int = 1 << 16) -> int:
+    """``sms_reached`` for a kernel captured in a CUDA graph on ``capture_stream`` and replayed
+    on the current stream, as the runtime runs its steps: a graph's kernels run where they
+    were captured, which a green context must reach for a confined benchmark to mean anything."""
+    ids = torch.zeros(programs, dtype=torch.int32, device="cuda")
+    _sm_id_kernel[(programs,)](ids)  # compiled and loaded before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=capture_stream):
+        _sm_id_kernel[(programs,)](ids)
+    ids.fill_(-1)
+    graph.replay()
+    torch.cuda.synchronize()
+    if bool((ids < 0).any()):
+        raise RuntimeError("the replayed probe graph left programs unwritten")
+    return int(torch.unique(ids).numel())
+
+
 def event_time_us(fn, passes: int, graph: bool = True) -> float:
     """Median µs of ``fn()`` over ``passes`` runs: captured in one CUDA graph on the current
     stream (the partition's: its kernel nodes keep the green context) and replayed, so host

@@ -78,6 +78,21 @@ from .fused_graph import FusedInputs, fused_body, fused_width
 
 log = logging.getLogger(__name__)
 
+# The stream graphs are warmed up and captured on; None: torch's own. A captured kernel runs
+# where it was captured, so a benchmark that confines the runtime to part of a GPU (a green
+# context: tools/bench_replay_widths.py --sms) hands a stream of that context here.
+_CAPTURE_STREAM: list = [None]
+
+
+@contextlib.contextmanager
+def capture_stream(stream):
+    """Capture (and warm up) every graph on ``stream`` inside this block."""
+    previous, _CAPTURE_STREAM[0] = _CAPTURE_STREAM[0], stream
+    try:
+        yield
+    finally:
+        _CAPTURE_STREAM[0] = previous
+
 
 @dataclass(frozen=True)
 class RuntimeOptions:
@@ -438,7 +453,7 @@ class GraphBackend:
                 self.capture_fallbacks += 1
                 warmups = 1
         if graph is None:
-            side = torch.cuda.Stream(self.device)
+            side = _CAPTURE_STREAM[0] or torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 for _ in range(warmups):
@@ -471,7 +486,7 @@ class GraphBackend:
         gc.disable()
         try:
             with first_launches_refused() if guarded else contextlib.nullcontext():
-                with torch.cuda.graph(graph, pool=self.pool):
+                with torch.cuda.graph(graph, pool=self.pool, stream=_CAPTURE_STREAM[0]):
                     body()
         except FirstLaunch as e:  # nothing ran (capture only records): the restore below suffices
             log.info("capturing without a warm-up run stopped at a first launch (%s); warming up first", e)
@@ -788,4 +803,5 @@ class GraphBackend:
         return self.fast.verify_logits(x)
 
 
-__all__ = ["GraphBackend", "RuntimeOptions", "SampleInputs", "StaticInputs", "Staged", "accept_on_device"]
+__all__ = ["GraphBackend", "RuntimeOptions", "SampleInputs", "StaticInputs", "Staged", "accept_on_device",
+           "capture_stream"]
