@@ -147,9 +147,10 @@ def check_kernels(torch, backend: Check) -> Check:
     if backend.details.get("auto") in (None, "reference"):
         return Check("kernels", "info", "no Triton kernels run here (reference backend)", {"table": None})
     try:
-        device = torch.device("cuda")
-        return kernel_table_check(torch.cuda.get_device_name(device),
-                                  torch.cuda.get_device_properties(device).multi_processor_count)
+        from kernels_ampere.tuning import sm_count
+
+        device = torch.device("cuda")  # the SM count the launchers size for (BITMTP_SM_COUNT, else the GPU's)
+        return kernel_table_check(torch.cuda.get_device_name(device), sm_count(device))
     except Exception as e:  # noqa: BLE001 - a broken driver or kernels package is the finding
         return Check("kernels", "warn", f"cannot read the launch table: {type(e).__name__}: {e}", {"table": None})
 
