@@ -52,3 +52,20 @@ def test_replay_counts_equal_the_real_decode(trained, tau):  # noqa: F811
         assert {k: got[policy][k] for k in want} == want, policy
     if tau == 0.05:
         assert got["hybrid"]["verifier_call_rate"] < 1.0, "τ 0.05 takes the unverified branch"
+
+
+def test_replay_in_worker_processes_sums_to_the_same_counts(trained):  # noqa: F811
+    """--jobs: every jobs-th prompt per spawned process, the counts summed — the numbers of
+    one process (each prompt's replay is independent of the others)."""
+    from tools.eval_acceptance import evaluate, evaluate_in_slices
+
+    path = str(trained / "compact")
+    texts = ["def scale(values, factor):", "import os", "class Point:", "for i in range(3):", "x = [1, 2]"]
+    prompts = [Prompt(id=f"p{i}", path="", name="", kind="first_lines", prompt=t, reference="")
+               for i, t in enumerate(texts)]
+    one = evaluate(path, prompts, 0.9, 2, 16, log=lambda m: None)
+    logged = []
+    two = evaluate_in_slices(path, prompts, 0.9, 2, 16, jobs=2, log=logged.append)
+    assert two == one and "in 2 processes" in logged[-1]
+    assert evaluate_in_slices(path, prompts[:1], 0.9, 2, 16, jobs=4, log=logged.append) == evaluate(
+        path, prompts[:1], 0.9, 2, 16, log=lambda m: None)  # one slice: no worker processes

@@ -156,6 +156,31 @@ def _evaluate(path, prompts, tau, min_prefix, max_new, log, dtype, device) -> di
     return {pol: replay_rates(t) for pol, t in totals.items()}
 
 
+def evaluate_in_slices(path: str, prompts, tau: float, min_prefix: int, max_new: int, jobs: int, log=print,
+                       device: str = "cpu") -> dict:
+    """``evaluate`` over ``jobs`` worker processes (every ``jobs``-th prompt each), the counts
+    summed: on a GPU the per-prompt decodes are sequential and small, so processes side by side
+    fill it. The same counts as one process (each prompt's replay is independent)."""
+    slices = [prompts[i::jobs] for i in range(jobs) if prompts[i::jobs]]
+    if len(slices) <= 1:
+        return evaluate(path, prompts, tau, min_prefix, max_new, log=log, device=device)
+    import concurrent.futures
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+    with concurrent.futures.ProcessPoolExecutor(len(slices), mp_context=ctx) as pool:
+        parts = list(pool.map(_evaluate_slice, [(path, s, tau, min_prefix, max_new, device) for s in slices]))
+    log(f"  {Path(path).name}: {len(prompts)} prompts in {len(slices)} processes")
+    return {pol: replay_rates({k: sum(part[pol][k] for part in parts) for k in REPLAY_COUNTS})
+            for pol in ("speculative", "hybrid")}
+
+
+def _evaluate_slice(job) -> dict:
+    path, prompts, tau, min_prefix, max_new, device = job
+    torch.set_num_threads(1)
+    return evaluate(path, prompts, tau, min_prefix, max_new, log=lambda _: None, device=device)
+
+
 def replay_rates(t: dict) -> dict:
     """Summed ``replay`` counts -> the same, with tokens per iteration and per forward pass and
     the verifier call rate."""
@@ -177,10 +202,13 @@ def main(argv: list[str] | None = None) -> None:
     @click.option("--tau", default=0.9, show_default=True)
     @click.option("--min-prefix", default=3, show_default=True)
     @click.option("--threads", default=1, show_default=True)
+    @click.option("--jobs", default=1, show_default=True, help="worker processes, each replaying a share of the "
+                  "prompts (the counts are summed)")
     @click.option("--device", default="cpu", show_default=True, help="cpu or cuda (float32 exact-integer products "
                   "either way; TF32 stays off)")
     @click.option("--json", "json_out", required=True)
-    def cli(data, models, n_prompts, skip, prompt_file, max_new_tokens, tau, min_prefix, threads, device, json_out):
+    def cli(data, models, n_prompts, skip, prompt_file, max_new_tokens, tau, min_prefix, threads, jobs, device,
+            json_out):
         """Replay speculative and hybrid decoding of BitMTP checkpoints on held-out prompts."""
         from tools.corpus import CorpusIndex
         from tools.prompts import read_prompts
@@ -190,13 +218,17 @@ def main(argv: list[str] | None = None) -> None:
         pf = Path(prompt_file) if prompt_file else Path(data) / CorpusIndex.load(data).prompts
         prompts = read_prompts(pf)[skip:skip + n_prompts]
         where = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
-        report = {"settings": {"prompts": len(prompts), "skip": skip, "prompt_file": str(pf), "max_new_tokens": max_new_tokens,
+        if jobs < 1:
+            raise click.BadParameter(f"{jobs}: give 1 or more worker processes", param_hint="--jobs")
+        report = {"settings": {"prompts": len(prompts), "skip": skip, "jobs": jobs, "prompt_file": str(pf),
+                               "max_new_tokens": max_new_tokens,
                                "tau": tau, "min_prefix": min_prefix, "device": where,
                                "when": time.strftime("%Y-%m-%d %H:%M")}, "models": {}}
         for spec in models:
             name, _, path = spec.partition("=")
-            report["models"][name] = {"path": path, **evaluate(path, prompts, tau, min_prefix, max_new_tokens,
-                                                                log=click.echo, device=device)}
+            report["models"][name] = {"path": path, **evaluate_in_slices(path, prompts, tau, min_prefix,
+                                                                          max_new_tokens, jobs, log=click.echo,
+                                                                          device=device)}
             s = report["models"][name]
             click.echo(f"{name}: speculative {s['speculative']['tokens_per_iteration']:.2f} tok/it "
                        f"{s['speculative']['tokens_per_forward']:.2f} tok/fw; hybrid "

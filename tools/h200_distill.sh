@@ -94,6 +94,7 @@ DOC_PROMPTS=${DOC_PROMPTS:-20}
 MAX_NEW=${MAX_NEW:-128}
 EVAL_JOBS=${EVAL_JOBS:-12}
 NTP_WINDOWS=${NTP_WINDOWS:-128}  # held-out NTP loss: 512-token windows of the test split
+REPLAY_JOBS=${REPLAY_JOBS:-8}  # EVAL=replay: processes sharing the prompts (one at a time they took 137 s for 40)
 CORPUS_ARGS=${CORPUS_ARGS:-}
 BASELINES=${BASELINES:-}       # EVAL=full: more NAME=CKPT evaluated beside the release model
 TRAIN_ARGS=${TRAIN_ARGS:-}
@@ -285,10 +286,10 @@ if [ "$EVAL" = full ] || [ "$EVAL" = ntp ] || [ "$EVAL" = replay ]; then
     for r in $SFTRUN $RUNS; do [ -f "$R/$r/compact/bitmtp.json" ] && A="$A --model $r=$R/$r/compact"; done
     RD=$([ "$GPUS" -gt 0 ] && echo cuda || echo cpu)
     timeout $(( $(left) - 12 )) python -m tools.eval_acceptance --data "$RELEASE_DATA" $A --prompts "$EVAL_PROMPTS" \
-      --max-new-tokens "$MAX_NEW" --device "$RD" --json "$R/eval/replay_heldout.json" > "$R/eval/replay_heldout.log" 2>&1
+      --max-new-tokens "$MAX_NEW" --device "$RD" --jobs "$REPLAY_JOBS" --json "$R/eval/replay_heldout.json" > "$R/eval/replay_heldout.log" 2>&1
     tail -n 12 "$R/eval/replay_heldout.log"
     timeout $(( $(left) - 10 )) python -m tools.eval_acceptance --data "$RELEASE_DATA" $A --prompts "$DOC_PROMPTS" \
-      --prompt-file "$DOCS" --max-new-tokens "$MAX_NEW" --device "$RD" --json "$R/eval/replay_doc.json" \
+      --prompt-file "$DOCS" --max-new-tokens "$MAX_NEW" --device "$RD" --jobs "$REPLAY_JOBS" --json "$R/eval/replay_doc.json" \
       > "$R/eval/replay_doc.log" 2>&1
     tail -n 12 "$R/eval/replay_doc.log"
   fi
