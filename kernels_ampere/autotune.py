@@ -60,14 +60,17 @@ DEVICE = "cuda"  # where the benchmark tensors live (tests run the logic on the 
 
 
 class GraphTimer:
-    """µs per call of ``calls[i % len(calls)]()``, replayed from one CUDA graph."""
+    """µs per call of ``calls[i % len(calls)]()``, replayed from one CUDA graph. ``stream``:
+    where the calls are warmed up and captured (default a new side stream / torch's capture
+    stream); a captured kernel runs where it was captured, so a partition of the GPU (a green
+    context: ``tools/sm_partition_stack.py``) passes its own stream."""
 
-    def __init__(self, reps: int = 64, replays: int = 5):
-        self.reps, self.replays = reps, replays
+    def __init__(self, reps: int = 64, replays: int = 5, stream: torch.cuda.Stream | None = None):
+        self.reps, self.replays, self.stream = reps, replays, stream
 
     def __call__(self, calls: list, reps: int | None = None) -> float:
         reps = reps or self.reps
-        side = torch.cuda.Stream()
+        side = self.stream or torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # compile / warm every call outside the capture
             for c in calls:
@@ -75,7 +78,7 @@ class GraphTimer:
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=self.stream):
             for i in range(reps):
                 calls[i % len(calls)]()
         graph.replay()

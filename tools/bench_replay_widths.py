@@ -68,8 +68,12 @@ def parse_tables(text: str) -> dict[str, Path]:
         name, _, folder = item.partition("=")
         if not folder:
             raise SystemExit(f"bench_replay_widths: --tables item {item!r} is not name=folder")
-        # "none": an empty folder, so every launch takes the SM-count defaults
-        path = tuning.TUNED_DIR if folder == "shipped" else Path(tempfile.mkdtemp()) if folder == "none" else Path(folder)
+        if folder == "shipped":
+            path = tuning.TUNED_DIR
+        elif folder == "none":  # an empty folder: every launch takes the SM-count defaults
+            path = Path(tempfile.mkdtemp(prefix="bitmtp_no_table_"))
+        else:
+            path = Path(folder)
         if not path.is_dir():
             raise SystemExit(f"bench_replay_widths: --tables {name}: {path} is not a folder (it holds <gpu>.json)")
         out[name] = path

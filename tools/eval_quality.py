@@ -86,20 +86,32 @@ def runtime(path: str, device: str, max_context: int = 2048):
 
 # -- held-out loss ---------------------------------------------------------------------------
 
-@torch.no_grad()
-def heldout_loss(path: str, tokens: np.ndarray, window: int, max_windows: int, device: str, batch: int = 8) -> dict:
-    """Mean NTP cross-entropy over non-overlapping windows of the test split."""
-    model, _, _ = runtime(path, device)
+def heldout_windows(tokens: np.ndarray, window: int, max_windows: int, device: str, batch: int):
+    """-> (windows, batches): the number of non-overlapping ``window``-token windows of
+    ``tokens`` used (at most ``max_windows``) and an iterator over batches of them as
+    (inputs [B, W], next tokens [B, W], positions [B, W], causal mask [B, W, W])."""
     n = min((len(tokens) - 1) // window, max_windows)
     data = torch.from_numpy(tokens[: n * window + 1].astype(np.int64))
     pos = torch.arange(window, device=device).unsqueeze(0)
     mask = torch.ones(window, window, dtype=torch.bool, device=device).tril().unsqueeze(0)
+
+    def batches():
+        for i in range(0, n, batch):
+            rows = range(i, min(i + batch, n))
+            x = torch.stack([data[r * window:(r + 1) * window] for r in rows]).to(device)
+            y = torch.stack([data[r * window + 1:(r + 1) * window + 1] for r in rows]).to(device)
+            yield x, y, pos.expand(len(rows), -1), mask
+    return n, batches()
+
+
+@torch.no_grad()
+def heldout_loss(path: str, tokens: np.ndarray, window: int, max_windows: int, device: str, batch: int = 8) -> dict:
+    """Mean NTP cross-entropy over non-overlapping windows of the test split."""
+    model, _, _ = runtime(path, device)
+    n, batches = heldout_windows(tokens, window, max_windows, device, batch)
     total, count = 0.0, 0
-    for i in range(0, n, batch):
-        rows = range(i, min(i + batch, n))
-        x = torch.stack([data[r * window:(r + 1) * window] for r in rows]).to(device)
-        y = torch.stack([data[r * window + 1:(r + 1) * window + 1] for r in rows]).to(device)
-        logits = model.verify_logits(model(x, pos.expand(len(rows), -1), mask))
+    for x, y, pos, mask in batches:
+        logits = model.verify_logits(model(x, pos, mask))
         total += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(),
                                                          y.reshape(-1), reduction="sum"))
         count += y.numel()

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tools.corpus import load_split  # noqa: E402
+from tools.eval_quality import heldout_windows  # noqa: E402
 from tools.hf_checkpoint import load_runtime_model  # noqa: E402
 from tools.provenance import commit  # noqa: E402
 
@@ -38,19 +39,14 @@ from tools.provenance import commit  # noqa: E402
 @torch.no_grad()
 def compare_heads(model, tokens: np.ndarray, window: int, max_windows: int, device: str, batch: int = 4) -> dict:
     """Both heads over non-overlapping ``window``-token windows of ``tokens``."""
-    n = min((len(tokens) - 1) // window, max_windows)
+    n, batches = heldout_windows(tokens, window, max_windows, device, batch)
     if n < 1:
         raise ValueError(f"{len(tokens)} tokens: fewer than one window of {window} (+1)")
-    data = torch.from_numpy(tokens[: n * window + 1].astype(np.int64))
-    pos = torch.arange(window, device=device).unsqueeze(0)
-    mask = torch.ones(window, window, dtype=torch.bool, device=device).tril().unsqueeze(0)
     same = count = 0
     ce16 = ce8 = 0.0
-    for i in range(0, n, batch):
-        rows = range(i, min(i + batch, n))
-        x = torch.stack([data[r * window:(r + 1) * window] for r in rows]).to(device)
-        y = torch.stack([data[r * window + 1:(r + 1) * window + 1] for r in rows]).to(device).reshape(-1)
-        hidden = model(x, pos.expand(len(rows), -1), mask)
+    for x, y, pos, mask in batches:
+        y = y.reshape(-1)
+        hidden = model(x, pos, mask)
         hidden = hidden.reshape(-1, hidden.shape[-1])
         l16, l8 = model.verify_logits(hidden).double(), model.draft_logits(hidden).double()
         same += int((l16.argmax(-1) == l8.argmax(-1)).sum())

@@ -19,8 +19,8 @@ with that many SMs and no table launches) and, at M <= 2, ``board, mma from M = 
 tensor-core launch the defaults give M = 3, instead of gemv). Every launch is checked against
 the twin (exact) before it is timed; the stack is captured in one CUDA graph on the partition's
 stream and replayed (sm_87 has no programmatic launch: ``BITMTP_PDL=0`` launches as a board
-does; session 13's runs had it on, recorded in the JSON from then on). A bf16 matmul in the same process shows the confinement (its TFLOP/s scales with
-the SMs). ``board defaults`` are the default generation's (recorded in the JSON: runs before
+does; session 13's runs had it on, recorded in the JSON from then on). A bf16 matmul in the
+same process shows the confinement (its TFLOP/s scales with the SMs). ``board defaults`` are the default generation's (recorded in the JSON: runs before
 v6 have no such field and were v5's, gemv at M <= 2).
 """
 
@@ -44,8 +44,8 @@ import triton.language as tl  # noqa: E402
 
 from kernels_ampere import tuning  # noqa: E402
 from kernels_ampere.common import programmatic_launch  # noqa: E402
-from kernels_ampere.autotune import MODEL_LAYERS, MODEL_SHAPES  # noqa: E402
-from tools.kernel_stack import BOARDS, Stack, project, sm_clock_mhz  # noqa: E402
+from kernels_ampere.autotune import MODEL_LAYERS, MODEL_SHAPES, GraphTimer  # noqa: E402
+from tools.kernel_stack import BOARDS, Stack, project, scheme_configs, sm_clock_mhz  # noqa: E402
 
 
 def enter_partition(sms: int):
@@ -96,51 +96,29 @@ def graph_sms_reached(capture_stream, programs: int = 1 << 16) -> int:
     return int(torch.unique(ids).numel())
 
 
-def event_time_us(fn, passes: int, graph: bool = True) -> float:
-    """Median µs of ``fn()`` over ``passes`` runs: captured in one CUDA graph on the current
-    stream (the partition's: its kernel nodes keep the green context) and replayed, so host
-    launch cost is not timed; ``graph=False`` times the eager launches."""
-    fn()
-    torch.cuda.synchronize()
-    run = fn
-    if graph:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=torch.cuda.current_stream()):
-            fn()
-        run = g.replay
-        run()
-        torch.cuda.synchronize()
+def matmul_tflops(passes: int) -> float:
+    """A bf16 8192³ matmul on the current stream, eager (median of ``passes``)."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    a @ b
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(passes):
         start.record()
-        run()
+        a @ b
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
-
-
-def matmul_tflops(passes: int) -> float:
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    us = event_time_us(lambda: a @ b, passes, graph=False)
-    return 2 * 8192 ** 3 / (us * 1e-6) / 1e12
+        times.append(start.elapsed_time(end) * 1e-3)
+    return 2 * 8192 ** 3 / statistics.median(times) / 1e12
 
 
 def configs_for(stack: Stack, scheme: str, m: int, sms: int) -> dict:
-    dev = torch.device("cuda")
-    out = {}
-    for name, n, k, g in stack.shapes:
-        if scheme == "shipped":
-            key = tuning.linear_key(n, k, m, g)
-            out[name] = tuning.lookup("w2a8_linear", key, dev) or tuning.default_linear(
-                m, g, n=n, k=k, sms=tuning.sm_count(dev))
-        elif scheme == "board defaults":
-            out[name] = tuning.default_linear(m, g, n=n, k=k, sms=sms)
-        else:  # "board, mma from M = 1": the tensor-core launch of M = 3 at every width <= 2 as well
-            out[name] = tuning.default_linear(max(m, 3), g, n=n, k=k, sms=sms)
-    return out
+    if scheme == "shipped":  # this GPU's table, else its own defaults, as kernel_stack.py times it
+        return scheme_configs(stack, "shipped", m, (), {})
+    if scheme == "board defaults":
+        return {name: tuning.default_linear(m, g, n=n, k=k, sms=sms) for name, n, k, g in stack.shapes}
+    # "board, mma from M = 1": the tensor-core launch of M = 3 at every width <= 2 as well
+    return {name: tuning.default_linear(max(m, 3), g, n=n, k=k, sms=sms) for name, n, k, g in stack.shapes}
 
 
 def summary_markdown(runs: list[dict]) -> list[str]:
@@ -242,6 +220,7 @@ def main(argv=None) -> int:
     if args.sms and sms != args.sms:
         print(f"the partition runs on {sms} SMs (asked for {args.sms}): rates are per SM reached", flush=True)
     mhz = sm_clock_mhz()
+    timer = GraphTimer(replays=args.passes, stream=torch.cuda.current_stream())  # the partition's stream
     stack = Stack(args.model, rotate_mb=0.0)
     schemes = ["shipped"] + (["board defaults", "board, mma from M = 1"] if args.sms else [])
     rows = []
@@ -252,8 +231,7 @@ def main(argv=None) -> int:
                 continue  # the same launches as "board defaults"
             cfgs = configs_for(stack, scheme, m, args.sms or sms)
             stack.check(cfgs)
-            calls = [case.call(i, cfgs.get(name)) for i in range(stack.instances) for name, case in stack.cases.items()]
-            us = event_time_us(lambda: [c() for c in calls], args.passes) / stack.copies
+            us = stack.time_us(timer, cfgs)
             rate = stack.weights / (us * 1e-6 * sms * mhz * 1e6) if mhz else None
             rows.append({"M": m, "scheme": scheme, "us": round(us, 1), "weights_per_sm_clock": rate and round(rate, 2),
                          "configs": {k: v.__dict__ for k, v in cfgs.items()}})
@@ -263,7 +241,8 @@ def main(argv=None) -> int:
     meta = {"device": torch.cuda.get_device_name(), "sms": sms, "sms_asked": args.sms or full_sms, "gpu_sms": full_sms,
             "mma_v3": os.environ.get("DISABLE_MMA_V3", "0") != "1",
             "default_generation": tuning.W2A8_DEFAULT_GENERATION,
-            "programmatic_launch": programmatic_launch(),  # BITMTP_PDL=0: as an Orin (sm_87) launches "sm_clock_mhz": mhz,
+            "programmatic_launch": programmatic_launch(),  # BITMTP_PDL=0: as an Orin (sm_87) launches
+            "sm_clock_mhz": mhz,
             "model": args.model, "bf16_matmul_tflops": round(tflops, 1), "green_context": bool(args.sms),
             "torch": torch.__version__, "date": datetime.date.today().isoformat(),
             "command": "python tools/sm_partition_stack.py " + " ".join(argv if argv is not None else sys.argv[1:])}
