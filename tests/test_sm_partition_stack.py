@@ -67,10 +67,11 @@ def test_bad_arguments_say_what_to_give(argv, message):
 def test_a_green_context_confines_launches_to_the_sms_asked():
     default = torch.cuda.current_stream()
     total = sps.sms_reached()
+    context = sps.enter_partition(8)  # held: a collected green context takes its stream with it
     try:
-        sps.enter_partition(8)
         reached = sps.sms_reached()
     finally:
         torch.cuda.set_stream(default)
+    del context
     assert total == torch.cuda.get_device_properties(0).multi_processor_count
     assert reached == 8

@@ -49,7 +49,9 @@ from tools.kernel_stack import BOARDS, Stack, project, scheme_configs, sm_clock_
 
 
 def enter_partition(sms: int):
-    """A stream whose launches run on ``sms`` SMs (a green context), made current. -> context."""
+    """A stream whose launches run on ``sms`` SMs (a green context), made current. -> context,
+    which the caller must hold: once it is collected the context is destroyed, and every launch
+    on its stream fails with "context is destroyed" (the first GPU test of this function)."""
     from torch.cuda.green_contexts import GreenContext
 
     dev = torch.cuda.current_device()
