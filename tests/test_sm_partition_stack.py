@@ -4,10 +4,12 @@ on a GPU the partition it measures on (the SMs a green context's launches reach)
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
 import torch
 
+from kernels_ampere import tuning
 from kernels_ampere.autotune import MODEL_LAYERS, MODEL_SHAPES
 from tests.helpers import needs_gpu
 from tools import sm_partition_stack as sps
@@ -56,10 +58,21 @@ def test_summarize_refuses_a_file_it_did_not_write(tmp_path):
 
 
 @pytest.mark.parametrize("argv,message", [(["--sms", "8"], "give --out"),
-                                          (["--widths", "1,x", "--out", "o.json"], "--widths '1,x'")])
+                                          (["--widths", "1,x", "--out", "o.json"], "--widths '1,x'"),
+                                          (["--generations", "v5,v9", "--out", "o.json"], "choose from v1, ")])
 def test_bad_arguments_say_what_to_give(argv, message):
     with pytest.raises(SystemExit, match=message):
         sps.main(argv)
+
+
+def test_a_generation_scheme_launches_that_generations_board_defaults():
+    stack = types.SimpleNamespace(shapes=MODEL_SHAPES["bitnet-2b"])
+    v4 = sps.configs_for(stack, "board, v4", 33, 8)
+    board = sps.configs_for(stack, "board defaults", 33, 8)
+    assert {c.block_m for c in v4.values()} == {16}  # v4: 16-row tiles side by side
+    assert v4 != board
+    assert v4 == {name: tuning.default_linear(33, g, n=n, k=k, sms=8, generation="v4")
+                  for name, n, k, g in stack.shapes}
 
 
 @pytest.mark.gpu

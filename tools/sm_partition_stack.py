@@ -115,6 +115,13 @@ def matmul_tflops(passes: int) -> float:
 
 
 def configs_for(stack: Stack, scheme: str, m: int, sms: int) -> dict:
+    """The launches of ``scheme`` at width ``m``: "shipped", "board defaults", "board, mma from
+    M = 1", or "board, <generation>" (``tuning.W2A8_GENERATIONS``: that generation's defaults for
+    the partition's SM count, to choose a board's defaults between them)."""
+    if scheme.startswith("board, v"):
+        generation = scheme.removeprefix("board, ")
+        return {name: tuning.default_linear(m, g, n=n, k=k, sms=sms, generation=generation)
+                for name, n, k, g in stack.shapes}
     if scheme == "shipped":  # this GPU's table, else its own defaults, as kernel_stack.py times it
         return scheme_configs(stack, "shipped", m, (), {})
     if scheme == "board defaults":
@@ -200,6 +207,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sms", type=int, default=8, help="SMs of the partition (0: the whole GPU)")
     ap.add_argument("--model", default="bitnet-2b")
     ap.add_argument("--widths", default="1,9,16,32")
+    ap.add_argument("--generations", default="",
+                    help="comma list of W2A8 default generations timed beside the board defaults (with --sms)")
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--out", help="JSON file to write")
     args = ap.parse_args(argv)
@@ -211,6 +220,11 @@ def main(argv=None) -> int:
         widths = [int(w) for w in args.widths.split(",")]
     except ValueError:
         raise SystemExit(f"sm_partition_stack: --widths {args.widths!r}: expected comma-separated integers")
+    generations = [g for g in args.generations.split(",") if g]
+    unknown = [g for g in generations if g not in tuning.W2A8_GENERATIONS]
+    if unknown:
+        raise SystemExit(f"sm_partition_stack: --generations {args.generations!r}: "
+                         f"choose from {', '.join(tuning.W2A8_GENERATIONS)}")
     if not torch.cuda.is_available():
         raise SystemExit("sm_partition_stack: needs a CUDA GPU")
     full_sms = tuning.sm_count(torch.device("cuda"))
@@ -224,7 +238,8 @@ def main(argv=None) -> int:
     mhz = sm_clock_mhz()
     timer = GraphTimer(replays=args.passes, stream=torch.cuda.current_stream())  # the partition's stream
     stack = Stack(args.model, rotate_mb=0.0)
-    schemes = ["shipped"] + (["board defaults", "board, mma from M = 1"] if args.sms else [])
+    schemes = ["shipped"] + (["board defaults", "board, mma from M = 1"] + [f"board, {g}" for g in generations]
+                             if args.sms else [])
     rows = []
     for m in widths:
         stack.set_width(m)
