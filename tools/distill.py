@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bitmtp_edge.runtime.model import LatentTernaryLinear, TernaryLM, activations_int8_ste
+from bitmtp_edge.runtime.model import LatentTernaryLinear, TernaryLM, activations_int8_ste, with_adapter
 from kernels_ampere.numerics import apply_rope, dequantize_ternary, rope_cos_sin, ternarize_absmean, ternarize_group_absmax
 
 EXTRA_TOKENS = 16  # tools.train.MAX_BLOCK: rows serve any D
@@ -49,11 +49,13 @@ class FrozenTernaryLinear(nn.Module):
         else:
             codes, scale = ternarize_absmean(w)
         self.register_buffer("weight", dequantize_ternary(codes, scale, torch.float32).to(w.dtype))
+        self.adapter = src.adapter  # mask-row adapters, if any, as they are
 
-    def forward(self, x):
-        if self.quant.quantize_activations:
-            x = activations_int8_ste(x)
-        return F.linear(x, self.weight)
+    def forward(self, x, adapter_from=None):
+        return with_adapter(self, x, F.linear(self.adapter_input(x), self.weight), adapter_from)
+
+    def adapter_input(self, x):
+        return activations_int8_ste(x) if self.quant.quantize_activations else x
 
 
 def freeze(model: TernaryLM) -> TernaryLM:

@@ -79,7 +79,7 @@ def block_logits(model, prompt: list[int], block_size: int, mask_id: int, max_ne
     layout = BlockLayout(L, block_size, n_anchor)
     anchors = torch.arange(len(prompt) - 1, len(prompt) - 1 + n_anchor, device=dev).unsqueeze(0)
     x, pos, _, mask = build_rows(torch.tensor([clean], device=dev), anchors, layout, mask_id, None)
-    hidden = model(x, pos, mask)[0, L:]
+    hidden = model(x, pos, mask, adapter_from=L)[0, L:]  # the blocks' rows: where mask-row adapters apply
     logits = model.draft_logits(hidden.reshape(-1, hidden.shape[-1])).float()
     return cont, logits.view(n_anchor, block_size, -1), stop
 

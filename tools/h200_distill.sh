@@ -38,6 +38,13 @@
 #              starts at its teacher, so the KL holds it there
 #     sftcont  the control: sft-27m continued on corpus rows alone (MTP weight 0) for sft6's
 #              steps at the same lr: the SFT baseline with the same budget
+#   ROUND=7 (six rounds: drafts good for >= 6 tokens per iteration cost the backbone 4-8% of held-out
+#           NTP): capacity the clean stream never uses. sft-27m stays frozen, bit for bit; only
+#           mask-row adapters (tools.train --adapter-rank) and a per-slot input offset train, on
+#           sft-27m's own continuations (KL $KL, slot weights $SLOTS), for sftcont's $ADAPTER_STEPS
+#           steps: round 6's equal-budget SFT baseline is then the NTP baseline of these models too
+#     sft7r$RANK_LOW   rank $RANK_LOW adapters
+#     sft7r$RANK_HIGH  rank $RANK_HIGH adapters
 # then the decode check: EVAL=replay, the held-out NTP loss and the decoding replay of
 # tools.eval_acceptance on the GPU ($EVAL_PROMPTS held-out, $DOC_PROMPTS docstring prompts) for the new
 # models and the release model; EVAL=quick, a 10-prompt GPU run; EVAL=ntp, only the held-out NTP loss
@@ -87,6 +94,10 @@ MTP4=${MTP4:-0.5}
 NTP_KL=${NTP_KL:-0.5}          # round 4: share of the NTP target from the SFT model's distribution
 NTP_KL5=${NTP_KL5:-1.0}        # round 5: all of it
 MTP5_LOW=${MTP5_LOW:-0.35}
+RANK_LOW=${RANK_LOW:-32}       # round 7: adapter ranks (bf16 bytes per draft step: rank 32 ~ 0.7x the
+RANK_HIGH=${RANK_HIGH:-128}    # 27M model's packed ternary weights, rank 128 ~ 2.8x)
+LR_ADAPTER=${LR_ADAPTER:-2e-3}
+ADAPTER_STEPS=${ADAPTER_STEPS:-1448}  # round 6's sftcont: sft-27m + 1,448 corpus steps, held-out NTP 2.2324
 SCRATCH_RATE=${SCRATCH_RATE:-7.138}  # steps/s of the from-scratch D = 8 run (2,778 in 389.2 s)
 SAVE_S=${SAVE_S:-60}
 EVAL_PROMPTS=${EVAL_PROMPTS:-40}
@@ -111,7 +122,8 @@ case $ROUND in
   4) RUNS="d8sd4 d8sd4kd"; SFTRUN= ;;
   5) RUNS="d8sd5 d8sd5m"; SFTRUN= ;;
   6) RUNS="sft6 sft6kd sftcont"; SFTRUN=; TEACHER=$SFT ;;
-  *) echo "ROUND=$ROUND: choose 1, 2, 3, 4, 5 or 6" >&2; exit 2 ;;
+  7) RUNS="sft7r$RANK_LOW sft7r$RANK_HIGH"; SFTRUN=; TEACHER=$SFT ;;
+  *) echo "ROUND=$ROUND: choose 1, 2, 3, 4, 5, 6 or 7" >&2; exit 2 ;;
 esac
 case $EVAL in quick|ntp|replay|full) ;; *) echo "EVAL=$EVAL: choose quick, ntp, replay or full" >&2; exit 2 ;; esac
 TAIL_GIVEN=${TAIL_S:-}         # seconds kept after training (EVAL=full: fitted to the release eval unless given)
@@ -237,6 +249,13 @@ elif [ "$ROUND" = 6 ]; then
   P2=$!
   run sftcont $SD --mtp-weight 0 --steps-from "$R/sft6/plan.json" &
   P3=$!
+elif [ "$ROUND" = 7 ]; then
+  AD="--init $SFT --lr $LR_ADAPTER --warmup-steps 100 --max-steps $ADAPTER_STEPS --distill $R/distill --kl-weight $KL
+    --slot-weights $SLOTS --distill-ntp prompt"
+  run "sft7r$RANK_LOW" $AD --adapter-rank "$RANK_LOW" &
+  P1=$!
+  run "sft7r$RANK_HIGH" $AD --adapter-rank "$RANK_HIGH" &
+  P2=$!
 elif [ "$ROUND" = 2 ]; then
   SD="--init $D8 --lr $LR --distill $R/distill --kl-weight $KL --slot-weights $SLOTS --distill-ntp prompt"
   run d8sd2 $SD --max-steps 0 --share-plan "$R/d8sd2/plan.json" &
@@ -264,6 +283,11 @@ echo "training done after $(( $(date +%s) - T0 ))s"
 # The checkpoints are what this call is for: packed before any evaluation can run into the budget.
 for r in $SFTRUN $RUNS; do
   [ -d "$R/$r/compact" ] && tar czf "$OUT/$r.tgz" -C "$R/$r" compact train_log.json
+  # a file comes back from the device only under 16 MiB (rank-128 adapters make ~25): in parts,
+  # joined with `cat NAME.tgz.part-* > NAME.tgz`
+  if [ -f "$OUT/$r.tgz" ] && [ "$(stat -c %s "$OUT/$r.tgz")" -gt 15728640 ]; then
+    split -b 15M "$OUT/$r.tgz" "$OUT/$r.tgz.part-" && rm "$OUT/$r.tgz"
+  fi
 done
 for r in $SFTRUN $RUNS; do echo "== $r"; grep -v "it/s\]" "$R/$r.log" | tail -n 4; done
 

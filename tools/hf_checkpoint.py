@@ -7,7 +7,9 @@ A checkpoint folder is what ``bitmtp-export`` and ``transformers`` both read:
 * ``model.safetensors``: the ``TernaryLM`` state dict, whose names *are* the HF names;
 * the tokenizer files; ``generation_config.json``;
 * ``bitmtp.json``: ``{"block_size", "mask_token_id", "tau", "min_prefix", "corpus_sha256"}``
-  for a BitMTP model; absent for an AR-only (SFT) model, which then exports as AR-only.
+  for a BitMTP model (``adapter_rank`` too when it has mask-row adapters, whose tensors
+  ``…proj.adapter.A`` / ``.B`` and ``mask_slot_embedding`` sit beside the others); absent for
+  an AR-only (SFT) model, which then exports as AR-only.
 
 Two weight forms (docs/artifact.md §Source checkpoints):
 
@@ -265,8 +267,15 @@ def load_latent_model(folder: str | Path) -> tuple[TernaryLM, Checkpoint]:
         raise CheckpointError(f"{ck.folder}: a compact (packed) checkpoint has no latent weights to train on; "
                               "resume from the run's latent checkpoint instead")
     model = TernaryLM(ck.model, ck.quant, linear_cls=LatentTernaryLinear)
+    attach_adapters(model, ck)
     model.load_state_dict(_load_state(ck.folder))
     return model, ck
+
+
+def attach_adapters(model: TernaryLM, ck: Checkpoint) -> None:
+    """The checkpoint's mask-row adapters (``bitmtp.json`` ``adapter_rank``), before its tensors load."""
+    if ck.mtp is not None and ck.mtp.adapter_rank:
+        model.attach_mask_adapters(ck.mtp.adapter_rank, ck.mtp.block_size)
 
 
 def load_runtime_model(folder: str | Path, dtype: torch.dtype = torch.float64, device="cpu") -> tuple[TernaryLM, Checkpoint]:
@@ -274,10 +283,12 @@ def load_runtime_model(folder: str | Path, dtype: torch.dtype = torch.float64, d
     with its int8 draft head attached, as an exported artifact would build it."""
     ck = read_checkpoint(folder)
     raw = _load_state(ck.folder)
-    model = TernaryLM(ck.model, ck.quant).to(dtype)  # int8 codes stay int8
+    model = TernaryLM(ck.model, ck.quant)
+    attach_adapters(model, ck)
+    model = model.to(dtype)  # int8 codes stay int8
     state = {}
     for name, ref in model.state_dict().items():
-        base, leaf = name.rsplit(".", 1)
+        base, _, leaf = name.rpartition(".")
         if ck.quant.weights == "group128" and leaf in ("codes", "scale"):
             codes, scale = ternarize_group_absmax(raw[f"{base}.weight"])
             state[name] = codes if leaf == "codes" else scale

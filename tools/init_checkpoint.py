@@ -91,9 +91,14 @@ def check_tokenizer(ckpt_dir: Path, data_tokenizer: Path) -> None:
                         f"{bad[0]!r}); build the corpus with `python -m tools.corpus build --tokenizer {ckpt_dir} ...`")
 
 
-def load_for_training(path: str | Path, mask_token_id: int, data_tokenizer: Path | None = None
-                      ) -> tuple[TernaryLM, InitInfo]:
-    """The checkpoint as a float32 QAT model (``LatentTernaryLinear``) with room for the mask token."""
+def load_for_training(path: str | Path, mask_token_id: int, data_tokenizer: Path | None = None,
+                      keep_mask_row: bool = False) -> tuple[TernaryLM, InitInfo]:
+    """The checkpoint as a float32 QAT model (``LatentTernaryLinear``) with room for the mask token.
+
+    ``keep_mask_row``: leave the mask token's embedding row as the checkpoint has it (when it
+    has one) instead of the mean row: with mask-row adapters the model must stay the source
+    bit for bit (a tied head reads that row as the mask token's logit), and the adapters'
+    per-slot input offset does what a trained mask row would."""
     from export.checkpoint import open_checkpoint
     from export.errors import ExportError
     from export.hf_config import read_spec
@@ -122,7 +127,8 @@ def load_for_training(path: str | Path, mask_token_id: int, data_tokenizer: Path
                 src = t.tensor.float()
                 dst[: src.shape[0]].copy_(src) if t.name.endswith(("embed_tokens.weight", "lm_head.weight")) \
                     else dst.copy_(src)
-        keep = spec.mtp is not None and spec.mtp.mask_token_id == mask_token_id
+        keep = (spec.mtp is not None and spec.mtp.mask_token_id == mask_token_id) or (
+            keep_mask_row and mask_token_id < cfg.vocab_size)
         if not keep:
             _mean_row(params["model.embed_tokens.weight"], mask_token_id, cfg.vocab_size)
             if not cfg.tie_word_embeddings:

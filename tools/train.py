@@ -133,6 +133,8 @@ class TrainConfig:
     # NTP distillation: a frozen next-token teacher on the clean stream
     ntp_teacher: str | None = None
     ntp_kl_weight: float = 0.0
+    # mask-row adapters: only they (and the per-slot input offset) train; the base stays as loaded
+    adapter_rank: int = 0
 
     @property
     def layout(self) -> BlockLayout:
@@ -162,14 +164,16 @@ def lr_at(step: int, tc: TrainConfig, max_steps: int) -> float:
 
 
 class LogitsModel(torch.nn.Module):
-    """The model and its head as one module: what DistributedDataParallel wraps."""
+    """The model and its head as one module: what DistributedDataParallel wraps.
+    ``adapter_from``: the first block row of a training row (its clean length), where the
+    mask-row adapters apply (None: a model without them)."""
 
-    def __init__(self, model: TernaryLM):
+    def __init__(self, model: TernaryLM, adapter_from: int | None = None):
         super().__init__()
-        self.model = model
+        self.model, self.adapter_from = model, adapter_from
 
     def forward(self, ids, pos, mask):
-        return self.model.verify_logits(self.model(ids, pos, mask))  # [B, S, V] float32
+        return self.model.verify_logits(self.model(ids, pos, mask, adapter_from=self.adapter_from))  # [B, S, V] float32
 
 
 def joint_loss(logits_fn, ids, pos, mask, tgt, clean_len: int, mtp_weight: float, block_size: int = 0,
@@ -331,7 +335,7 @@ def evaluate(model, val: Batches, offsets, anchors, tc: TrainConfig, autocast) -
     for i in range(0, len(offsets), tc.batch_size):
         ids, pos, mask, tgt, _ = val.rows(offsets[i:i + tc.batch_size], anchors[i:i + tc.batch_size])
         with autocast():
-            logits = model.verify_logits(model(ids, pos, mask))
+            logits = model.verify_logits(model(ids, pos, mask, adapter_from=layout.clean_len))
         L, v = layout.clean_len, logits.shape[-1]
         ntp_sum += float(F.cross_entropy(logits[:, :L].reshape(-1, v), tgt[:, :L].reshape(-1), reduction="sum"))
         n_ntp += tgt[:, :L].numel()
@@ -459,7 +463,8 @@ class Trainer:
             from tools.init_checkpoint import load_for_training
 
             self.model, self.init_info = load_for_training(tc.init, self.index.mask_token_id,
-                                                           Path(tc.data) / self.index.tokenizer)
+                                                           Path(tc.data) / self.index.tokenizer,
+                                                           keep_mask_row=tc.adapter_rank > 0)
             self.cfg = self.model.cfg
             self.log(f"initialised from {tc.init} ({self.init_info.format}, {self.init_info.family}; "
                      f"mask row {self.init_info.mask_row})")
@@ -468,8 +473,10 @@ class Trainer:
             self.model = TernaryLM(self.cfg, quant_config(self.cfg), linear_cls=LatentTernaryLinear)
             # nn.Embedding starts at N(0, 1); with a tied head that means logits of std ~sqrt(H).
             torch.nn.init.normal_(self.model.model.embed_tokens.weight, std=0.02)
-        self.mtp = (MTPConfig(tc.block_size, self.index.mask_token_id, tc.tau, tc.min_prefix)
-                    if tc.layout.has_blocks else None)
+        self.mtp = (MTPConfig(tc.block_size, self.index.mask_token_id, tc.tau, tc.min_prefix,
+                              adapter_rank=tc.adapter_rank) if tc.layout.has_blocks else None)
+        if tc.adapter_rank:
+            self._adapters_only()
         bf16 = tc.precision == "bf16" or (tc.precision == "auto" and self.device.type == "cuda")
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if bf16 \
             else contextlib.nullcontext
@@ -492,15 +499,16 @@ class Trainer:
                              if tc.slot_weights is not None else None)
         self.ntp_teacher, self.ntp_teacher_info = self._load_ntp_teacher()
         self.model.to(self.device).train()
-        self.logits_model = LogitsModel(self.model)
+        self.logits_model = LogitsModel(self.model, tc.layout.clean_len if tc.adapter_rank else None)
         if self.dist.world > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             # Broadcasts rank 0's weights; gradients are averaged over ranks in backward.
             self.logits_model = DDP(self.logits_model, device_ids=[self.device.index] if self.device.type == "cuda"
                                     else None)
-        decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2]
-        no_decay = [p for n, p in self.model.named_parameters() if p.dim() < 2]
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        decay = [p for p in trained if p.dim() >= 2 and p is not self.model.mask_slot_embedding]
+        no_decay = [p for p in trained if p.dim() < 2 or p is self.model.mask_slot_embedding]
         self.opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=tc.lr, betas=(tc.beta1, tc.beta2), fused=self.device.type == "cuda")
@@ -515,6 +523,20 @@ class Trainer:
         self.elapsed_before = 0.0
         if tc.resume:
             self._resume()
+
+    def _adapters_only(self) -> None:
+        """Mask-row adapters on the loaded model, and nothing else trained: the clean stream (the
+        verifier, and the NTP loss) stays the source model bit for bit, whatever the steps do."""
+        tc = self.tc
+        if not tc.init or not tc.layout.has_blocks:
+            raise ValueError("--adapter-rank trains mask-row adapters on an existing model: give --init CKPT "
+                             "and keep the MTP term (--mtp-weight > 0)")
+        if tc.ntp_teacher:
+            raise ValueError("--adapter-rank keeps the clean stream fixed: --ntp-teacher would have nothing to train")
+        self.model.requires_grad_(False)
+        self.model.attach_mask_adapters(tc.adapter_rank, tc.block_size)
+        trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        self.log(f"mask-row adapters of rank {tc.adapter_rank}: {trained:,} trained parameters, the rest frozen")
 
     def _load_ntp_teacher(self):
         """(frozen teacher as a LogitsModel, its InitInfo), or (None, None) without --ntp-teacher.
@@ -864,6 +886,8 @@ def main(argv: list[str] | None = None) -> None:
                   help="frozen next-token teacher on the clean stream (any form bitmtp-export reads, same tokenizer)")
     @click.option("--ntp-kl-weight", default=defaults["ntp_kl_weight"], show_default=True,
                   help="share of the NTP target from --ntp-teacher: (1 - w) CE + w KL(teacher ‖ student)")
+    @click.option("--adapter-rank", default=defaults["adapter_rank"], show_default=True,
+                  help="with --init: train only mask-row adapters of this rank (the clean stream stays the source's)")
     def cli(compile_, slot_weights, **kw):
         """Train a ternary LM with the joint NTP + MTP objective (or the SFT baseline)."""
         try:

@@ -61,10 +61,12 @@ class ReferenceBackend:
 
     # -- steps ---------------------------------------------------------------------------
     @torch.no_grad()
-    def _run(self, kv: KVView, tokens: list[int], positions: list[int], mask: torch.Tensor, slots: torch.Tensor):
+    def _run(self, kv: KVView, tokens: list[int], positions: list[int], mask: torch.Tensor, slots: torch.Tensor,
+             blocks_from: int | None = None):
+        """``blocks_from``: the first row of the step's draft blocks (mask-row adapters apply there)."""
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         pos = torch.tensor([positions], dtype=torch.long, device=self.device)
-        return self.model(ids, pos, mask.unsqueeze(0), kv=kv, write_slots=slots)[0]
+        return self.model(ids, pos, mask.unsqueeze(0), kv=kv, write_slots=slots, adapter_from=blocks_from)[0]
 
     def prefill(self, token_ids: list[int]) -> None:
         for start in range(0, len(token_ids), PREFILL_CHUNK):
@@ -103,7 +105,7 @@ class ReferenceBackend:
         # Pending rows at their history slots; the block (speculative) in the workspace.
         slots = torch.cat([self.kv.history_slots(k), kv.workspace_slots(block_size)])
         mask = draft_in_place_mask(cap, kv.workspace, length, k, block_size, self.device)
-        hidden = self._run(kv, tokens, positions, mask, slots)
+        hidden = self._run(kv, tokens, positions, mask, slots, blocks_from=k)
         self._record(k + block_size, "draft")
         logits = self.model.draft_logits(hidden[k:])  # [D, V]
         self.kv.advance(k)  # materialise the pending rows
@@ -199,7 +201,7 @@ class ReferenceBackend:
         slots = torch.cat([torch.arange(first, first + n, device=self.device), kv.workspace_slots(c * d)])
         mask = fused_step_mask(kv.capacity, kv.workspace, first, n, torch.tensor(chosen, device=self.device), d,
                                anchor_row)
-        hidden = self._run(kv, tokens, positions, mask, slots)
+        hidden = self._run(kv, tokens, positions, mask, slots, blocks_from=n)
         self._record(n + c * d, "fused")
         return hidden
 

@@ -122,13 +122,19 @@ class MTPConfig:
     draft's confidence c of slot j becomes sigmoid(a_j · logit(c) + b_j) (Platt scaling fitted
     on training-split prompts by ``tools.calibrate``: c then estimates the chance that the
     verifier agrees with the draft, or with it and every draft before it, as fitted). None:
-    the raw max-softmax, as models without it always had."""
+    the raw max-softmax, as models without it always had.
+
+    ``adapter_rank``: the rank of the mask-row adapters (``runtime.model.MaskRowAdapter``: a
+    low-rank update of every projection and a per-slot input offset, on the draft blocks'
+    rows only), 0 without them. The causal rows never use them, so a runtime that ignored
+    them would still decode the AR text, with worse drafts."""
 
     block_size: int
     mask_token_id: int
     tau: float = DEFAULT_TAU
     min_prefix: int = DEFAULT_MIN_PREFIX
     confidence_calibration: tuple[tuple[float, float], ...] | None = None
+    adapter_rank: int = 0
 
     def __post_init__(self) -> None:
         if self.confidence_calibration is not None:
@@ -142,6 +148,9 @@ class MTPConfig:
             raise ConfigError(f"tau must be in (0, 1], got {self.tau}")
         if not 1 <= int(self.min_prefix) <= int(self.block_size):
             raise ConfigError(f"min_prefix must be in 1..block_size, got {self.min_prefix}")
+        if isinstance(self.adapter_rank, bool) or not isinstance(self.adapter_rank, int) or self.adapter_rank < 0:
+            raise ConfigError(f"adapter_rank must be a whole number >= 0 (0: no mask-row adapters), "
+                              f"got {self.adapter_rank!r}")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -149,6 +158,8 @@ class MTPConfig:
             del d["confidence_calibration"]  # manifests without it read as before, by any runtime
         else:
             d["confidence_calibration"] = [list(p) for p in self.confidence_calibration]
+        if not self.adapter_rank:
+            del d["adapter_rank"]  # likewise for models without adapters
         return d
 
     @classmethod

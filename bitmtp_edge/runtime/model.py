@@ -13,6 +13,11 @@ The projections are pluggable (``linear_cls``):
   ``y = x @ (codes · scale)ᵀ`` for weight-only artifacts;
 * ``LatentTernaryLinear`` (training): latent float weights with the straight-through
   quantisers below (the numerics of ``kernels_ampere/numerics.py``) — the same numbers in the forward pass.
+
+Mask-row adapters (``attach_mask_adapters``, optional): low-rank 16-bit updates of every
+projection plus a per-slot input offset, applied only to the rows of draft blocks (the rows
+from ``adapter_from`` on in a call: a step's blocks always follow its causal rows). The
+causal rows, hence prefill, AR and verify steps, are the base model bit for bit.
 """
 
 from __future__ import annotations
@@ -59,8 +64,19 @@ class PackedTernaryLinear(nn.Module):
         self.register_buffer("codes", torch.zeros(out_features, in_features, dtype=torch.int8))
         n_scale = (out_features, -(-in_features // 128)) if quant.weights == "group128" else (1,)
         self.register_buffer("scale", torch.ones(n_scale, dtype=torch.float32))
+        self.adapter: MaskRowAdapter | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, adapter_from: int | None = None) -> torch.Tensor:
+        return with_adapter(self, x, self._project(x), adapter_from)
+
+    def adapter_input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the adapter multiplies: the input on the int8 grid the projection uses, dequantised."""
+        if not self.quant.quantize_activations:
+            return x
+        x_int, a_scale = quantize_activations(x)
+        return (x_int.double() * a_scale.double().unsqueeze(-1)).to(x.dtype)
+
+    def _project(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
         if not self.quant.quantize_activations:
@@ -110,8 +126,16 @@ class LatentTernaryLinear(nn.Module):
         self.in_features, self.out_features, self.quant = in_features, out_features, quant
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         nn.init.normal_(self.weight, std=0.02)
+        self.adapter: MaskRowAdapter | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, adapter_from: int | None = None) -> torch.Tensor:
+        return with_adapter(self, x, self._project(x), adapter_from)
+
+    def adapter_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The input on the int8 grid (straight-through), as ``PackedTernaryLinear.adapter_input``."""
+        return activations_int8_ste(x) if self.quant.quantize_activations else x
+
+    def _project(self, x: torch.Tensor) -> torch.Tensor:
         if self.quant.weights == "group128" or not self.quant.quantize_activations:
             if self.quant.quantize_activations:
                 x = activations_int8_ste(x)
@@ -129,6 +153,31 @@ class LatentTernaryLinear(nn.Module):
         return acc * a_scale.unsqueeze(-1) * w_scale
 
 
+class MaskRowAdapter(nn.Module):
+    """A low-rank update ``B · A`` of one ternary projection for the draft blocks' rows (the
+    gated LoRA of arXiv 2507.11851). Capacity the clean stream never uses: drafting needs more
+    than a 27M-parameter backbone spares without costing next-token quality, and a gate by row
+    leaves the verifier untouched. ``B`` starts at zero, so a fresh adapter changes nothing."""
+
+    def __init__(self, in_features: int, out_features: int, rank: int):
+        super().__init__()
+        self.A = nn.Parameter(torch.empty(rank, in_features))
+        self.B = nn.Parameter(torch.zeros(out_features, rank))
+        nn.init.normal_(self.A, std=in_features ** -0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(F.linear(x, self.A.to(x.dtype)), self.B.to(x.dtype))
+
+
+def with_adapter(linear: nn.Module, x: torch.Tensor, y: torch.Tensor, adapter_from: int | None) -> torch.Tensor:
+    """``y`` (the projection of ``x`` [..., S, K]) with the adapter's update on rows ``adapter_from..``;
+    rows before it are returned as computed, so the causal rows keep their exact bits."""
+    if linear.adapter is None or adapter_from is None or adapter_from >= x.shape[-2]:
+        return y
+    delta = linear.adapter(linear.adapter_input(x[..., adapter_from:, :]))
+    return torch.cat([y[..., :adapter_from, :], y[..., adapter_from:, :] + delta.to(y.dtype)], dim=-2)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, quant: QuantConfig, linear_cls):
         super().__init__()
@@ -144,7 +193,7 @@ class Attention(nn.Module):
         if cfg.has_sub_norms:
             self.attn_sub_norm = RMSNorm(hq * hd, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, attn_mask, kv_layer=None, write_slots=None):
+    def forward(self, x, cos, sin, attn_mask, kv_layer=None, write_slots=None, adapter_from=None):
         """x [B, S, H]; attn_mask [B, S, S_kv] bool (True = may attend).
 
         Without ``kv_layer`` the keys are this call's own tokens (training, S_kv = S).
@@ -153,9 +202,9 @@ class Attention(nn.Module):
         """
         cfg = self.cfg
         b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, cfg.num_heads, cfg.head_dim)
-        k = self.k_proj(x).view(b, s, cfg.num_kv_heads, cfg.head_dim)
-        v = self.v_proj(x).view(b, s, cfg.num_kv_heads, cfg.head_dim)
+        q = self.q_proj(x, adapter_from).view(b, s, cfg.num_heads, cfg.head_dim)
+        k = self.k_proj(x, adapter_from).view(b, s, cfg.num_kv_heads, cfg.head_dim)
+        v = self.v_proj(x, adapter_from).view(b, s, cfg.num_kv_heads, cfg.head_dim)
         if cfg.has_qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, S, hd]
@@ -174,7 +223,7 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).reshape(b, s, cfg.num_heads * cfg.head_dim)
         if cfg.has_sub_norms:
             out = self.attn_sub_norm(out)
-        return self.o_proj(out)
+        return self.o_proj(out, adapter_from)
 
 
 class MLP(nn.Module):
@@ -187,8 +236,8 @@ class MLP(nn.Module):
         if cfg.has_sub_norms:
             self.ffn_sub_norm = RMSNorm(cfg.intermediate_size, cfg.rms_norm_eps)
 
-    def forward(self, x):
-        gate, up = self.gate_proj(x), self.up_proj(x)
+    def forward(self, x, adapter_from=None):
+        gate, up = self.gate_proj(x, adapter_from), self.up_proj(x, adapter_from)
         if self.cfg.activation == "relu2":
             # ReLU² overflows fp16; callers run it in bf16 or fp32 (see docs/artifact.md §Model config).
             h = torch.relu(gate).square() * up
@@ -196,7 +245,7 @@ class MLP(nn.Module):
             h = F.silu(gate) * up
         if self.cfg.has_sub_norms:
             h = self.ffn_sub_norm(h)
-        return self.down_proj(h)
+        return self.down_proj(h, adapter_from)
 
 
 class DecoderLayer(nn.Module):
@@ -207,9 +256,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, quant, linear_cls)
 
-    def forward(self, x, cos, sin, attn_mask, kv_layer=None, write_slots=None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, kv_layer, write_slots)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, cos, sin, attn_mask, kv_layer=None, write_slots=None, adapter_from=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, kv_layer, write_slots, adapter_from)
+        return x + self.mlp(self.post_attention_layernorm(x), adapter_from)
 
 
 class Backbone(nn.Module):
@@ -232,22 +281,58 @@ class TernaryLM(nn.Module):
         # The int8 draft head (runtime only, filled from the artifact or by attach_draft_head).
         self.register_buffer("draft_head_int8", None, persistent=False)
         self.register_buffer("draft_head_scale", None, persistent=False)
+        self.mask_slot_embedding: nn.Parameter | None = None  # [D, H] with mask-row adapters
+
+    def projections(self) -> list[nn.Module]:
+        """The ternary projections of every layer, in order."""
+        return [m for layer in self.model.layers for m in (
+            layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+            layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
+
+    @property
+    def adapter_rank(self) -> int:
+        """The rank of the mask-row adapters, 0 without them."""
+        first = self.projections()[0].adapter
+        return 0 if first is None else first.A.shape[0]
+
+    def attach_mask_adapters(self, rank: int, block_size: int) -> None:
+        """Give every projection a fresh ``MaskRowAdapter`` of ``rank`` and the draft rows a
+        per-slot input offset (zero: the model computes what it did until they are trained).
+        The offset stands in for a trainable mask embedding, which a tied head would also
+        read as the mask token's logit — a change the clean stream would see."""
+        if rank < 1:
+            raise ValueError(f"adapter rank must be at least 1, got {rank}")
+        for proj in self.projections():
+            proj.adapter = MaskRowAdapter(proj.in_features, proj.out_features, rank).to(self.head_weight.device)
+        self.mask_slot_embedding = nn.Parameter(torch.zeros(block_size, self.cfg.hidden_size,
+                                                            device=self.head_weight.device))
 
     @property
     def head_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
 
-    def forward(self, input_ids, positions, attn_mask, kv=None, write_slots=None):
+    def forward(self, input_ids, positions, attn_mask, kv=None, write_slots=None, adapter_from=None):
         """input_ids, positions [B, S]; attn_mask [B, S, S_kv] bool -> final-normed hidden [B, S, H].
 
         ``kv``: a ``KVView`` (``kv.k[layer]``, ``kv.v[layer]`` of [Hkv, S_buf, hd]) with
         ``write_slots`` [S] (B must be 1), or None for a self-contained sequence.
+        ``adapter_from``: the first row of the call's draft blocks (D rows each, to the end), where
+        the mask-row adapters apply; None (or no adapters): every row is the base model's.
         """
         x = self.model.embed_tokens(input_ids)
+        if self.mask_slot_embedding is not None and adapter_from is not None and adapter_from < x.shape[1]:
+            d = self.mask_slot_embedding.shape[0]
+            blocks = x.shape[1] - adapter_from
+            if blocks % d:
+                raise ValueError(f"rows {adapter_from}.. of a {x.shape[1]}-row call are not whole {d}-row draft blocks")
+            offset = self.mask_slot_embedding.to(x.dtype).repeat(blocks // d, 1)
+            x = torch.cat([x[:, :adapter_from], x[:, adapter_from:] + offset], dim=1)
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        if self.mask_slot_embedding is None:
+            adapter_from = None
         for i, layer in enumerate(self.model.layers):
             kv_layer = (kv.k[i], kv.v[i]) if kv is not None else None
-            x = layer(x, cos, sin, attn_mask, kv_layer, write_slots)
+            x = layer(x, cos, sin, attn_mask, kv_layer, write_slots, adapter_from)
         return self.model.norm(x)
 
     def verify_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,165 @@
+"""Mask-row adapters (``runtime.model.MaskRowAdapter``, ``tools.train --adapter-rank``): low-rank
+capacity on the draft blocks' rows only, so the clean stream (prefill, AR, verify, the NTP
+loss) stays the base model bit for bit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bitmtp_edge.format.config import ConfigError, MTPConfig, ModelConfig, QuantConfig
+from bitmtp_edge.runtime.model import TernaryLM
+from tests.helpers import one_thread  # noqa: F401 - the fixture pytestmark uses
+from tests.test_train_init import data, sources, tiny  # noqa: F401 - fixtures
+from tools.blocks import BlockLayout, build_rows
+from tools.train import Trainer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CFG = ModelConfig(family="bitnet", vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2,
+                  num_heads=4, num_kv_heads=2, head_dim=16)
+
+
+def random_runtime_model(seed: int) -> TernaryLM:
+    g = torch.Generator().manual_seed(seed)
+    model = TernaryLM(CFG, QuantConfig()).double()
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            if name.endswith(".codes"):
+                t.copy_(torch.randint(-1, 2, t.shape, generator=g))
+            elif name.endswith(".scale"):
+                t.copy_(0.02 + 0.05 * torch.rand(t.shape, generator=g, dtype=torch.float64))
+            elif t.is_floating_point():
+                t.copy_(torch.randn(t.shape, generator=g, dtype=torch.float64) * (0.3 if t.dim() > 1 else 0.1) + (
+                    1.0 if t.dim() == 1 else 0.0))
+    return model.eval()
+
+
+def with_random_adapters(model: TernaryLM, rank: int, block_size: int, seed: int) -> TernaryLM:
+    g = torch.Generator().manual_seed(seed)
+    model.attach_mask_adapters(rank, block_size)
+    model.double()
+    with torch.no_grad():
+        for p in [model.mask_slot_embedding] + [q for proj in model.projections() for q in proj.adapter.parameters()]:
+            p.copy_(0.2 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+    return model
+
+
+def training_rows(seed: int, clean: int = 12, d: int = 4, blocks: int = 3):
+    g = torch.Generator().manual_seed(seed)
+    layout = BlockLayout(clean, d, blocks)
+    window = torch.randint(2, CFG.vocab_size, (1, layout.window), generator=g)
+    anchors = torch.randperm(clean, generator=g)[:blocks].sort().values.unsqueeze(0)
+    ids, pos, _, mask = build_rows(window, anchors, layout, mask_token_id=1, eos_token_id=None)
+    return ids, pos, mask, clean
+
+
+def test_adapters_change_the_block_rows_and_leave_the_clean_rows_bit_for_bit():
+    ids, pos, mask, clean = training_rows(0)
+    base = random_runtime_model(1)
+    plain = base(ids, pos, mask)
+    adapted = with_random_adapters(random_runtime_model(1), rank=4, block_size=4, seed=2)
+    out = adapted(ids, pos, mask, adapter_from=clean)
+    assert torch.equal(out[:, :clean], plain[:, :clean])  # exact: the verifier is the base model
+    assert (out[:, clean:] - plain[:, clean:]).abs().amin(-1).gt(0).all()  # every block row moved
+    assert torch.equal(adapted(ids, pos, mask), plain)  # no adapter_from: the base model everywhere
+
+
+def test_a_fresh_adapter_changes_nothing_until_trained():
+    ids, pos, mask, clean = training_rows(3)
+    base = random_runtime_model(4)
+    fresh = random_runtime_model(4)
+    fresh.attach_mask_adapters(8, 4)
+    fresh.double()
+    assert torch.equal(fresh(ids, pos, mask, adapter_from=clean), base(ids, pos, mask))
+    assert fresh.adapter_rank == 8 and base.adapter_rank == 0
+
+
+def test_block_rows_must_be_whole_blocks():
+    ids, pos, mask, clean = training_rows(5)
+    model = with_random_adapters(random_runtime_model(6), rank=2, block_size=4, seed=7)
+    with pytest.raises(ValueError, match="not whole 4-row draft blocks"):
+        model(ids, pos, mask, adapter_from=clean + 1)
+
+
+@pytest.mark.parametrize("rank", [-1, 1.5, True])
+def test_adapter_rank_is_checked(rank):
+    with pytest.raises(ConfigError, match="adapter_rank must be a whole number"):
+        MTPConfig(block_size=4, mask_token_id=1, adapter_rank=rank)
+
+
+def test_manifests_without_adapters_read_as_before():
+    assert "adapter_rank" not in MTPConfig(block_size=4, mask_token_id=1).to_dict()
+    assert MTPConfig.from_dict(MTPConfig(4, 1, adapter_rank=16).to_dict()).adapter_rank == 16
+
+
+def test_adapter_training_keeps_the_source_model_and_drafts_through_the_reference_backend(sources, data, tmp_path):
+    from click.testing import CliRunner
+
+    from bitmtp_edge.runtime.decoding import DecodeOptions, DecodeStats, decode
+    from export.cli import main as export_main
+    from tools import eval_acceptance
+    from tools.eval_quality import runtime
+    from tools.hf_checkpoint import load_latent_model, load_runtime_model
+    from tools.init_checkpoint import load_for_training
+
+    src = sources["bitnet-packed"]
+    run = tmp_path / "run"
+    s = Trainer(tiny(data, run, init=str(src), adapter_rank=4, lr=2e-2), log=lambda m: None).run()
+    log = json.loads((run / "train_log.json").read_text())
+    assert log["history"][-1]["mtp"] < log["history"][0]["mtp"], "the adapters learn to draft"
+    assert s["steps"] == 6
+
+    # every base tensor is the source's, exactly: the clean stream cannot have moved
+    trained, ck = load_runtime_model(run / "final", torch.float64)
+    assert ck.mtp.adapter_rank == 4 and trained.adapter_rank == 4
+    source, _ = load_for_training(str(src), 1, keep_mask_row=True)
+    latent, _ = load_latent_model(run / "final")
+    for name, t in source.state_dict().items():
+        assert torch.equal(latent.state_dict()[name], t), name
+    assert any(p.abs().sum() > 0 for proj in latent.projections() for p in [proj.adapter.B])
+    assert latent.mask_slot_embedding.abs().sum() > 0
+
+    # drafts move, the decoded text does not (reference backend, from the compact checkpoint)
+    model, ck, backend = runtime(str(run / "compact"), "cpu", max_context=256)
+    ids = [5, 17, 33, 2, 9, 41, 12]
+    outs = {}
+    for policy in ("ar", "speculative", "fused"):
+        opts = DecodeOptions(policy=policy, max_new_tokens=12, block_size=ck.mtp.block_size)
+        outs[policy] = [t for chunk in decode(backend, ids, opts, DecodeStats()) for t in chunk]
+    assert outs["speculative"] == outs["ar"] == outs["fused"] and len(outs["ar"]) == 12
+
+    # the backend's draft step and the replay tool see the adapters: without them (zeroed) the
+    # same model drafts with other confidences
+    def draft_confidences():
+        backend.reset()
+        backend.prefill(ids[:-1])
+        return backend.draft_step([ids[-1]], ck.mtp.block_size).confidences
+
+    with eval_acceptance.exact_float32_int_matmul():
+        drafted, (_, replayed, _) = draft_confidences(), eval_acceptance.block_logits(model, ids, 4, 1, 8, set())
+        for proj in model.projections():
+            proj.adapter.B.data.zero_()
+        model.mask_slot_embedding.data.zero_()
+        assert draft_confidences() != drafted
+        assert not torch.equal(eval_acceptance.block_logits(model, ids, 4, 1, 8, set())[1], replayed)
+
+    res = CliRunner().invoke(export_main, [str(run / "compact"), str(tmp_path / "art"), "-q"])
+    assert res.exit_code != 0 and "adapter_rank 4" in res.output and "mask-row adapters" in res.output
+    assert not (tmp_path / "art").exists()
+
+
+def test_adapter_training_resumes(sources, data, tmp_path):
+    run = tmp_path / "run"
+    Trainer(tiny(data, run, init=str(sources["bitnet-packed"]), adapter_rank=2, stop_at=3), log=lambda m: None).run()
+    s = Trainer(tiny(data, run, init=str(sources["bitnet-packed"]), adapter_rank=2, resume=True),
+                log=lambda m: None).run()
+    log = json.loads((run / "train_log.json").read_text())
+    assert s["steps"] == 6 and any("resumed at step 3" in e for e in log["events"])
+
+
+def test_adapters_need_an_init_checkpoint(data, tmp_path):
+    with pytest.raises(ValueError, match="--adapter-rank trains mask-row adapters on an existing model"):
+        Trainer(tiny(data, tmp_path / "run", adapter_rank=2), log=lambda m: None)
