@@ -56,6 +56,7 @@ class LinearConfig:
     block_m: int = 0  # W2A8 ``mma``: activation rows per tile (16, 32, 64, 128); 0 = the whole width (<= 128)
     asum_by_dot: bool = False  # W2A8 ``mma``: the activation sums on the tensor cores, not dp4a over the words
     fold_lanes: bool = False  # W2A8 ``mma``: the four lanes in one accumulator (a quarter of the registers)
+    tail_m: int = 0  # W2A8 folded ``mma``: a second tile of rows after block_m's (16, 32, 64; < block_m); 0 = none
 
     def __post_init__(self):
         if self.kernel not in (GEMV, DOT, ROWS, LANES, MMA):
@@ -66,6 +67,14 @@ class LinearConfig:
             raise ValueError(f"LinearConfig.block_m={self.block_m}: need 0 (the whole width) or 16, 32, 64, 128")
         if self.fold_lanes and self.kernel != MMA:
             raise ValueError(f"LinearConfig.fold_lanes: only the 'mma' kernel folds its lanes, got {self.kernel!r}")
+        if self.tail_m:
+            if self.kernel != MMA or not self.fold_lanes:
+                raise ValueError(f"LinearConfig.tail_m={self.tail_m}: only the folded 'mma' kernel takes a tail tile "
+                                 f"(kernel='mma', fold_lanes=True), got kernel={self.kernel!r}, "
+                                 f"fold_lanes={self.fold_lanes}")
+            if self.tail_m not in (16, 32, 64) or not self.tail_m < self.block_m:
+                raise ValueError(f"LinearConfig.tail_m={self.tail_m}: need 0 (no tail) or 16, 32, 64 rows, fewer "
+                                 f"than the main tile's block_m={self.block_m} (which must be set: 32, 64 or 128)")
 
 
 @dataclass(frozen=True)
@@ -336,12 +345,32 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     return LinearConfig(MMA, block_n=block_n, block_kb=64, num_warps=4, num_stages=1, split_k=split)
 
 
+def tail_config(cfg: LinearConfig, m: int) -> LinearConfig:
+    """``cfg`` with a tail tile (``LinearConfig.tail_m``) at width ``m``, where that pads fewer
+    rows; else ``cfg`` itself. A folded ``mma`` launch that takes the whole width in one
+    program pads it to a power of two P: split into a main tile of P/2 rows and a tail of the
+    smallest power of two (>= 16) that holds the rest, when the tail is the smaller tile:
+    M = 33..48 -> 32 + 16 rows instead of 64, 65..80 -> 64 + 16 and 81..96 -> 64 + 32 instead
+    of 128. Other kernels, launches already tiled below the width (``block_m``), and the widths
+    where no tail is smaller (M <= 32, 49..64, 97..) keep ``cfg``. The untuned defaults do not
+    take it (not measured yet): ``tail_config(default_linear(m, ...), m)`` is what to time."""
+    if cfg.kernel != MMA or not cfg.fold_lanes or cfg.tail_m or not 32 < m <= 128:
+        return cfg
+    whole = 1 << (m - 1).bit_length()  # the rows one program pads the width to
+    if cfg.block_m and cfg.block_m < whole:
+        return cfg
+    main = whole // 2
+    tail = max(16, 1 << (m - main - 1).bit_length())
+    return replace(cfg, block_m=main, tail_m=tail) if tail < main else cfg
+
+
 def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool = False) -> list[LinearConfig]:
     """What the tuner times for one (N, K, M). W2A8: gemv (with and without the L2
     prefetch) and ``lanes`` up to M = 2, the pipelined ``mma`` over the whole width up to
     M = 48 and in 16- / 32-row tiles for M = 17..128, the same with folded lanes (and 128
-    weight rows over 8 warps) for M = 1..128, ``dot`` from M = 2; W2A16: gemv at M <= 2,
-    the 16-bit dot always."""
+    weight rows over 8 warps) for M = 1..128, the folded whole-width launches also with a tail
+    tile where one pads fewer rows (``tail_config``: M = 33..48, 65..96), ``dot`` from M = 2;
+    W2A16: gemv at M <= 2, the 16-bit dot always."""
     chunks = _cdiv(k, 128)
     out = []
     if weight_only:
@@ -412,8 +441,9 @@ def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool =
             if sk > 1 and chunks / sk < 4:
                 continue
             cfg = LinearConfig(MMA, bn, 64, num_warps=warps, num_stages=3, split_k=sk, block_m=bm, fold_lanes=True)
-            if cfg not in out:
-                out.append(cfg)
+            for c in (cfg, tail_config(cfg, m)):  # the whole width: with a tail where it pads fewer rows
+                if c not in out:
+                    out.append(c)
     return out
 
 

@@ -97,6 +97,10 @@ In the model's replays (the linears between its norms, attention and heads) two 
 beat ``dot`` at M = 33 and 40 by 12% of the whole step, and 16-row tiles beat it by 5%.
 Folded (session 8): 32-row tiles fastest on the stack at M = 33-80, the whole width in
 128-row weight tiles fastest in the replays at widths 32-40 (tools/results/kernels.md).
+The folded loop may add a tail tile (``LinearConfig.tail_m``, ``tuning.tail_config``): a
+program takes ``block_m + tail_m`` rows, each weight tile decoded once for both, so a width
+just past a power of two stops paying for the padding to the next one (on 8 of the H200's
+SMs the 2B stack took 6861 µs at M = 32 and 11614 at M = 33, padded to 64 rows).
 
 The epilogue multiplies in the same order as the twin, ``(float(acc) * a_scale) * w_scale``
 (group scales: ``(sum of float(chunk) * w_scale[g]) * a_scale``), so results in float32 are
@@ -588,34 +592,52 @@ def _mma_chunk(wb, c, c_hi, a_cols, mask_m, rb, rn, N, w_scale_ptr, stride_sn, s
 
 
 @triton.jit
-def _mma_folded_step(wb, c0, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, stride_sn, stride_sg, acc, asum, facc,
-                     K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUPED: tl.constexpr,
-                     ASUM_BY_DOT: tl.constexpr, CHUNKS: tl.constexpr):
+def _mma_folded_step(wb, c0, c_hi, a_step, mask_m, a_tail, mask_t, rk, rn, N, w_scale_ptr, stride_sn, stride_sg,
+                     acc, asum, facc, acc_t, asum_t, facc_t, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, GROUPED: tl.constexpr, ASUM_BY_DOT: tl.constexpr,
+                     CHUNKS: tl.constexpr):
     """One K step (CHUNKS 128-chunks from ``c0``) of ``_w2a8_mma_kernel`` with folded lanes.
 
     ``wb``: the step's packed bytes ([BLOCK_N, 32·CHUNKS], chunk after chunk); column ``32c + j``
     of lane i is input ``128(c0 + c) + 32i + j``, which ``a_step`` gathers, so each lane is one
     dot over the whole step. The lanes share ``acc`` by Horner over their scales: in at scale
     1, ``<< 2`` before lanes 1..3 (every partial sum is then a multiple of the next lane's
-    scale), ``>> 6`` at the end: four exact shifts per step. Group scales: CHUNKS == 1."""
+    scale), ``>> 6`` at the end: four exact shifts per step. Group scales: CHUNKS == 1.
+    ``TAIL_M > 0``: each decoded lane also multiplies the tail rows (``a_tail``, ``mask_t``)
+    into ``acc_t`` / ``asum_t`` / ``facc_t`` the same way; else those pass through untouched."""
     c = c0 + rk // 32  # [32·CHUNKS]: the chunk of each column
     live = c < c_hi  # a step may overshoot the slice
     if GROUPED:
         acc = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
         asum = tl.zeros((16, BLOCK_M), tl.int32)
+        if TAIL_M > 0:
+            acc_t = tl.zeros((BLOCK_N, TAIL_M), tl.int32)
+            asum_t = tl.zeros((16, TAIL_M), tl.int32)
     for i in tl.static_range(4):
         if i > 0:
             acc = acc << 2
+            if TAIL_M > 0:
+                acc_t = acc_t << 2
         ka = c * 128 + 32 * i + rk % 32
         a = tl.load(a_step + c0 * 128 + 32 * i, mask=mask_m & (live & (ka < K))[:, None], other=0)  # [32·CHUNKS, BLOCK_M]
-        acc = tl.dot(_mma_lane(wb, i), a, acc, out_dtype=tl.int32)
+        lane = _mma_lane(wb, i)  # decoded once for both row tiles
+        acc = tl.dot(lane, a, acc, out_dtype=tl.int32)
         if ASUM_BY_DOT:
             asum = _mma_asum(a, i, asum, 32 * CHUNKS)
+        if TAIL_M > 0:
+            a_t = tl.load(a_tail + c0 * 128 + 32 * i, mask=mask_t & (live & (ka < K))[:, None], other=0)
+            acc_t = tl.dot(lane, a_t, acc_t, out_dtype=tl.int32)
+            if ASUM_BY_DOT:
+                asum_t = _mma_asum(a_t, i, asum_t, 32 * CHUNKS)
     acc = acc >> 6
+    if TAIL_M > 0:
+        acc_t = acc_t >> 6
     if GROUPED:
         s = tl.load(w_scale_ptr + rn * stride_sn + c0 * stride_sg, mask=(rn < N) & (rn * 0 + c0 < c_hi), other=0.0)
         facc += (acc + tl.max(asum, axis=0)[None, :]).to(tl.float32) * s[:, None]
-    return acc, asum, facc
+        if TAIL_M > 0:
+            facc_t += (acc_t + tl.max(asum_t, axis=0)[None, :]).to(tl.float32) * s[:, None]
+    return acc, asum, facc, acc_t, asum_t, facc_t
 
 
 @triton.jit
@@ -671,6 +693,7 @@ def _w2a8_mma_kernel(
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
     PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
     FOLD: tl.constexpr = False,  # LinearConfig.fold_lanes: one accumulator for the four lanes, one dot per step
+    TAIL_M: tl.constexpr = 0,  # FOLD: LinearConfig.tail_m, a second row tile after BLOCK_M's (0: none)
 ):
     """int8 tensor cores over all BLOCK_M (<= 128) rows of the width: each weight tile is
     loaded and decoded once for every row.
@@ -695,11 +718,23 @@ def _w2a8_mma_kernel(
     whole width up to 128 rows, each weight tile decoded once for all of them; and each lane
     is one dot over the whole step (``CHUNKS`` chunks gathered in one tile), a quarter of the
     dependent tensor-core ops at four chunks per step. Exact while ``64 · 160 · K < 2**31``
-    (``FOLD_MAX_K``)."""
+    (``FOLD_MAX_K``).
+
+    ``TAIL_M`` (``FOLD`` only, ``LinearConfig.tail_m``): a program takes ``BLOCK_M + TAIL_M``
+    rows, a main tile of BLOCK_M and a smaller tail tile of the TAIL_M rows after it (both
+    powers of two), so a width just past a power of two pads to ``BLOCK_M + TAIL_M`` rows
+    instead of ``2 · BLOCK_M`` (M = 33..48: 32 + 16 rows, not 64): the tensor-core work follows
+    the padded rows. Each decoded lane feeds two dots, one per tile (the weights are still
+    loaded and decoded once per step); each tile has its own accumulator, offset correction,
+    activation scales and epilogue (under split-K its own arrival counts, after the main
+    tiles'). A row's result does not depend on the tile it lands in (integer sums, exact).
+    Without a tail the tail's tiles are 16-row placeholders that the folded step passes
+    through untouched, and the compiler drops them."""
     N_CHUNKS: tl.constexpr = (K + 127) // 128
+    tl.static_assert(TAIL_M == 0 or FOLD, "only the folded loop multiplies a tail tile")
     # the row tiles of one weight tile are neighbours in the grid: they run together and
     # share the tile's DRAM traffic through the L2
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rm = tl.program_id(0) * (BLOCK_M + TAIL_M) + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     c_lo = tl.program_id(2) * chunks_per_split
     c_hi = tl.minimum(c_lo + chunks_per_split, N_CHUNKS)
@@ -728,25 +763,45 @@ def _w2a8_mma_kernel(
         rk = tl.arange(0, 32 * CHUNKS)  # byte 32c + j of a step: inputs 128c + 32i + j of lane i
         w_step = w_ptr + rn[:, None] * stride_wn + rk[None, :]
         a_step = a_ptr + rm[None, :] * stride_am + ((rk // 32) * 128 + rk % 32)[:, None]
+        # the tail tile: the TAIL_M rows after the main tile's (without one, 16-row placeholders)
+        TAIL_ROWS: tl.constexpr = TAIL_M if TAIL_M > 0 else 16
+        rt = tl.program_id(0) * (BLOCK_M + TAIL_M) + BLOCK_M + tl.arange(0, TAIL_ROWS)
+        a_tail = a_ptr + rt[None, :] * stride_am + ((rk // 32) * 128 + rk % 32)[:, None]
+        mask_t = (rt < M)[None, :]
+        acc_t = tl.zeros((BLOCK_N, TAIL_ROWS), tl.int32)
+        asum_t = tl.zeros((16, TAIL_ROWS), tl.int32)
+        facc_t = tl.zeros((BLOCK_N, TAIL_ROWS), tl.float32)
+        if WORD_SUMS and TAIL_M > 0:
+            t_words = a_ptr.to(tl.pointer_type(tl.int32)) + rt[:, None] * (stride_am // 4) + rw[None, :]
+            rows_t = (rt < M)[:, None]
+            asum2_t = tl.zeros((TAIL_M, 32 * CHUNKS), tl.int32)
         # the weights are constants: their first step is in flight before the wait
         wb = tl.load(w_step + c_lo * 32, mask=mask_n & (c_lo + rk // 32 < c_hi)[None, :], other=0)
         gdc_prologue(USE_GDC)
         if WORD_SUMS:
             aw = _step_words(a_words, c_lo, c_hi, rw, rows_ok, K)
-        acc0, asum, facc = _mma_folded_step(wb, c_lo, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, stride_sn,
-                                            stride_sg, acc0, asum, facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT,
-                                            CHUNKS)
+            if TAIL_M > 0:
+                aw_t = _step_words(t_words, c_lo, c_hi, rw, rows_t, K)
+        acc0, asum, facc, acc_t, asum_t, facc_t = _mma_folded_step(
+            wb, c_lo, c_hi, a_step, mask_m, a_tail, mask_t, rk, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, asum,
+            facc, acc_t, asum_t, facc_t, K, BLOCK_N, BLOCK_M, TAIL_M, GROUPED, ASUM_BY_DOT, CHUNKS)
         if WORD_SUMS:
             asum2 = dp4a(aw, sign[None, :], asum2, USE_ASM)
+            if TAIL_M > 0:
+                asum2_t = dp4a(aw_t, sign[None, :], asum2_t, USE_ASM)
         for c0 in range(c_lo + CHUNKS, c_hi, CHUNKS):
             wb = tl.load(w_step + c0 * 32, mask=mask_n & (c0 + rk // 32 < c_hi)[None, :], other=0)
             if WORD_SUMS:
                 aw = _step_words(a_words, c0, c_hi, rw, rows_ok, K)
-            acc0, asum, facc = _mma_folded_step(wb, c0, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, stride_sn,
-                                                stride_sg, acc0, asum, facc, K, BLOCK_N, BLOCK_M, GROUPED,
-                                                ASUM_BY_DOT, CHUNKS)
+                if TAIL_M > 0:
+                    aw_t = _step_words(t_words, c0, c_hi, rw, rows_t, K)
+            acc0, asum, facc, acc_t, asum_t, facc_t = _mma_folded_step(
+                wb, c0, c_hi, a_step, mask_m, a_tail, mask_t, rk, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0,
+                asum, facc, acc_t, asum_t, facc_t, K, BLOCK_N, BLOCK_M, TAIL_M, GROUPED, ASUM_BY_DOT, CHUNKS)
             if WORD_SUMS:
                 asum2 = dp4a(aw, sign[None, :], asum2, USE_ASM)
+                if TAIL_M > 0:
+                    asum2_t = dp4a(aw_t, sign[None, :], asum2_t, USE_ASM)
     else:
         rb = tl.arange(0, 32)  # byte j of a chunk: inputs 32i + j of lane i
         w_rows = w_ptr + rn[:, None] * stride_wn + rb[None, :]
@@ -786,6 +841,25 @@ def _w2a8_mma_kernel(
     a_s = _act_scales(a_scale_ptr, rm, M, SPLIT)
     _store_tile(y, rn, rm, M, N, a_s, ws, out_ptr, stride_om, res_ptr, stride_rm, part_ptr, count_ptr,
                 a_scale_ptr, w_scale_ptr, stride_sn, GROUPED, SPLIT, RESIDUAL, SUM_SLICES)
+    if TAIL_M > 0:  # the tail tile's own epilogue; split-K: its arrival counts follow the main tiles'
+        if GROUPED:
+            y_t = facc_t
+        elif ASUM_BY_DOT:
+            y_t = acc_t + tl.max(asum_t, axis=0)[None, :]
+        else:
+            y_t = acc_t + tl.sum(asum2_t, axis=1)[None, :]
+        _store_tile(y_t, rn, rt, M, N, _act_scales(a_scale_ptr, rt, M, SPLIT), ws, out_ptr, stride_om, res_ptr,
+                    stride_rm, part_ptr, count_ptr + tl.num_programs(0) * tl.num_programs(1), a_scale_ptr,
+                    w_scale_ptr, stride_sn, GROUPED, SPLIT, RESIDUAL, SUM_SLICES)
+
+
+def mma_rows(config: LinearConfig, m: int, k: int) -> tuple[int, int]:
+    """(BLOCK_M, TAIL_M) of an ``mma`` launch at width ``m``: the main tile is the width's power
+    of two up to ``config.block_m`` (0: up to 128), 16 at least; a tail (``config.tail_m``) only
+    on the folded loop and where the width outgrows the main tile. A program takes both."""
+    block_m = max(16, min(next_pow2(m), config.block_m or MMA_MAX_BLOCK_M))
+    fold = config.fold_lanes and k <= FOLD_MAX_K
+    return block_m, (config.tail_m if fold and m > block_m else 0)
 
 
 def w2a8_linear(
@@ -859,13 +933,14 @@ def w2a8_linear(
         grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, rows["BLOCK_M"]), n_split)
     else:  # mma: the row tiles of one weight tile first in the grid (neighbours share it through the L2)
         kernel, a_in, w_in = _w2a8_mma_kernel, a_int8, packed
-        rows = {"BLOCK_M": max(16, min(next_pow2(m), config.block_m or MMA_MAX_BLOCK_M))}
-        grid = (triton.cdiv(m, rows["BLOCK_M"]), triton.cdiv(n, config.block_n), n_split)
+        rows = dict(zip(("BLOCK_M", "TAIL_M"), mma_rows(config, m, k)))
+        grid = (triton.cdiv(m, rows["BLOCK_M"] + rows["TAIL_M"]), triton.cdiv(n, config.block_n), n_split)
     check_launchable(kernel, a_int8, a_scale, packed, w_scale)
     # the last program of each output tile adds the slices (common.last_slice) where the tile is small,
-    # and where the counts can be had; else a reduction launch
-    tile = config.block_n * rows.get("BLOCK_M", 1)
-    counts = split_counters(out.device, grid[0] * grid[1]) if split and tile <= SLICE_SUM_MAX_TILE else None
+    # and where the counts can be had; else a reduction launch. A tail tile has counts of its own.
+    tile = config.block_n * (rows.get("BLOCK_M", 1) + rows.get("TAIL_M", 0))
+    tiles = grid[0] * grid[1] * (2 if rows.get("TAIL_M") else 1)
+    counts = split_counters(out.device, tiles) if split and tile <= SLICE_SUM_MAX_TILE else None
     in_kernel = n_split if counts is not None else 0
     # No FMA contraction: the epilogue's ``residual + (acc·a_s)·w_s`` must round the product
     # first, as the twin (and the unfused sum) does; the main loops are integer anyway.

@@ -18,7 +18,7 @@ from kernels_ampere import pack_ternary  # noqa: E402
 from kernels_ampere.numerics import int_matmul, quantize_activations  # noqa: E402
 from kernels_ampere.packing import packed_width  # noqa: E402
 from kernels_ampere.tuning import (DOT, GEMV, LANES, MMA, ROWS, LinearConfig, default_linear,  # noqa: E402
-                                   group_k_slices)
+                                   find_config, group_k_slices, linear_candidates, linear_key, record, tail_config)
 from kernels_ampere.w2a16 import w2a16_linear, w2a16_linear_reference  # noqa: E402
 from kernels_ampere.w2a8 import w2a8_linear, w2a8_linear_reference  # noqa: E402
 from tests.helpers import DEVICE, ON_GPU, needs_gpu  # noqa: E402
@@ -699,3 +699,142 @@ def test_w2a8_v6_board_launch_at_the_narrowest_widths_matches_the_twin(m, n, k):
     assert cfg.kernel == MMA
     assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res, config=cfg),
                  w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res), f"{cfg}")
+
+
+# --- tail tiles: a folded program over block_m + tail_m rows (LinearConfig.tail_m) ------------------
+
+TAIL_SHAPE = (40, 300)  # N, K: a partial last weight tile, K padded to three whole chunks
+
+
+@pytest.mark.parametrize("m,block_m,tail_m", [(33, 32, 16), (40, 32, 16), (48, 32, 16), (90, 64, 32)])
+def test_w2a8_tail_tile_matches_the_twin(m, block_m, tail_m):
+    """Widths past a power of two in a main tile and a smaller tail tile that multiplies the
+    same decoded weights, on fresh random inputs: the twin's bits with and without the fused
+    residual, with the activation sums by dp4a over the words and on the tensor cores, and
+    with K split (two slices; the sums in the kernel at 16 x 48 rows, by a launch at 16 x 96)."""
+    import kernels_ampere.w2a8 as w2a8
+
+    n, k = TAIL_SHAPE
+    gen = torch.Generator().manual_seed(500 + m)
+    _, packed = random_weight(n, k, gen)
+    a, a_s = random_activations(m, k, gen)
+    w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
+    res = (torch.randn(m, n, generator=gen) * 3).to(DEVICE)
+    fold = dict(block_m=block_m, tail_m=tail_m, num_warps=4, num_stages=2, fold_lanes=True)
+    cfgs = [LinearConfig(MMA, 16, 64, **fold), LinearConfig(MMA, 16, 64, asum_by_dot=True, **fold),
+            LinearConfig(MMA, 16, 32, split_k=2, **fold)]
+    for residual in (None, res):
+        ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32, residual=residual)
+        for cfg in cfgs:
+            assert w2a8.mma_rows(cfg, m, k) == (block_m, tail_m)  # one program: both tiles
+            out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=residual, config=cfg)
+            assert_exact(out, ref, f"{cfg} M={m} residual={residual is not None}")
+
+
+def test_w2a8_tail_rows_do_not_depend_on_the_width():
+    """The rows that launches of widths 32, 33 and 48 share get the same bits: M = 32 in one
+    32-row tile, M = 33 and 48 in a 32-row tile and a 16-row tail (the 8-SM board's default
+    with ``tail_config``, 128 weight rows over 8 warps), and M = 33 also padded to 64 rows
+    without a tail; each against the twin too."""
+    n, k = TAIL_SHAPE
+    gen = torch.Generator().manual_seed(532)
+    _, packed = random_weight(n, k, gen)
+    a, a_s = random_activations(48, k, gen)
+    w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
+    outs = {}
+    for m, tail in ((32, False), (33, True), (33, False), (48, True)):
+        board = default_linear(m, False, n=n, k=k, sms=8)
+        cfg = tail_config(board, m) if tail else board
+        assert cfg.tail_m == (16 if tail else 0)
+        outs[m, tail] = w2a8_linear(a[:m], a_s[:m], packed, w_s, out_dtype=torch.float32, config=cfg)
+        assert_exact(outs[m, tail], w2a8_linear_reference(a[:m], a_s[:m], packed, w_s, out_dtype=torch.float32),
+                     f"{cfg} M={m}")
+    assert_exact(outs[33, True][:32], outs[32, False], "M = 33 (32 + 16) vs M = 32")
+    assert_exact(outs[33, True], outs[33, False], "M = 33 with and without the tail")
+    assert_exact(outs[48, True][:33], outs[33, True], "M = 48 vs M = 33")
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["row", "group128"])
+def test_w2a8_tail_tile_split_k_counts_each_tile(grouped, monkeypatch):
+    """Split-K with a tail: the main and the tail tile of a program have arrival counts of their
+    own, so the last slice to finish each adds it, no reduction launch runs and every count is
+    back at zero (a second call starts clean); with no counts, a reduction launch: the same
+    bits. Group-128 scales (K = 4096: two slices from K alone) too; residual fused."""
+    import kernels_ampere.w2a8 as w2a8
+    from kernels_ampere import common
+
+    m, n, k = (40, 24, 4096) if grouped else (40, 24, 640)
+    gen = torch.Generator().manual_seed(540 + grouped)
+    _, packed = random_weight(n, k, gen)
+    a, a_s = random_activations(m, k, gen)
+    w_s = (0.5 + torch.rand((n, k // 128) if grouped else (n,), generator=gen)).to(DEVICE)
+    res = torch.randn(m, n, generator=gen).to(DEVICE)
+    ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res)
+    # three slices of a five-chunk K (the last one chunk of a two-chunk step); grouped: K's two
+    cfg = LinearConfig(MMA, 16, 64, num_warps=4, num_stages=2, split_k=3, block_m=32, tail_m=16, fold_lanes=True)
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("split_k_reduce launched although the counts were there")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(w2a8, "split_k_reduce", no_launch)
+        for call in range(2):
+            out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res, config=cfg)
+            assert_exact(out, ref, f"in the kernel, call {call}: {cfg}")
+            assert common.split_counters(out.device, 1).count_nonzero().item() == 0
+    with monkeypatch.context() as patch:
+        patch.setattr(w2a8, "split_counters", lambda device, tiles: None)
+        assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res, config=cfg), ref,
+                     f"by a launch: {cfg}")
+
+
+def test_tail_m_is_checked_and_old_tables_load_without_it():
+    """A tail only on the folded ``mma`` kernel, 16 / 32 / 64 rows below a main tile that is
+    set; the launcher drops it where the width fits the main tile or K is too long to fold;
+    a tuned record without the field (tables before it) loads as no tail."""
+    import kernels_ampere.w2a8 as w2a8
+
+    good = LinearConfig(MMA, 64, 64, block_m=32, tail_m=16, fold_lanes=True)
+    bad = [dict(kernel=MMA, block_m=32, tail_m=16),  # not folded
+           dict(kernel=DOT, block_m=32, tail_m=16),
+           dict(kernel=MMA, tail_m=16, fold_lanes=True),  # no main tile
+           dict(kernel=MMA, block_m=32, tail_m=32, fold_lanes=True),  # not smaller than it
+           dict(kernel=MMA, block_m=128, tail_m=8, fold_lanes=True),  # not a tensor-core tile
+           dict(kernel=MMA, block_m=64, tail_m=24, fold_lanes=True)]
+    for fields in bad:
+        with pytest.raises(ValueError, match="tail_m"):
+            LinearConfig(block_n=64, block_kb=64, **fields)
+    assert w2a8.mma_rows(good, 40, 300) == (32, 16)
+    assert w2a8.mma_rows(good, 20, 300) == (32, 0)  # the width fits the main tile
+    assert w2a8.mma_rows(good, 40, w2a8.FOLD_MAX_K + 128) == (32, 0)  # four accumulators: no tail
+    key = linear_key(2560, 2560, 40, False)
+    entry = record("w2a8_linear", key, good, 1.0)
+    assert entry["config"]["tail_m"] == 16 and find_config([entry], "w2a8_linear", key) == good
+    del entry["config"]["tail_m"]
+    assert find_config([entry], "w2a8_linear", key) == LinearConfig(MMA, 64, 64, block_m=32, fold_lanes=True)
+
+
+def test_tail_config_splits_the_whole_width_where_it_pads_fewer_rows():
+    """``tail_config``: the board's whole-width folded launch as 32 + 16 rows at M = 33..48,
+    64 + 16 at 65..80, 64 + 32 at 81..96, unchanged elsewhere (and for tiled or unfolded
+    launches); the defaults never take a tail; the tuner is offered exactly these widths' tails."""
+    n, k = 2560, 6912
+    expect = {m: (32, 16) for m in range(33, 49)} | {m: (64, 16) for m in range(65, 81)}
+    expect |= {m: (64, 32) for m in range(81, 97)}
+    for m in range(1, 140):
+        whole = LinearConfig(MMA, 128, 64, num_warps=8, num_stages=3, fold_lanes=True)
+        got = tail_config(whole, m)
+        assert ((got.block_m, got.tail_m) if got != whole else None) == expect.get(m), m
+        assert got.tail_m + got.block_m >= m or got == whole
+        for sms in (8, 132):
+            board = default_linear(m, False, n=n, k=k, sms=sms)
+            assert board.tail_m == 0
+            if m > 64:  # 32-row tiles already
+                assert tail_config(board, m) == board
+    unfolded = LinearConfig(MMA, 64, 64, num_stages=3)
+    tiled = LinearConfig(MMA, 64, 64, num_stages=3, block_m=32, fold_lanes=True)
+    assert tail_config(unfolded, 40) == unfolded and tail_config(tiled, 40) == tiled
+    for m in (20, 32, 33, 48, 49, 64, 80, 96, 97, 128):
+        tails = {(c.block_m, c.tail_m) for c in linear_candidates(m, n, k, False) if c.tail_m}
+        assert tails == ({expect[m]} if m in expect else set()), m
+

@@ -63,7 +63,8 @@ def nv_bin(tool: str) -> str:
     return os.path.join(os.path.dirname(nv.__file__), "bin", tool)
 
 
-def block_m(cfg: LinearConfig, m: int) -> int:
+def block_m(cfg: LinearConfig, m: int, k: int) -> int:
+    """Activation rows one program multiplies (``mma``: its main tile and its tail tile)."""
     p2 = 1 << max(m - 1, 0).bit_length()
     if cfg.kernel == GEMV:
         return 1
@@ -71,7 +72,9 @@ def block_m(cfg: LinearConfig, m: int) -> int:
         return min(p2, w2a8.ROWS_MAX_BLOCK_M)
     if cfg.kernel == LANES:
         return min(p2, w2a8.LANES_MAX_BLOCK_M)
-    return max(16, min(p2, 64 if cfg.kernel == DOT else (cfg.block_m or w2a8.MMA_MAX_BLOCK_M)))
+    if cfg.kernel == MMA:
+        return sum(w2a8.mma_rows(cfg, m, k))
+    return max(16, min(p2, 64))
 
 
 def compile_config(cfg: LinearConfig, m: int, k: int, arch: int, grouped: bool = False, n: int = 2560):
@@ -89,11 +92,12 @@ def compile_config(cfg: LinearConfig, m: int, k: int, arch: int, grouped: bool =
     per_split, n_split = split_k_chunks(chunks_total, cfg.split_k, chunks)  # as w2a8_linear slices K
     const = dict(K=k, GROUPED=grouped, SPLIT=n_split > 1, RESIDUAL=False, SUM_SLICES=n_split if n_split > 1 else 0,
                  BLOCK_N=cfg.block_n, CHUNKS=chunks, USE_GDC=False, PREFETCH=False, USE_ASM=True)
-    if cfg.kernel != GEMV:
-        const["BLOCK_M"] = block_m(cfg, m)
     if cfg.kernel == MMA:
         const["ASUM_BY_DOT"] = grouped or k % 4 != 0 or cfg.asum_by_dot
         const["FOLD"] = cfg.fold_lanes and k <= w2a8.FOLD_MAX_K
+        const["BLOCK_M"], const["TAIL_M"] = w2a8.mma_rows(cfg, m, k)
+    elif cfg.kernel != GEMV:
+        const["BLOCK_M"] = block_m(cfg, m, k)
     kw = k // 4 if word else k  # activation row stride in elements
     pw = (chunks_total * 32) // (4 if word else 1)
     values = {"M": m, "N": n, "chunks_per_split": per_split, "stride_am": kw, "stride_wn": pw, "stride_sn": 1,
@@ -152,7 +156,7 @@ def profile(cfg: LinearConfig, m: int, k: int, arch: int, tmp: Path) -> dict:
     chunks = cfg.block_kb // 32
     # weights one loop iteration covers per program; gemv / rows / lanes / dot / mma all step CHUNKS chunks
     weights = cfg.block_n * chunks * 128
-    rows_per_program = 1 if cfg.kernel == GEMV else min(block_m(cfg, m), m) if m else 1
+    rows_per_program = 1 if cfg.kernel == GEMV else min(block_m(cfg, m, k), m) if m else 1
     programs_per_tile = -(-m // rows_per_program)  # programs that decode the same weights again
     per_warp = weights / cfg.num_warps / programs_per_tile
     b, limiter = bound(counts, per_warp)
