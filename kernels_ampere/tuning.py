@@ -213,7 +213,7 @@ MMA_MAX_M = 32  # v3: widths in one tile of the pipelined tensor-core kernel; wi
 # 80 2206 vs 3094 / 2341; the 2B-shape replays at widths 32 / 33 / 40 1892 / 2141 / 2185
 # against the previous table's 2082 / 2368 / 2489. At 33 and 40 the stack alone ranks 32-row
 # folded tiles first (1342 / 1378) but the replays put them 3-4% behind the 128-row tiles.
-# "v6" (the default) = v5, except that a GPU of few SMs (a Jetson Orin's 4-16) runs M = 1 and
+# "v6" = v5, except that a GPU of few SMs (a Jetson Orin's 4-16) runs M = 1 and
 # M = 2 on v5's M = 3 launch (folded ``mma``, one program per 64 weight rows, no K slice)
 # instead of gemv, which decodes every weight once per activation row (its grid is one
 # program per row: M = 2 costs twice M = 1). Measured on N SMs of the H200 (a CUDA green
@@ -223,8 +223,15 @@ MMA_MAX_M = 32  # v3: widths in one tile of the pipelined tensor-core kernel; wi
 # M = 1 2189 vs 2025, M = 2 4053 vs 2038; 32 SMs M = 1 1231 vs 2123 (gemv wins), M = 2 2155
 # vs 1894; 64 SMs M = 2 1229 vs 944; 128 SMs M = 2 758 vs 762. Group-128 weights keep gemv
 # (their ``mma`` steps one chunk at a time; not measured at these widths).
-W2A8_GENERATIONS = ("v1", "v2", "v3", "v4", "v5", "v6")
-W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v6")
+# "v7" (the default) = v6, except that on a GPU of few SMs (up to ``TAIL_MAX_SMS``) the folded
+# whole-width launches of M = 33..48 take a tail tile (``tail_config``: 32 + 16 rows, each
+# decoded weight tile multiplied by both, instead of the width padded to 64). The BitNet-2B
+# stack, mma.sync (an Orin's instruction), µs per step, v6 vs v7 (session 14; sm_partition_stack
+# --tail): 8 SMs M = 33 11636 vs 9151, 40 11859 vs 9370, 48 12162 vs 9672 (M = 32 unchanged,
+# 6901 vs 6897); 16 SMs M = 33 6553 vs 5199, 40 6681 vs 5337. Larger GPUs keep v6 (not measured).
+W2A8_GENERATIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7")
+W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v7")
+TAIL_MAX_SMS = 16  # v7: tail tiles up to this many SMs (measured on 8 and 16)
 MMA_M1_MAX_SMS = 16  # v6: M = 1 on the tensor cores up to this many SMs (gemv won at 32)
 MMA_M2_MAX_SMS = 64  # v6: M = 2 likewise (even at 128)
 MMA_TILED_MAX_M = 128  # v4: widths on 16-row ``mma`` tiles; wider ones as v3
@@ -260,9 +267,10 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     M = 33..64 that launch runs in two 32-row tiles); from M = 65 the width's 32-row tiles
     multiply the programs, and K is sliced only where they still leave half the SMs idle.
     v5 slices K the same way at every M = 3..128 (as for 64-row weight tiles), so an Orin
-    gets the folded whole-width tiles unsliced. v6 (the default) is v5 with M = 1 (up to 16
+    gets the folded whole-width tiles unsliced. v6 is v5 with M = 1 (up to 16
     SMs) and M = 2 (up to 64) on the M = 3 launch: on few SMs a launch spans many waves and
-    decoding each weight once for the width beats gemv's once per row.
+    decoding each weight once for the width beats gemv's once per row. v7 (the default) is v6
+    with a tail tile at M = 33..48 on up to 16 SMs (32 + 16 rows instead of 64, ``tail_config``).
     """
     chunks = _cdiv(k, 128) if k else 0
     sms = sms or 132
@@ -270,6 +278,9 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     if generation not in W2A8_GENERATIONS:
         raise ValueError(f"W2A8 kernel generation must be one of {W2A8_GENERATIONS} (BITMTP_W2A8_KERNELS), "
                          f"got {generation!r}")
+    if not weight_only and generation == "v7":
+        cfg = default_linear(m, grouped, n=n, k=k, sms=sms, generation="v6")
+        return tail_config(cfg, m) if sms <= TAIL_MAX_SMS and m <= 48 else cfg
     if not weight_only and generation == "v6":
         if not grouped and ((m == 1 and sms <= MMA_M1_MAX_SMS) or (m == 2 and sms <= MMA_M2_MAX_SMS)):
             return default_linear(3, grouped, n=n, k=k, sms=sms, generation="v5")
@@ -352,8 +363,8 @@ def tail_config(cfg: LinearConfig, m: int) -> LinearConfig:
     smallest power of two (>= 16) that holds the rest, when the tail is the smaller tile:
     M = 33..48 -> 32 + 16 rows instead of 64, 65..80 -> 64 + 16 and 81..96 -> 64 + 32 instead
     of 128. Other kernels, launches already tiled below the width (``block_m``), and the widths
-    where no tail is smaller (M <= 32, 49..64, 97..) keep ``cfg``. The untuned defaults do not
-    take it (not measured yet): ``tail_config(default_linear(m, ...), m)`` is what to time."""
+    where no tail is smaller (M <= 32, 49..64, 97..) keep ``cfg``. The untuned defaults take it
+    at M = 33..48 on up to ``TAIL_MAX_SMS`` SMs (generation v7, where it was measured)."""
     if cfg.kernel != MMA or not cfg.fold_lanes or cfg.tail_m or not 32 < m <= 128:
         return cfg
     whole = 1 << (m - 1).bit_length()  # the rows one program pads the width to

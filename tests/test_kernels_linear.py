@@ -9,6 +9,8 @@ float32 in a different order than the twin's matmul (rtol 1e-5 of the output's s
 Without CUDA the kernels run in Triton's interpreter, on small shapes.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -548,7 +550,7 @@ def test_untuned_defaults_follow_the_sm_count():
         default_linear(1, False, generation="v9")
 
 
-@pytest.mark.parametrize("generation", ["v1", "v2", "v3", "v4", "v5", "v6"])
+@pytest.mark.parametrize("generation", ["v1", "v2", "v3", "v4", "v5", "v6", "v7"])
 @pytest.mark.parametrize("m", (1, 2, 9, 21, 70))
 def test_w2a8_defaults_of_both_generations_match_the_twin(generation, m):
     n, k = 72, 640
@@ -686,6 +688,21 @@ def test_w2a8_v6_default_runs_the_narrowest_widths_on_the_tensor_cores_of_a_smal
                 m, False, n=2560, k=6912, sms=sms, generation="v5")
 
 
+def test_w2a8_v7_default_adds_tail_tiles_at_33_to_48_rows_on_a_small_gpu():
+    """v7 (the default): v6, except that M = 33..48 on up to 16 SMs run 32 + 16 rows (a tail
+    tile) instead of the width padded to 64; every other width and larger GPUs keep v6."""
+    for sms in (8, 16):
+        for m in (33, 40, 48):
+            cfg = default_linear(m, False, n=2560, k=6912, sms=sms, generation="v7")
+            v6 = default_linear(m, False, n=2560, k=6912, sms=sms, generation="v6")
+            assert (cfg.block_m, cfg.tail_m) == (32, 16) and cfg == replace(v6, block_m=32, tail_m=16)
+    for m, sms in ((1, 8), (32, 8), (49, 8), (64, 16), (80, 8), (33, 32), (40, 132)):
+        assert default_linear(m, False, n=2560, k=6912, sms=sms, generation="v7") == default_linear(
+            m, False, n=2560, k=6912, sms=sms, generation="v6")
+    assert default_linear(40, False, n=2560, k=6912, sms=8) == default_linear(40, False, n=2560, k=6912, sms=8,
+                                                                              generation="v7")
+
+
 @pytest.mark.parametrize("m,n,k", [(1, 72, 640), (2, 40, 384), (1, 24, 200)])
 def test_w2a8_v6_board_launch_at_the_narrowest_widths_matches_the_twin(m, n, k):
     """The launch v6 gives M = 1 and 2 on an 8-SM board, on fresh random inputs (K padded to
@@ -743,7 +760,7 @@ def test_w2a8_tail_rows_do_not_depend_on_the_width():
     w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
     outs = {}
     for m, tail in ((32, False), (33, True), (33, False), (48, True)):
-        board = default_linear(m, False, n=n, k=k, sms=8)
+        board = default_linear(m, False, n=n, k=k, sms=8, generation="v6")  # v6: no tail of its own
         cfg = tail_config(board, m) if tail else board
         assert cfg.tail_m == (16 if tail else 0)
         outs[m, tail] = w2a8_linear(a[:m], a_s[:m], packed, w_s, out_dtype=torch.float32, config=cfg)
@@ -817,7 +834,7 @@ def test_tail_m_is_checked_and_old_tables_load_without_it():
 def test_tail_config_splits_the_whole_width_where_it_pads_fewer_rows():
     """``tail_config``: the board's whole-width folded launch as 32 + 16 rows at M = 33..48,
     64 + 16 at 65..80, 64 + 32 at 81..96, unchanged elsewhere (and for tiled or unfolded
-    launches); the defaults never take a tail; the tuner is offered exactly these widths' tails."""
+    launches); the defaults before v7 never take a tail; the tuner is offered exactly these widths' tails."""
     n, k = 2560, 6912
     expect = {m: (32, 16) for m in range(33, 49)} | {m: (64, 16) for m in range(65, 81)}
     expect |= {m: (64, 32) for m in range(81, 97)}
@@ -827,7 +844,7 @@ def test_tail_config_splits_the_whole_width_where_it_pads_fewer_rows():
         assert ((got.block_m, got.tail_m) if got != whole else None) == expect.get(m), m
         assert got.tail_m + got.block_m >= m or got == whole
         for sms in (8, 132):
-            board = default_linear(m, False, n=n, k=k, sms=sms)
+            board = default_linear(m, False, n=n, k=k, sms=sms, generation="v6")
             assert board.tail_m == 0
             if m > 64:  # 32-row tiles already
                 assert tail_config(board, m) == board

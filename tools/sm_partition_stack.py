@@ -116,8 +116,11 @@ def matmul_tflops(passes: int) -> float:
 
 def configs_for(stack: Stack, scheme: str, m: int, sms: int) -> dict:
     """The launches of ``scheme`` at width ``m``: "shipped", "board defaults", "board, mma from
-    M = 1", or "board, <generation>" (``tuning.W2A8_GENERATIONS``: that generation's defaults for
+    M = 1", "board, tail" (the defaults split by ``tuning.tail_config``), or "board, <generation>" (``tuning.W2A8_GENERATIONS``: that generation's defaults for
     the partition's SM count, to choose a board's defaults between them)."""
+    if scheme == "board, tail":  # the defaults with ``tuning.tail_config``'s tail tiles (M = 33..48 on a board)
+        return {name: tuning.tail_config(tuning.default_linear(m, g, n=n, k=k, sms=sms), m)
+                for name, n, k, g in stack.shapes}
     if scheme.startswith("board, v"):
         generation = scheme.removeprefix("board, ")
         return {name: tuning.default_linear(m, g, n=n, k=k, sms=sms, generation=generation)
@@ -207,6 +210,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sms", type=int, default=8, help="SMs of the partition (0: the whole GPU)")
     ap.add_argument("--model", default="bitnet-2b")
     ap.add_argument("--widths", default="1,9,16,32")
+    ap.add_argument("--tail", action="store_true", help="with --sms: time the board defaults with tail tiles too")
     ap.add_argument("--generations", default="",
                     help="comma list of W2A8 default generations timed beside the board defaults (with --sms)")
     ap.add_argument("--passes", type=int, default=5)
@@ -239,7 +243,7 @@ def main(argv=None) -> int:
     timer = GraphTimer(replays=args.passes, stream=torch.cuda.current_stream())  # the partition's stream
     stack = Stack(args.model, rotate_mb=0.0)
     schemes = ["shipped"] + (["board defaults", "board, mma from M = 1"] + [f"board, {g}" for g in generations]
-                             if args.sms else [])
+                             + (["board, tail"] if args.tail else []) if args.sms else [])
     rows = []
     for m in widths:
         stack.set_width(m)
