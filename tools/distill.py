@@ -32,27 +32,43 @@ import torch.nn.functional as F
 from torch import nn
 
 from bitmtp_edge.runtime.model import LatentTernaryLinear, TernaryLM, activations_int8_ste, with_adapter
-from kernels_ampere.numerics import apply_rope, dequantize_ternary, rope_cos_sin, ternarize_absmean, ternarize_group_absmax
+from kernels_ampere.numerics import (apply_rope, dequantize_ternary, quantize_activations, rope_cos_sin, ternarize_absmean,
+                                     ternarize_group_absmax)
 
 EXTRA_TOKENS = 16  # tools.train.MAX_BLOCK: rows serve any D
 
 
 class FrozenTernaryLinear(nn.Module):
-    """A ``LatentTernaryLinear`` with its weight quantised once (inference only)."""
+    """A ``LatentTernaryLinear`` with its weight quantised once (inference only), computing
+    what it computes in the same float order: per-tensor W1.58A8 as the product of the two
+    integer grids, then the activation scale, then the weight's; the other schemes as the
+    dequantised weight times the (fake-quantised) input. The same order matters: an
+    ``--ntp-teacher`` that is the student's own checkpoint must give the student's logits,
+    and a reordered product can flip an int8 rounding downstream."""
 
     def __init__(self, src: LatentTernaryLinear):
         super().__init__()
         self.quant = src.quant
         w = src.weight.detach()
+        self.integer_grid = src.quant.weights != "group128" and src.quant.quantize_activations
         if src.quant.weights == "group128":
             codes, scale = ternarize_group_absmax(w)
         else:
             codes, scale = ternarize_absmean(w)
-        self.register_buffer("weight", dequantize_ternary(codes, scale, torch.float32).to(w.dtype))
+        if self.integer_grid:
+            self.register_buffer("codes", codes.to(w.dtype))
+            self.register_buffer("scale", scale.to(w.dtype))
+        else:
+            self.register_buffer("weight", dequantize_ternary(codes, scale, torch.float32).to(w.dtype))
         self.adapter = src.adapter  # mask-row adapters, if any, as they are
 
     def forward(self, x, adapter_from=None):
-        return with_adapter(self, x, F.linear(self.adapter_input(x), self.weight), adapter_from)
+        if self.integer_grid:
+            x_int, a_scale = quantize_activations(x)
+            y = F.linear(x_int.to(x.dtype), self.codes.to(x.dtype)) * a_scale.unsqueeze(-1) * self.scale
+        else:
+            y = F.linear(self.adapter_input(x), self.weight)
+        return with_adapter(self, x, y, adapter_from)
 
     def adapter_input(self, x):
         return activations_int8_ste(x) if self.quant.quantize_activations else x
