@@ -74,6 +74,17 @@ def random_activations(m: int, k: int, gen: torch.Generator):
     return a.to(DEVICE), s.to(DEVICE)
 
 
+def residual_case(m: int, n: int, k: int, grouped: bool, seed: int):
+    """(packed, a, a_s, w_s, residual, the twin's output): one linear on fresh random inputs with
+    per-row or group-128 scales and a residual to fuse."""
+    gen = torch.Generator().manual_seed(seed)
+    _, packed = random_weight(n, k, gen)
+    a, a_s = random_activations(m, k, gen)
+    w_s = (0.5 + torch.rand((n, k // 128) if grouped else (n,), generator=gen)).to(DEVICE)
+    res = torch.randn(m, n, generator=gen).to(DEVICE)
+    return packed, a, a_s, w_s, res, w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res)
+
+
 def assert_exact(out: torch.Tensor, ref: torch.Tensor, what: str):
     bad = (out != ref).nonzero()
     assert bad.numel() == 0, (f"{what}: {bad.shape[0]} of {out.numel()} differ; first at {bad[0].tolist()}: "
@@ -301,12 +312,7 @@ def test_w2a8_split_k_sums_in_the_last_slice_or_by_a_launch_the_same_bits(groupe
     from kernels_ampere import common
 
     m, n, k = (2, 24, 4096) if grouped else (3, 40, 768)  # grouped: two K slices from K alone
-    gen = torch.Generator().manual_seed(7 + grouped)
-    _, packed = random_weight(n, k, gen)
-    a, a_s = random_activations(m, k, gen)
-    w_s = (0.5 + torch.rand((n, k // 128) if grouped else (n,), generator=gen)).to(DEVICE)
-    res = torch.randn(m, n, generator=gen).to(DEVICE)
-    ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res)
+    packed, a, a_s, w_s, res, ref = residual_case(m, n, k, grouped, seed=7 + grouped)
     picks = [LinearConfig(MMA, 16, 64, num_warps=4, num_stages=2, split_k=3),
              LinearConfig(MMA, 16, 64, num_warps=4, num_stages=2, split_k=3, fold_lanes=True),
              LinearConfig(GEMV, 8, 128, num_warps=2, split_k=4), LinearConfig(DOT, 16, 64, num_stages=2, split_k=2),
@@ -781,12 +787,7 @@ def test_w2a8_tail_tile_split_k_counts_each_tile(grouped, monkeypatch):
     from kernels_ampere import common
 
     m, n, k = (40, 24, 4096) if grouped else (40, 24, 640)
-    gen = torch.Generator().manual_seed(540 + grouped)
-    _, packed = random_weight(n, k, gen)
-    a, a_s = random_activations(m, k, gen)
-    w_s = (0.5 + torch.rand((n, k // 128) if grouped else (n,), generator=gen)).to(DEVICE)
-    res = torch.randn(m, n, generator=gen).to(DEVICE)
-    ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res)
+    packed, a, a_s, w_s, res, ref = residual_case(m, n, k, grouped, seed=540 + grouped)
     # three slices of a five-chunk K (the last one chunk of a two-chunk step); grouped: K's two
     cfg = LinearConfig(MMA, 16, 64, num_warps=4, num_stages=2, split_k=3, block_m=32, tail_m=16, fold_lanes=True)
 
