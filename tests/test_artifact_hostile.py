@@ -173,6 +173,7 @@ def test_a_link_inside_the_folder_is_followed(pristine, tmp_path, baseline):
     (("mtp", "mask_token_id"), 10 ** 6, ["mtp.mask_token_id"]),
     (("mtp", "mask_token_id"), 96, ["mtp.mask_token_id"]),
     (("mtp", "block_size"), 8, ["widths"]),
+    (("mtp", "adapter_rank"), 16, ["mtp.adapter_rank", "no mask-row adapters"]),
     (("kv", "workspace"), 1, ["kv.workspace"]),
     (("model", "eos_token_ids"), [500], ["model.eos_token_ids"]),
     (("model", "tie_word_embeddings"), True, ["lm_head.weight"]),
