@@ -279,13 +279,14 @@ def _mtp_config(ckpt: Checkpoint, model: ModelConfig) -> MTPConfig | None:
         mtp = MTPConfig.from_dict(ckpt.bitmtp)
     except ConfigError as e:
         raise ExportError(where, str(e), fix) from None
-    if mtp.adapter_rank:
+    if mtp.adapter_rank or mtp.twin_layers:
         # Refused rather than dropped: an artifact without them would decode the right text with
         # the drafts of a model that was never trained to draft alone.
-        raise ExportError(where, f"adapter_rank {mtp.adapter_rank}: this checkpoint drafts through mask-row "
-                          "adapters, which the artifact format does not carry yet",
+        what = f"adapter_rank {mtp.adapter_rank}" if mtp.adapter_rank else f"twin_layers {mtp.twin_layers}"
+        raise ExportError(where, f"{what}: this checkpoint drafts through mask-row adapters or twins, which "
+                          "the artifact format does not carry yet",
                           "evaluate it from the checkpoint (python -m tools.eval_quality / tools.eval_acceptance), "
-                          "or export a model trained without --adapter-rank")
+                          "or export a model trained without --adapter-rank / --twin-layers")
     if mtp.mask_token_id >= model.vocab_size:
         raise ExportError(where, f"mask_token_id {mtp.mask_token_id} is outside the vocabulary "
                           f"(vocab_size {model.vocab_size} in config.json)",

@@ -1,6 +1,6 @@
-"""Mask-row adapters (``runtime.model.MaskRowAdapter``, ``tools.train --adapter-rank``): low-rank
-capacity on the draft blocks' rows only, so the clean stream (prefill, AR, verify, the NTP
-loss) stays the base model bit for bit."""
+"""Mask-row capacity: adapters (``runtime.model.MaskRowAdapter``, ``tools.train --adapter-rank``)
+and twins (``MaskRowTwin``, ``--twin-layers``) on the draft blocks' rows only, so the clean
+stream (prefill, AR, verify, the NTP loss) stays the base model bit for bit."""
 
 from __future__ import annotations
 
@@ -77,6 +77,26 @@ def test_a_fresh_adapter_changes_nothing_until_trained():
     assert fresh.adapter_rank == 8 and base.adapter_rank == 0
 
 
+def test_twins_recompute_the_last_layers_block_rows_and_leave_the_clean_rows_bit_for_bit():
+    ids, pos, mask, clean = training_rows(8)
+    base = random_runtime_model(9)
+    twinned = random_runtime_model(9)
+    twinned.attach_mask_twins(1, 4)
+    twinned.double()
+    assert twinned.twin_layers == 1 and twinned.adapter_rank == 0
+    assert torch.equal(twinned(ids, pos, mask, adapter_from=clean), base(ids, pos, mask))  # fresh copies: no change
+    g = torch.Generator().manual_seed(10)
+    with torch.no_grad():
+        for proj in twinned.projections(twinned.model.layers[-1:]):
+            proj.adapter.linear.codes.copy_(torch.randint(-1, 2, proj.codes.shape, generator=g))
+    out, plain = twinned(ids, pos, mask, adapter_from=clean), base(ids, pos, mask)
+    assert torch.equal(out[:, :clean], plain[:, :clean])
+    assert (out[:, clean:] - plain[:, clean:]).abs().amin(-1).gt(0).all()
+    assert all(p.adapter is None for p in twinned.projections(twinned.model.layers[:-1]))
+    with pytest.raises(ValueError, match="twin layers must be in 1..2"):
+        random_runtime_model(9).attach_mask_twins(3, 4)
+
+
 def test_block_rows_must_be_whole_blocks():
     ids, pos, mask, clean = training_rows(5)
     model = with_random_adapters(random_runtime_model(6), rank=2, block_size=4, seed=7)
@@ -91,11 +111,17 @@ def test_adapter_rank_is_checked(rank):
 
 
 def test_manifests_without_adapters_read_as_before():
-    assert "adapter_rank" not in MTPConfig(block_size=4, mask_token_id=1).to_dict()
+    plain = MTPConfig(block_size=4, mask_token_id=1).to_dict()
+    assert "adapter_rank" not in plain and "twin_layers" not in plain
     assert MTPConfig.from_dict(MTPConfig(4, 1, adapter_rank=16).to_dict()).adapter_rank == 16
+    assert MTPConfig.from_dict(MTPConfig(4, 1, twin_layers=2).to_dict()).twin_layers == 2
+    with pytest.raises(ConfigError, match="alternatives"):
+        MTPConfig(4, 1, adapter_rank=4, twin_layers=2)
 
 
-def test_adapter_training_keeps_the_source_model_and_drafts_through_the_reference_backend(sources, data, tmp_path):
+@pytest.mark.parametrize("capacity", [{"adapter_rank": 4}, {"twin_layers": 1}])
+def test_mask_row_training_keeps_the_source_model_and_drafts_through_the_reference_backend(sources, data, tmp_path,
+                                                                                           capacity):
     from click.testing import CliRunner
 
     from bitmtp_edge.runtime.decoding import DecodeOptions, DecodeStats, decode
@@ -107,19 +133,26 @@ def test_adapter_training_keeps_the_source_model_and_drafts_through_the_referenc
 
     src = sources["bitnet-packed"]
     run = tmp_path / "run"
-    s = Trainer(tiny(data, run, init=str(src), adapter_rank=4, lr=2e-2), log=lambda m: None).run()
+    (key, value), = capacity.items()
+    s = Trainer(tiny(data, run, init=str(src), lr=2e-2, **capacity), log=lambda m: None).run()
     log = json.loads((run / "train_log.json").read_text())
-    assert log["history"][-1]["mtp"] < log["history"][0]["mtp"], "the adapters learn to draft"
+    assert log["history"][-1]["mtp"] < log["history"][0]["mtp"], "the mask rows learn to draft"
     assert s["steps"] == 6
 
     # every base tensor is the source's, exactly: the clean stream cannot have moved
     trained, ck = load_runtime_model(run / "final", torch.float64)
-    assert ck.mtp.adapter_rank == 4 and trained.adapter_rank == 4
+    assert getattr(ck.mtp, key) == value and getattr(trained, key) == value
     source, _ = load_for_training(str(src), 1, keep_mask_row=True)
     latent, _ = load_latent_model(run / "final")
     for name, t in source.state_dict().items():
         assert torch.equal(latent.state_dict()[name], t), name
-    assert any(p.abs().sum() > 0 for proj in latent.projections() for p in [proj.adapter.B])
+    with_capacity = [proj for proj in latent.projections() if proj.adapter is not None]
+    assert len(with_capacity) == (7 if key == "twin_layers" else 7 * latent.cfg.num_layers)
+    if key == "adapter_rank":
+        assert any(proj.adapter.B.abs().sum() > 0 for proj in with_capacity)
+    else:  # the twins started as copies of their projections and moved
+        assert any(not torch.equal(proj.adapter.linear.weight, proj.weight) for proj in with_capacity)
+        assert with_capacity[0] is latent.model.layers[-1].self_attn.q_proj
     assert latent.mask_slot_embedding.abs().sum() > 0
 
     # drafts move, the decoded text does not (reference backend, from the compact checkpoint)
@@ -131,7 +164,7 @@ def test_adapter_training_keeps_the_source_model_and_drafts_through_the_referenc
         outs[policy] = [t for chunk in decode(backend, ids, opts, DecodeStats()) for t in chunk]
     assert outs["speculative"] == outs["ar"] == outs["fused"] and len(outs["ar"]) == 12
 
-    # the backend's draft step and the replay tool see the adapters: without them (zeroed) the
+    # the backend's draft step and the replay tool see the adapters / twins: without them the
     # same model drafts with other confidences
     def draft_confidences():
         backend.reset()
@@ -141,13 +174,13 @@ def test_adapter_training_keeps_the_source_model_and_drafts_through_the_referenc
     with eval_acceptance.exact_float32_int_matmul():
         drafted, (_, replayed, _) = draft_confidences(), eval_acceptance.block_logits(model, ids, 4, 1, 8, set())
         for proj in model.projections():
-            proj.adapter.B.data.zero_()
-        model.mask_slot_embedding.data.zero_()
+            proj.adapter = None
+        model.mask_slot_embedding = None
         assert draft_confidences() != drafted
         assert not torch.equal(eval_acceptance.block_logits(model, ids, 4, 1, 8, set())[1], replayed)
 
     res = CliRunner().invoke(export_main, [str(run / "compact"), str(tmp_path / "art"), "-q"])
-    assert res.exit_code != 0 and "adapter_rank 4" in res.output and "mask-row adapters" in res.output
+    assert res.exit_code != 0 and f"{key} {value}" in res.output and "mask-row adapters or twins" in res.output
     assert not (tmp_path / "art").exists()
 
 
@@ -160,6 +193,11 @@ def test_adapter_training_resumes(sources, data, tmp_path):
     assert s["steps"] == 6 and any("resumed at step 3" in e for e in log["events"])
 
 
-def test_adapters_need_an_init_checkpoint(data, tmp_path):
-    with pytest.raises(ValueError, match="--adapter-rank trains mask-row adapters on an existing model"):
+def test_mask_row_capacity_needs_an_init_checkpoint_and_one_kind(sources, data, tmp_path):
+    with pytest.raises(ValueError, match="--adapter-rank trains mask-row capacity on an existing model"):
         Trainer(tiny(data, tmp_path / "run", adapter_rank=2), log=lambda m: None)
+    with pytest.raises(ValueError, match="--twin-layers trains mask-row capacity on an existing model"):
+        Trainer(tiny(data, tmp_path / "run", twin_layers=1), log=lambda m: None)
+    with pytest.raises(ConfigError, match="alternatives"):
+        Trainer(tiny(data, tmp_path / "run", init=str(sources["bitnet-packed"]), adapter_rank=2, twin_layers=1),
+                log=lambda m: None)

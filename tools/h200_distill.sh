@@ -45,6 +45,13 @@
 #           steps: round 6's equal-budget SFT baseline is then the NTP baseline of these models too
 #     sft7r$RANK_LOW   rank $RANK_LOW adapters
 #     sft7r$RANK_HIGH  rank $RANK_HIGH adapters
+#   ROUND=8 (round 7: rank-32/128 adapters kept NTP exact but drafted 4.5-4.8 tokens per
+#           iteration): the same frozen sft-27m, teacher and steps, with full-rank ternary twins of
+#           the last layers' projections for the draft rows (tools.train --twin-layers): the draft
+#           rows' own weights at two bits each (the last 4 layers: +50% of the projection bytes a
+#           draft step reads; all 8: +100%, the capacity sft6 had, without touching the verifier)
+#     sft8t$TWIN_LOW   twins of the last $TWIN_LOW layers
+#     sft8t$TWIN_HIGH  twins of all $TWIN_HIGH layers
 # then the decode check: EVAL=replay, the held-out NTP loss and the decoding replay of
 # tools.eval_acceptance on the GPU ($EVAL_PROMPTS held-out, $DOC_PROMPTS docstring prompts) for the new
 # models and the release model; EVAL=quick, a 10-prompt GPU run; EVAL=ntp, only the held-out NTP loss
@@ -97,6 +104,8 @@ MTP5_LOW=${MTP5_LOW:-0.35}
 RANK_LOW=${RANK_LOW:-32}       # round 7: adapter ranks (bf16 bytes per draft step: rank 32 ~ 0.7x the
 RANK_HIGH=${RANK_HIGH:-128}    # 27M model's packed ternary weights, rank 128 ~ 2.8x)
 LR_ADAPTER=${LR_ADAPTER:-2e-3}
+TWIN_LOW=${TWIN_LOW:-4}        # round 8: twinned layers (of 8)
+TWIN_HIGH=${TWIN_HIGH:-8}
 ADAPTER_STEPS=${ADAPTER_STEPS:-1448}  # round 6's sftcont: sft-27m + 1,448 corpus steps, held-out NTP 2.2324
 SCRATCH_RATE=${SCRATCH_RATE:-7.138}  # steps/s of the from-scratch D = 8 run (2,778 in 389.2 s)
 SAVE_S=${SAVE_S:-60}
@@ -123,7 +132,8 @@ case $ROUND in
   5) RUNS="d8sd5 d8sd5m"; SFTRUN= ;;
   6) RUNS="sft6 sft6kd sftcont"; SFTRUN=; TEACHER=$SFT ;;
   7) RUNS="sft7r$RANK_LOW sft7r$RANK_HIGH"; SFTRUN=; TEACHER=$SFT ;;
-  *) echo "ROUND=$ROUND: choose 1, 2, 3, 4, 5, 6 or 7" >&2; exit 2 ;;
+  8) RUNS="sft8t$TWIN_LOW sft8t$TWIN_HIGH"; SFTRUN=; TEACHER=$SFT ;;
+  *) echo "ROUND=$ROUND: choose 1, 2, 3, 4, 5, 6, 7 or 8" >&2; exit 2 ;;
 esac
 case $EVAL in quick|ntp|replay|full) ;; *) echo "EVAL=$EVAL: choose quick, ntp, replay or full" >&2; exit 2 ;; esac
 TAIL_GIVEN=${TAIL_S:-}         # seconds kept after training (EVAL=full: fitted to the release eval unless given)
@@ -255,6 +265,13 @@ elif [ "$ROUND" = 7 ]; then
   run "sft7r$RANK_LOW" $AD --adapter-rank "$RANK_LOW" &
   P1=$!
   run "sft7r$RANK_HIGH" $AD --adapter-rank "$RANK_HIGH" &
+  P2=$!
+elif [ "$ROUND" = 8 ]; then
+  AD="--init $SFT --lr $LR_ADAPTER --warmup-steps 100 --max-steps $ADAPTER_STEPS --distill $R/distill --kl-weight $KL
+    --slot-weights $SLOTS --distill-ntp prompt"
+  run "sft8t$TWIN_LOW" $AD --twin-layers "$TWIN_LOW" &
+  P1=$!
+  run "sft8t$TWIN_HIGH" $AD --twin-layers "$TWIN_HIGH" &
   P2=$!
 elif [ "$ROUND" = 2 ]; then
   SD="--init $D8 --lr $LR --distill $R/distill --kl-weight $KL --slot-weights $SLOTS --distill-ntp prompt"

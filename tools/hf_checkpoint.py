@@ -7,8 +7,9 @@ A checkpoint folder is what ``bitmtp-export`` and ``transformers`` both read:
 * ``model.safetensors``: the ``TernaryLM`` state dict, whose names *are* the HF names;
 * the tokenizer files; ``generation_config.json``;
 * ``bitmtp.json``: ``{"block_size", "mask_token_id", "tau", "min_prefix", "corpus_sha256"}``
-  for a BitMTP model (``adapter_rank`` too when it has mask-row adapters, whose tensors
-  ``…proj.adapter.A`` / ``.B`` and ``mask_slot_embedding`` sit beside the others); absent for
+  for a BitMTP model (``adapter_rank`` or ``twin_layers`` too when it has mask-row capacity,
+  whose tensors ``…proj.adapter.A`` / ``.B`` or ``…proj.adapter.linear.weight`` (a ternary
+  projection like the others) and ``mask_slot_embedding`` sit beside the others); absent for
   an AR-only (SFT) model, which then exports as AR-only.
 
 Two weight forms (docs/artifact.md §Source checkpoints):
@@ -273,9 +274,10 @@ def load_latent_model(folder: str | Path) -> tuple[TernaryLM, Checkpoint]:
 
 
 def attach_adapters(model: TernaryLM, ck: Checkpoint) -> None:
-    """The checkpoint's mask-row adapters (``bitmtp.json`` ``adapter_rank``), before its tensors load."""
-    if ck.mtp is not None and ck.mtp.adapter_rank:
-        model.attach_mask_adapters(ck.mtp.adapter_rank, ck.mtp.block_size)
+    """The checkpoint's mask-row capacity (``bitmtp.json`` ``adapter_rank`` / ``twin_layers``),
+    before its tensors load."""
+    if ck.mtp is not None:
+        model.attach_mask_rows(ck.mtp.adapter_rank, ck.mtp.twin_layers, ck.mtp.block_size)
 
 
 def load_runtime_model(folder: str | Path, dtype: torch.dtype = torch.float64, device="cpu") -> tuple[TernaryLM, Checkpoint]:

@@ -133,8 +133,9 @@ class TrainConfig:
     # NTP distillation: a frozen next-token teacher on the clean stream
     ntp_teacher: str | None = None
     ntp_kl_weight: float = 0.0
-    # mask-row adapters: only they (and the per-slot input offset) train; the base stays as loaded
-    adapter_rank: int = 0
+    # mask-row capacity: only it (and the per-slot input offset) trains; the base stays as loaded
+    adapter_rank: int = 0  # low-rank 16-bit adapters on every projection
+    twin_layers: int = 0  # or full-rank ternary twins of the last layers' projections
 
     @property
     def layout(self) -> BlockLayout:
@@ -459,12 +460,13 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         self.index = CorpusIndex.load(tc.data)
         self.init_info = None
+        self.mask_rows_only = bool(tc.adapter_rank or tc.twin_layers)
         if tc.init:
             from tools.init_checkpoint import load_for_training
 
             self.model, self.init_info = load_for_training(tc.init, self.index.mask_token_id,
                                                            Path(tc.data) / self.index.tokenizer,
-                                                           keep_mask_row=tc.adapter_rank > 0)
+                                                           keep_mask_row=self.mask_rows_only)
             self.cfg = self.model.cfg
             self.log(f"initialised from {tc.init} ({self.init_info.format}, {self.init_info.family}; "
                      f"mask row {self.init_info.mask_row})")
@@ -474,9 +476,10 @@ class Trainer:
             # nn.Embedding starts at N(0, 1); with a tied head that means logits of std ~sqrt(H).
             torch.nn.init.normal_(self.model.model.embed_tokens.weight, std=0.02)
         self.mtp = (MTPConfig(tc.block_size, self.index.mask_token_id, tc.tau, tc.min_prefix,
-                              adapter_rank=tc.adapter_rank) if tc.layout.has_blocks else None)
-        if tc.adapter_rank:
-            self._adapters_only()
+                              adapter_rank=tc.adapter_rank, twin_layers=tc.twin_layers)
+                    if tc.layout.has_blocks else None)
+        if self.mask_rows_only:
+            self._mask_rows_only()
         bf16 = tc.precision == "bf16" or (tc.precision == "auto" and self.device.type == "cuda")
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if bf16 \
             else contextlib.nullcontext
@@ -499,7 +502,7 @@ class Trainer:
                              if tc.slot_weights is not None else None)
         self.ntp_teacher, self.ntp_teacher_info = self._load_ntp_teacher()
         self.model.to(self.device).train()
-        self.logits_model = LogitsModel(self.model, tc.layout.clean_len if tc.adapter_rank else None)
+        self.logits_model = LogitsModel(self.model, tc.layout.clean_len if self.mask_rows_only else None)
         if self.dist.world > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -524,19 +527,23 @@ class Trainer:
         if tc.resume:
             self._resume()
 
-    def _adapters_only(self) -> None:
-        """Mask-row adapters on the loaded model, and nothing else trained: the clean stream (the
-        verifier, and the NTP loss) stays the source model bit for bit, whatever the steps do."""
+    def _mask_rows_only(self) -> None:
+        """Mask-row adapters or twins on the loaded model, and nothing else trained: the clean
+        stream (the verifier, and the NTP loss) stays the source model bit for bit, whatever the
+        steps do."""
         tc = self.tc
+        flag = "--adapter-rank" if tc.adapter_rank else "--twin-layers"
         if not tc.init or not tc.layout.has_blocks:
-            raise ValueError("--adapter-rank trains mask-row adapters on an existing model: give --init CKPT "
+            raise ValueError(f"{flag} trains mask-row capacity on an existing model: give --init CKPT "
                              "and keep the MTP term (--mtp-weight > 0)")
         if tc.ntp_teacher:
-            raise ValueError("--adapter-rank keeps the clean stream fixed: --ntp-teacher would have nothing to train")
+            raise ValueError(f"{flag} keeps the clean stream fixed: --ntp-teacher would have nothing to train")
         self.model.requires_grad_(False)
-        self.model.attach_mask_adapters(tc.adapter_rank, tc.block_size)
+        self.model.attach_mask_rows(tc.adapter_rank, tc.twin_layers, tc.block_size)
         trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        self.log(f"mask-row adapters of rank {tc.adapter_rank}: {trained:,} trained parameters, the rest frozen")
+        what = (f"mask-row adapters of rank {tc.adapter_rank}" if tc.adapter_rank
+                else f"mask-row twins of the last {tc.twin_layers} layers")
+        self.log(f"{what}: {trained:,} trained parameters, the rest frozen")
 
     def _load_ntp_teacher(self):
         """(frozen teacher as a LogitsModel, its InitInfo), or (None, None) without --ntp-teacher.
@@ -888,6 +895,8 @@ def main(argv: list[str] | None = None) -> None:
                   help="share of the NTP target from --ntp-teacher: (1 - w) CE + w KL(teacher ‖ student)")
     @click.option("--adapter-rank", default=defaults["adapter_rank"], show_default=True,
                   help="with --init: train only mask-row adapters of this rank (the clean stream stays the source's)")
+    @click.option("--twin-layers", default=defaults["twin_layers"], show_default=True,
+                  help="with --init: train only ternary twins of the last N layers' projections for the mask rows")
     def cli(compile_, slot_weights, **kw):
         """Train a ternary LM with the joint NTP + MTP objective (or the SFT baseline)."""
         try:

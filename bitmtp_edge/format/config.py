@@ -126,8 +126,10 @@ class MTPConfig:
 
     ``adapter_rank``: the rank of the mask-row adapters (``runtime.model.MaskRowAdapter``: a
     low-rank update of every projection and a per-slot input offset, on the draft blocks'
-    rows only), 0 without them. The causal rows never use them, so a runtime that ignored
-    them would still decode the AR text, with worse drafts."""
+    rows only), 0 without them. ``twin_layers``: instead, how many of the last layers give the
+    draft rows full-rank ternary copies of their projections (``runtime.model.MaskRowTwin``).
+    The causal rows never use either, so a runtime that ignored them would still decode the
+    AR text, with worse drafts."""
 
     block_size: int
     mask_token_id: int
@@ -135,6 +137,7 @@ class MTPConfig:
     min_prefix: int = DEFAULT_MIN_PREFIX
     confidence_calibration: tuple[tuple[float, float], ...] | None = None
     adapter_rank: int = 0
+    twin_layers: int = 0
 
     def __post_init__(self) -> None:
         if self.confidence_calibration is not None:
@@ -148,9 +151,12 @@ class MTPConfig:
             raise ConfigError(f"tau must be in (0, 1], got {self.tau}")
         if not 1 <= int(self.min_prefix) <= int(self.block_size):
             raise ConfigError(f"min_prefix must be in 1..block_size, got {self.min_prefix}")
-        if isinstance(self.adapter_rank, bool) or not isinstance(self.adapter_rank, int) or self.adapter_rank < 0:
-            raise ConfigError(f"adapter_rank must be a whole number >= 0 (0: no mask-row adapters), "
-                              f"got {self.adapter_rank!r}")
+        for name in ("adapter_rank", "twin_layers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name} must be a whole number >= 0 (0: none), got {value!r}")
+        if self.adapter_rank and self.twin_layers:
+            raise ConfigError("adapter_rank and twin_layers are alternatives; a model has one of them at most")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -158,8 +164,9 @@ class MTPConfig:
             del d["confidence_calibration"]  # manifests without it read as before, by any runtime
         else:
             d["confidence_calibration"] = [list(p) for p in self.confidence_calibration]
-        if not self.adapter_rank:
-            del d["adapter_rank"]  # likewise for models without adapters
+        for name in ("adapter_rank", "twin_layers"):
+            if not d[name]:
+                del d[name]  # likewise for models without mask-row capacity
         return d
 
     @classmethod

@@ -164,8 +164,9 @@ def check_manifest(m: Manifest) -> None:
         _int(m.mtp.mask_token_id, "mtp.mask_token_id", 0, vocab - 1, "a token id")
         _int(m.mtp.min_prefix, "mtp.min_prefix", 1, m.mtp.block_size)
         _real(m.mtp.tau, "mtp.tau", 0.0, 1.0)
-        if m.mtp.adapter_rank:  # bitmtp-export refuses such checkpoints: nothing in an artifact holds them
-            raise _fail("mtp.adapter_rank", f"= {m.mtp.adapter_rank}, but artifacts carry no mask-row adapters")
+        for name in ("adapter_rank", "twin_layers"):  # bitmtp-export refuses such checkpoints: nothing in
+            if getattr(m.mtp, name):  # an artifact holds their tensors
+                raise _fail(f"mtp.{name}", f"= {getattr(m.mtp, name)}, but artifacts carry no mask-row adapters or twins")
         trained = (m.source.get("bitmtp") or {}).get("block_size") if isinstance(m.source, dict) else None
         if trained is not None and trained != m.mtp.block_size:
             raise _fail("mtp.block_size", f"= {m.mtp.block_size} but the checkpoint was trained with "

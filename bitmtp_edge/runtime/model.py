@@ -14,14 +14,16 @@ The projections are pluggable (``linear_cls``):
 * ``LatentTernaryLinear`` (training): latent float weights with the straight-through
   quantisers below (the numerics of ``kernels_ampere/numerics.py``) — the same numbers in the forward pass.
 
-Mask-row adapters (``attach_mask_adapters``, optional): low-rank 16-bit updates of every
-projection plus a per-slot input offset, applied only to the rows of draft blocks (the rows
-from ``adapter_from`` on in a call: a step's blocks always follow its causal rows). The
-causal rows, hence prefill, AR and verify steps, are the base model bit for bit.
+Mask-row capacity (optional): low-rank 16-bit updates of every projection
+(``attach_mask_adapters``) or full-rank ternary copies of the last layers' projections
+(``attach_mask_twins``), plus a per-slot input offset, used only by the rows of draft blocks
+(the rows from ``adapter_from`` on in a call: a step's blocks always follow its causal rows).
+The causal rows, hence prefill, AR and verify steps, are the base model bit for bit.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -169,13 +171,32 @@ class MaskRowAdapter(nn.Module):
         return F.linear(F.linear(x, self.A.to(x.dtype)), self.B.to(x.dtype))
 
 
+class MaskRowTwin(nn.Module):
+    """A full-rank ternary copy of one projection that the draft blocks' rows use instead of it
+    (``linear``: the same class as the projection, initialised from it): the draft rows' own
+    weights, at the ternary price of two bits each, where an adapter buys low rank in 16 bits."""
+
+    def __init__(self, projection: nn.Module):
+        super().__init__()
+        self.linear = copy.deepcopy(projection)
+        self.linear.adapter = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
 def with_adapter(linear: nn.Module, x: torch.Tensor, y: torch.Tensor, adapter_from: int | None) -> torch.Tensor:
-    """``y`` (the projection of ``x`` [..., S, K]) with the adapter's update on rows ``adapter_from..``;
-    rows before it are returned as computed, so the causal rows keep their exact bits."""
+    """``y`` (the projection of ``x`` [..., S, K]) with rows ``adapter_from..`` (the draft blocks')
+    updated by the projection's adapter, or recomputed by its twin; rows before it are returned
+    as computed, so the causal rows keep their exact bits."""
     if linear.adapter is None or adapter_from is None or adapter_from >= x.shape[-2]:
         return y
-    delta = linear.adapter(linear.adapter_input(x[..., adapter_from:, :]))
-    return torch.cat([y[..., :adapter_from, :], y[..., adapter_from:, :] + delta.to(y.dtype)], dim=-2)
+    rows = x[..., adapter_from:, :]
+    if isinstance(linear.adapter, MaskRowTwin):
+        block = linear.adapter(rows).to(y.dtype)
+    else:
+        block = y[..., adapter_from:, :] + linear.adapter(linear.adapter_input(rows)).to(y.dtype)
+    return torch.cat([y[..., :adapter_from, :], block], dim=-2)
 
 
 class Attention(nn.Module):
@@ -283,9 +304,9 @@ class TernaryLM(nn.Module):
         self.register_buffer("draft_head_scale", None, persistent=False)
         self.mask_slot_embedding: nn.Parameter | None = None  # [D, H] with mask-row adapters
 
-    def projections(self) -> list[nn.Module]:
-        """The ternary projections of every layer, in order."""
-        return [m for layer in self.model.layers for m in (
+    def projections(self, layers=None) -> list[nn.Module]:
+        """The ternary projections of every layer (or of ``layers``), in order."""
+        return [m for layer in (self.model.layers if layers is None else layers) for m in (
             layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
             layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
 
@@ -293,7 +314,12 @@ class TernaryLM(nn.Module):
     def adapter_rank(self) -> int:
         """The rank of the mask-row adapters, 0 without them."""
         first = self.projections()[0].adapter
-        return 0 if first is None else first.A.shape[0]
+        return first.A.shape[0] if isinstance(first, MaskRowAdapter) else 0
+
+    @property
+    def twin_layers(self) -> int:
+        """How many layers (the last ones) have mask-row twins, 0 without them."""
+        return sum(isinstance(layer.self_attn.q_proj.adapter, MaskRowTwin) for layer in self.model.layers)
 
     def attach_mask_adapters(self, rank: int, block_size: int) -> None:
         """Give every projection a fresh ``MaskRowAdapter`` of ``rank`` and the draft rows a
@@ -304,6 +330,28 @@ class TernaryLM(nn.Module):
             raise ValueError(f"adapter rank must be at least 1, got {rank}")
         for proj in self.projections():
             proj.adapter = MaskRowAdapter(proj.in_features, proj.out_features, rank).to(self.head_weight.device)
+        self._attach_slot_embedding(block_size)
+
+    def attach_mask_twins(self, layers: int, block_size: int) -> None:
+        """Give every projection of the last ``layers`` layers a ``MaskRowTwin`` (a copy of it, so
+        the model computes what it did until they are trained) and the draft rows the per-slot
+        input offset of ``attach_mask_adapters``."""
+        if not 1 <= layers <= len(self.model.layers):
+            raise ValueError(f"twin layers must be in 1..{len(self.model.layers)}, got {layers}")
+        for proj in self.projections(self.model.layers[len(self.model.layers) - layers:]):
+            proj.adapter = MaskRowTwin(proj).requires_grad_(True)
+        self._attach_slot_embedding(block_size)
+
+    def attach_mask_rows(self, adapter_rank: int, twin_layers: int, block_size: int) -> None:
+        """The draft rows' own capacity as a model's MTP config names it (either, or none)."""
+        if adapter_rank and twin_layers:
+            raise ValueError("mask-row adapters and twins are alternatives; give one of adapter_rank, twin_layers")
+        if adapter_rank:
+            self.attach_mask_adapters(adapter_rank, block_size)
+        elif twin_layers:
+            self.attach_mask_twins(twin_layers, block_size)
+
+    def _attach_slot_embedding(self, block_size: int) -> None:
         self.mask_slot_embedding = nn.Parameter(torch.zeros(block_size, self.cfg.hidden_size,
                                                             device=self.head_weight.device))
 
