@@ -66,7 +66,7 @@ class PackedTernaryLinear(nn.Module):
         self.register_buffer("codes", torch.zeros(out_features, in_features, dtype=torch.int8))
         n_scale = (out_features, -(-in_features // 128)) if quant.weights == "group128" else (1,)
         self.register_buffer("scale", torch.ones(n_scale, dtype=torch.float32))
-        self.adapter: MaskRowAdapter | None = None
+        self.adapter: MaskRowAdapter | MaskRowTwin | None = None  # the draft rows' own capacity
 
     def forward(self, x: torch.Tensor, adapter_from: int | None = None) -> torch.Tensor:
         return with_adapter(self, x, self._project(x), adapter_from)
@@ -128,7 +128,7 @@ class LatentTernaryLinear(nn.Module):
         self.in_features, self.out_features, self.quant = in_features, out_features, quant
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         nn.init.normal_(self.weight, std=0.02)
-        self.adapter: MaskRowAdapter | None = None
+        self.adapter: MaskRowAdapter | MaskRowTwin | None = None  # the draft rows' own capacity
 
     def forward(self, x: torch.Tensor, adapter_from: int | None = None) -> torch.Tensor:
         return with_adapter(self, x, self._project(x), adapter_from)
@@ -302,7 +302,7 @@ class TernaryLM(nn.Module):
         # The int8 draft head (runtime only, filled from the artifact or by attach_draft_head).
         self.register_buffer("draft_head_int8", None, persistent=False)
         self.register_buffer("draft_head_scale", None, persistent=False)
-        self.mask_slot_embedding: nn.Parameter | None = None  # [D, H] with mask-row adapters
+        self.mask_slot_embedding: nn.Parameter | None = None  # [D, H] with mask-row adapters or twins
 
     def projections(self, layers=None) -> list[nn.Module]:
         """The ternary projections of every layer (or of ``layers``), in order."""
@@ -365,7 +365,7 @@ class TernaryLM(nn.Module):
         ``kv``: a ``KVView`` (``kv.k[layer]``, ``kv.v[layer]`` of [Hkv, S_buf, hd]) with
         ``write_slots`` [S] (B must be 1), or None for a self-contained sequence.
         ``adapter_from``: the first row of the call's draft blocks (D rows each, to the end), where
-        the mask-row adapters apply; None (or no adapters): every row is the base model's.
+        the mask-row adapters or twins apply; None (or neither): every row is the base model's.
         """
         x = self.model.embed_tokens(input_ids)
         if self.mask_slot_embedding is not None and adapter_from is not None and adapter_from < x.shape[1]:
