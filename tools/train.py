@@ -43,6 +43,17 @@ with ``w = --ntp-kl-weight``. A soft target carries the teacher's whole distribu
 moves the student toward the teacher's loss with less gradient noise than the one-hot token.
 The teacher costs one forward pass over the clean rows per step (no backward).
 
+Capacity for the draft rows alone (issue 14: the clean stream, hence the verifier and the NTP
+loss, stays the ``--init`` model bit for bit; only the new tensors train)::
+
+    python -m tools.train --init tools/checkpoints/sft-27m --adapter-rank 32 --distill runs/distill ...
+    python -m tools.train --init tools/checkpoints/sft-27m --twin-layers 4 --distill runs/distill ...
+
+``--adapter-rank R``: a low-rank 16-bit update of every projection on the block rows;
+``--twin-layers N``: full-rank ternary copies of the last N layers' projections that the block
+rows use instead (``runtime.model.MaskRowAdapter`` / ``MaskRowTwin``); either with a learned
+per-slot input offset. ``bitmtp-export`` does not take such checkpoints yet.
+
 Outputs under ``--out``: ``final/`` (latent float32 HF checkpoint), ``compact/`` (packed
 HF BitNet, the release form), ``latest/`` + ``resume.pt`` (periodic, for ``--resume``),
 ``train_log.json`` (config, loss history, validation, summary).
@@ -167,7 +178,7 @@ def lr_at(step: int, tc: TrainConfig, max_steps: int) -> float:
 class LogitsModel(torch.nn.Module):
     """The model and its head as one module: what DistributedDataParallel wraps.
     ``adapter_from``: the first block row of a training row (its clean length), where the
-    mask-row adapters apply (None: a model without them)."""
+    mask-row adapters or twins apply (None: a model without them)."""
 
     def __init__(self, model: TernaryLM, adapter_from: int | None = None):
         super().__init__()
