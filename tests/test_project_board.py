@@ -71,3 +71,18 @@ def test_files_it_cannot_read_are_named(tmp_path):
     reps.write_text(json.dumps(replays({"d9": 1.0})))
     with pytest.raises(SystemExit, match="no AR step"):
         pb.main(["--steps", str(steps), "--replays", str(reps), "--out", str(tmp_path / "o")])
+
+
+def test_replays_of_one_board_merge_and_of_two_boards_do_not(tmp_path):
+    steps, a, b = tmp_path / "e2e.json", tmp_path / "a.json", tmp_path / "b.json"
+    steps.write_text(json.dumps(steps_report()))
+    a.write_text(json.dumps(replays({"1": 100.0, "d9": 110.0})))
+    b.write_text(json.dumps(replays({"v9": 120.0, "d12": 130.0})))
+    pb.main(["--steps", str(steps), "--replays", str(a), str(b), "--out", str(tmp_path / "o")])
+    routes = json.loads((tmp_path / "o" / "board_projection.json").read_text())["routes"]
+    assert routes["speculative"]["us"] == 2 * 110.0 + 2 * 120.0 and routes["hybrid"]["us"] == 110.0 + 130.0 + 120.0
+    other = replays({"v9": 120.0})
+    other["sms"] = 16
+    b.write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="merge runs of one device and SM count"):
+        pb.main(["--steps", str(steps), "--replays", str(a), str(b), "--out", str(tmp_path / "o")])

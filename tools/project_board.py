@@ -9,13 +9,15 @@ model's step sequence (how many passes of which width, from real acceptance) pri
 board's costs — what this script computes, from files, without a GPU::
 
     python tools/project_board.py --steps tools/results/e2e.json \\
-        --replays tools/results/session14/r8_board_mmasync_nopdl_v7.json --proxy v9=d9 \\
-        --out tools/results/board_projection
+        --replays tools/results/session14/r8_board_mmasync_nopdl_v7.json \\
+                  tools/results/session14/r8_board_mmasync_nopdl_v7_more.json \\
+        --proxy d11=d12,d13=d14,d15=d16 --out tools/results/board_projection
 
 A step ``(width, role)`` is priced by the replay labelled as ``bench_replay_widths`` labels it:
 ``1`` (the AR step), ``dM`` / ``vM`` (draft / verify of width M), ``M`` (the fused state of width
-M). ``--proxy v9=d9`` prices a label that was not measured by one that was (say so in the
-report: it is an assumption). A route with a step neither measured nor proxied is listed with
+M); several ``--replays`` files of the same table and SM count are merged (a later file's
+label wins). ``--proxy d11=d12`` prices a label that was not measured by one that was (the
+report says so: it is an assumption). A route with a step neither measured nor proxied is listed with
 what is missing, not priced. Per-pass host overhead is left out (on a board it is small against
 milliseconds of W2A8 work; on the H200 ``bench_e2e.py`` adds it). A projection, not a decode.
 
@@ -124,23 +126,31 @@ def markdown(report: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", required=True, help="bench_e2e.py's JSON report (its trained routes' steps)")
-    ap.add_argument("--replays", required=True, help="bench_replay_widths.py's JSON report")
+    ap.add_argument("--replays", required=True, nargs="+", help="bench_replay_widths.py's JSON reports (merged)")
     ap.add_argument("--table", default=None, help="which table of the replays (default: the only one)")
     ap.add_argument("--proxy", default="", help="LABEL=MEASURED pairs: price an unmeasured label by a measured one")
     ap.add_argument("--out", required=True, help="folder for board_projection.json / .md")
     args = ap.parse_args(argv)
     steps = read_json(args.steps, ("trained",), "a bench_e2e.py report with trained routes")
-    replays = read_json(args.replays, ("tables",), "a bench_replay_widths.py report")
+    runs = [read_json(path, ("tables",), "a bench_replay_widths.py report") for path in args.replays]
+    replays = runs[0]
     tables = replays["tables"]
     table = args.table or (next(iter(tables)) if len(tables) == 1 else None)
-    if table not in tables:
-        raise SystemExit(f"project_board: --table {args.table!r}: {args.replays} holds {', '.join(tables)}; "
-                         "name one")
-    result = project(steps, tables[table]["replay_us"], parse_proxies(args.proxy))
+    replay_us = {}
+    for path, run in zip(args.replays, runs):
+        if table not in run["tables"]:
+            raise SystemExit(f"project_board: --table {args.table!r}: {path} holds {', '.join(run['tables'])}; "
+                             "name one that every --replays file holds")
+        if (run.get("device"), run.get("sms")) != (replays.get("device"), replays.get("sms")):
+            raise SystemExit(f"project_board: {path} was measured on {run.get('device')} / {run.get('sms')} SMs, "
+                             f"{args.replays[0]} on {replays.get('device')} / {replays.get('sms')}: merge runs of "
+                             "one device and SM count")
+        replay_us.update(run["tables"][table]["replay_us"])
+    result = project(steps, replay_us, parse_proxies(args.proxy))
     sms = f", {replays['sms']} SMs (green context)" if replays.get("green_context") else ""
     report = {"steps_file": args.steps, "steps_device": steps.get("device", "unrecorded"),
-              "replays_file": args.replays, "replays_device": f"{replays.get('device', 'unrecorded')}{sms}",
-              "replays_command": replays.get("command", "unrecorded"), "table": table,
+              "replays_file": ", ".join(args.replays), "replays_device": f"{replays.get('device', 'unrecorded')}{sms}",
+              "replays_command": "; ".join(run.get("command", "unrecorded") for run in runs), "table": table,
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit(),
               "command": "python tools/project_board.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               **result}
