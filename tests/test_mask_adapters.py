@@ -37,14 +37,18 @@ def random_runtime_model(seed: int) -> TernaryLM:
     return model.eval()
 
 
-def with_random_adapters(model: TernaryLM, rank: int, block_size: int, seed: int) -> TernaryLM:
+def randomize_mask_rows(model: TernaryLM, seed: int) -> TernaryLM:
+    """The adapters' tensors and the slot offset random (a fresh adapter's B and offset are zero)."""
     g = torch.Generator().manual_seed(seed)
-    model.attach_mask_adapters(rank, block_size)
-    model.double()
     with torch.no_grad():
         for p in [model.mask_slot_embedding] + [q for proj in model.projections() for q in proj.adapter.parameters()]:
             p.copy_(0.2 * torch.randn(p.shape, generator=g, dtype=torch.float64))
     return model
+
+
+def with_adapters(model: TernaryLM, rank: int, block_size: int) -> TernaryLM:
+    model.attach_mask_adapters(rank, block_size)
+    return model.double()
 
 
 def training_rows(seed: int, clean: int = 12, d: int = 4, blocks: int = 3):
@@ -60,21 +64,13 @@ def test_adapters_change_the_block_rows_and_leave_the_clean_rows_bit_for_bit():
     ids, pos, mask, clean = training_rows(0)
     base = random_runtime_model(1)
     plain = base(ids, pos, mask)
-    adapted = with_random_adapters(random_runtime_model(1), rank=4, block_size=4, seed=2)
-    out = adapted(ids, pos, mask, adapter_from=clean)
+    adapted = with_adapters(random_runtime_model(1), rank=4, block_size=4)
+    assert adapted.adapter_rank == 4 and base.adapter_rank == 0
+    assert torch.equal(adapted(ids, pos, mask, adapter_from=clean), plain)  # fresh: nothing changes until trained
+    out = randomize_mask_rows(adapted, seed=2)(ids, pos, mask, adapter_from=clean)
     assert torch.equal(out[:, :clean], plain[:, :clean])  # exact: the verifier is the base model
     assert (out[:, clean:] - plain[:, clean:]).abs().amin(-1).gt(0).all()  # every block row moved
     assert torch.equal(adapted(ids, pos, mask), plain)  # no adapter_from: the base model everywhere
-
-
-def test_a_fresh_adapter_changes_nothing_until_trained():
-    ids, pos, mask, clean = training_rows(3)
-    base = random_runtime_model(4)
-    fresh = random_runtime_model(4)
-    fresh.attach_mask_adapters(8, 4)
-    fresh.double()
-    assert torch.equal(fresh(ids, pos, mask, adapter_from=clean), base(ids, pos, mask))
-    assert fresh.adapter_rank == 8 and base.adapter_rank == 0
 
 
 def test_twins_recompute_the_last_layers_block_rows_and_leave_the_clean_rows_bit_for_bit():
@@ -99,7 +95,7 @@ def test_twins_recompute_the_last_layers_block_rows_and_leave_the_clean_rows_bit
 
 def test_block_rows_must_be_whole_blocks():
     ids, pos, mask, clean = training_rows(5)
-    model = with_random_adapters(random_runtime_model(6), rank=2, block_size=4, seed=7)
+    model = randomize_mask_rows(with_adapters(random_runtime_model(6), rank=2, block_size=4), seed=7)
     with pytest.raises(ValueError, match="not whole 4-row draft blocks"):
         model(ids, pos, mask, adapter_from=clean + 1)
 

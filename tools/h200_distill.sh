@@ -259,19 +259,15 @@ elif [ "$ROUND" = 6 ]; then
   P2=$!
   run sftcont $SD --mtp-weight 0 --steps-from "$R/sft6/plan.json" &
   P3=$!
-elif [ "$ROUND" = 7 ]; then
+elif [ "$ROUND" = 7 ] || [ "$ROUND" = 8 ]; then
+  # the mask rows' own capacity on a frozen sft-27m, two sizes at once: adapters (7) or twins (8)
   AD="--init $SFT --lr $LR_ADAPTER --warmup-steps 100 --max-steps $ADAPTER_STEPS --distill $R/distill --kl-weight $KL
     --slot-weights $SLOTS --distill-ntp prompt"
-  run "sft7r$RANK_LOW" $AD --adapter-rank "$RANK_LOW" &
+  if [ "$ROUND" = 7 ]; then FLAG=--adapter-rank; TAG=r; LOW=$RANK_LOW; HIGH=$RANK_HIGH
+  else FLAG=--twin-layers; TAG=t; LOW=$TWIN_LOW; HIGH=$TWIN_HIGH; fi
+  run "sft$ROUND$TAG$LOW" $AD $FLAG "$LOW" &
   P1=$!
-  run "sft7r$RANK_HIGH" $AD --adapter-rank "$RANK_HIGH" &
-  P2=$!
-elif [ "$ROUND" = 8 ]; then
-  AD="--init $SFT --lr $LR_ADAPTER --warmup-steps 100 --max-steps $ADAPTER_STEPS --distill $R/distill --kl-weight $KL
-    --slot-weights $SLOTS --distill-ntp prompt"
-  run "sft8t$TWIN_LOW" $AD --twin-layers "$TWIN_LOW" &
-  P1=$!
-  run "sft8t$TWIN_HIGH" $AD --twin-layers "$TWIN_HIGH" &
+  run "sft$ROUND$TAG$HIGH" $AD $FLAG "$HIGH" &
   P2=$!
 elif [ "$ROUND" = 2 ]; then
   SD="--init $D8 --lr $LR --distill $R/distill --kl-weight $KL --slot-weights $SLOTS --distill-ntp prompt"
