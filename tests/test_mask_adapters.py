@@ -197,3 +197,19 @@ def test_mask_row_capacity_needs_an_init_checkpoint_and_one_kind(sources, data, 
     with pytest.raises(ConfigError, match="alternatives"):
         Trainer(tiny(data, tmp_path / "run", init=str(sources["bitnet-packed"]), adapter_rank=2, twin_layers=1),
                 log=lambda m: None)
+
+
+def test_mask_row_training_keeps_the_sources_mask_row_where_it_has_one(sources):
+    """With mask-row capacity the source's own mask row stays (a tied head reads it as a logit of
+    the clean stream); only a mask token new to the vocabulary gets the mean row."""
+    from tools.init_checkpoint import load_for_training
+
+    src = sources["bitnet-online"]  # an AR-only checkpoint whose tokenizer holds the mask token (id 1)
+    averaged, info = load_for_training(src, mask_token_id=1)
+    kept, kept_info = load_for_training(src, mask_token_id=1, keep_mask_row=True)
+    assert info.mask_row == "mean" and kept_info.mask_row == "kept"
+    source_rows = load_for_training(src, mask_token_id=600)[0].model.embed_tokens.weight[:512]
+    assert torch.equal(kept.model.embed_tokens.weight, source_rows)
+    assert not torch.equal(averaged.model.embed_tokens.weight[1], source_rows[1])
+    grown, grown_info = load_for_training(src, mask_token_id=600, keep_mask_row=True)
+    assert grown_info.mask_row == "mean" and grown.cfg.vocab_size == 601

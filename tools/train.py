@@ -549,6 +549,9 @@ class Trainer:
                              "and keep the MTP term (--mtp-weight > 0)")
         if tc.ntp_teacher:
             raise ValueError(f"{flag} keeps the clean stream fixed: --ntp-teacher would have nothing to train")
+        if self.init_info.mask_row != "kept":  # the checkpoint's vocabulary had no mask token
+            self.log("note: the mask token is new to this checkpoint: its (mean) embedding row is one more logit "
+                       "in every softmax, so the clean stream equals the source's up to that row")
         self.model.requires_grad_(False)
         self.model.attach_mask_rows(tc.adapter_rank, tc.twin_layers, tc.block_size)
         trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
