@@ -178,7 +178,8 @@ def project(rows: list[dict], model: str = "bitnet-2b") -> list[str]:
     lines = ["", f"## Projected {model} ternary-linear step from these bounds (ms; steps/s)", "",
              f"Per call `max(bytes / ({DRAM_EFFICIENCY} · BW), weights / (r · SMs · f)) + {ORIN_LAUNCH_US:g} µs`, "
              f"summed over {layers} layers x {len(shapes)} projections, r = the bound above for the default kernel of "
-             "each generation at that width (v1: gemv / dot, v2: lanes / mma, v5: gemv / folded mma). An upper "
+             "each generation at that width (v1: gemv / dot, v2: lanes / mma, v5: gemv / folded mma, v6: folded mma "
+             "from M = 1, v7: v6 with a tail tile at M = 33..48). An upper "
              "bound on speed: the "
              "bound ignores latency and occupancy.", "",
              "| M | generation | r | " + " | ".join(BOARDS) + " |", "|---|---|---|" + "---|" * len(BOARDS)]
@@ -198,8 +199,8 @@ def project(rows: list[dict], model: str = "bitnet-2b") -> list[str]:
     return lines
 
 
-GENERATIONS = ("v1", "v2", "v5", "v6")  # v1: gemv / dot, v2: lanes / mma, v5: gemv / folded mma,
-# v6 (the default): v5 with folded mma at M <= 2 on a GPU of few SMs
+GENERATIONS = ("v1", "v2", "v5", "v6", "v7")  # v1: gemv / dot, v2: lanes / mma, v5: gemv / folded mma,
+# v6: v5 with folded mma at M <= 2 on a GPU of few SMs; v7 (the default): v6 with a tail tile at M = 33..48
 
 
 def default_configs(m: int, n: int, k: int, sms: int) -> list[tuple[str, LinearConfig]]:
