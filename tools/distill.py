@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bitmtp_edge.runtime.model import LatentTernaryLinear, TernaryLM, activations_int8_ste, with_adapter
+from bitmtp_edge.runtime.model import LatentTernaryLinear, TernaryLM, project_rows
 from kernels_ampere.numerics import (apply_rope, dequantize_ternary, quantize_activations, rope_cos_sin, ternarize_absmean,
                                      ternarize_group_absmax)
 
@@ -63,15 +63,15 @@ class FrozenTernaryLinear(nn.Module):
         self.adapter = src.adapter  # mask-row adapters, if any, as they are
 
     def forward(self, x, adapter_from=None):
+        return project_rows(self, x, adapter_from)
+
+    adapter_input = LatentTernaryLinear.adapter_input  # the same fake-quantised input
+
+    def _project(self, x):
         if self.integer_grid:
             x_int, a_scale = quantize_activations(x)
-            y = F.linear(x_int.to(x.dtype), self.codes.to(x.dtype)) * a_scale.unsqueeze(-1) * self.scale
-        else:
-            y = F.linear(self.adapter_input(x), self.weight)
-        return with_adapter(self, x, y, adapter_from)
-
-    def adapter_input(self, x):
-        return activations_int8_ste(x) if self.quant.quantize_activations else x
+            return F.linear(x_int.to(x.dtype), self.codes.to(x.dtype)) * a_scale.unsqueeze(-1) * self.scale
+        return F.linear(self.adapter_input(x), self.weight)
 
 
 def freeze(model: TernaryLM) -> TernaryLM:

@@ -69,7 +69,7 @@ class PackedTernaryLinear(nn.Module):
         self.adapter: MaskRowAdapter | MaskRowTwin | None = None  # the draft rows' own capacity
 
     def forward(self, x: torch.Tensor, adapter_from: int | None = None) -> torch.Tensor:
-        return with_adapter(self, x, self._project(x), adapter_from)
+        return project_rows(self, x, adapter_from)
 
     def adapter_input(self, x: torch.Tensor) -> torch.Tensor:
         """What the adapter multiplies: the input on the int8 grid the projection uses, dequantised."""
@@ -131,7 +131,7 @@ class LatentTernaryLinear(nn.Module):
         self.adapter: MaskRowAdapter | MaskRowTwin | None = None  # the draft rows' own capacity
 
     def forward(self, x: torch.Tensor, adapter_from: int | None = None) -> torch.Tensor:
-        return with_adapter(self, x, self._project(x), adapter_from)
+        return project_rows(self, x, adapter_from)
 
     def adapter_input(self, x: torch.Tensor) -> torch.Tensor:
         """The input on the int8 grid (straight-through), as ``PackedTernaryLinear.adapter_input``."""
@@ -185,17 +185,18 @@ class MaskRowTwin(nn.Module):
         return self.linear(x)
 
 
-def with_adapter(linear: nn.Module, x: torch.Tensor, y: torch.Tensor, adapter_from: int | None) -> torch.Tensor:
-    """``y`` (the projection of ``x`` [..., S, K]) with rows ``adapter_from..`` (the draft blocks')
-    updated by the projection's adapter, or recomputed by its twin; rows before it are returned
-    as computed, so the causal rows keep their exact bits."""
+def project_rows(linear: nn.Module, x: torch.Tensor, adapter_from: int | None) -> torch.Tensor:
+    """``linear._project(x)`` (x [..., S, K]) with rows ``adapter_from..`` (the draft blocks')
+    updated by the projection's adapter, or computed by its twin instead (the base projection
+    then runs on the causal rows alone); the causal rows keep the base model's bits."""
     if linear.adapter is None or adapter_from is None or adapter_from >= x.shape[-2]:
-        return y
+        return linear._project(x)
     rows = x[..., adapter_from:, :]
     if isinstance(linear.adapter, MaskRowTwin):
-        block = linear.adapter(rows).to(y.dtype)
-    else:
-        block = y[..., adapter_from:, :] + linear.adapter(linear.adapter_input(rows)).to(y.dtype)
+        causal = linear._project(x[..., :adapter_from, :])
+        return torch.cat([causal, linear.adapter(rows).to(causal.dtype)], dim=-2)
+    y = linear._project(x)
+    block = y[..., adapter_from:, :] + linear.adapter(linear.adapter_input(rows)).to(y.dtype)
     return torch.cat([y[..., :adapter_from, :], block], dim=-2)
 
 
