@@ -213,3 +213,74 @@ def test_mask_row_training_keeps_the_sources_mask_row_where_it_has_one(sources):
     assert not torch.equal(averaged.model.embed_tokens.weight[1], source_rows[1])
     grown, grown_info = load_for_training(src, mask_token_id=600, keep_mask_row=True)
     assert grown_info.mask_row == "mean" and grown.cfg.vocab_size == 601
+
+
+def test_twins_reading_the_history_change_only_the_block_rows_and_need_a_replay_not_a_kv_buffer():
+    ids, pos, mask, clean = training_rows(11)
+    base = random_runtime_model(12)
+    plain = base(ids, pos, mask)
+    twinned = random_runtime_model(12)
+    twinned.attach_mask_twins(1, 4, read_history=True)
+    twinned.double()
+    attn = twinned.model.layers[-1].self_attn
+    assert twinned.twin_kv and attn.twin_reads_history and not twinned.model.layers[0].self_attn.twin_reads_history
+    assert [p.adapter.reads_history for p in twinned.projections(twinned.model.layers[-1:])] == [
+        False, True, True, False, False, False, False]
+    assert torch.equal(twinned(ids, pos, mask, adapter_from=clean), plain)  # fresh copies: no change
+    g = torch.Generator().manual_seed(13)
+    with torch.no_grad():  # only the value twin moves: the q/k/o twins and the MLP stay the base's
+        attn.v_proj.adapter.linear.codes.copy_(torch.randint(-1, 2, attn.v_proj.codes.shape, generator=g))
+    out = twinned(ids, pos, mask, adapter_from=clean)
+    assert torch.equal(out[:, :clean], plain[:, :clean])
+    assert (out[:, clean:] - plain[:, clean:]).abs().amin(-1).gt(0).all()
+    # without reading the history the same twin changes the block rows through their own values only
+    attn.v_proj.adapter.reads_history = attn.k_proj.adapter.reads_history = False
+    own_rows_only = twinned(ids, pos, mask, adapter_from=clean)
+    assert torch.equal(own_rows_only[:, :clean], plain[:, :clean]) and not torch.equal(own_rows_only, out)
+    attn.v_proj.adapter.reads_history = attn.k_proj.adapter.reads_history = True
+    kv = [torch.zeros(CFG.num_kv_heads, 32, CFG.head_dim, dtype=torch.float64) for _ in range(2)]
+    with pytest.raises(ValueError, match="second KV buffer"):
+        attn(torch.randn(1, 2, CFG.hidden_size, dtype=torch.float64), *rope_for(2), torch.ones(1, 2, 32, dtype=torch.bool),
+             kv_layer=kv, write_slots=torch.arange(2))
+
+
+def rope_for(n: int):
+    from kernels_ampere.numerics import rope_cos_sin
+    return rope_cos_sin(torch.arange(n).unsqueeze(0), CFG.head_dim, CFG.rope_theta, torch.float64)
+
+
+def test_twin_kv_needs_twins():
+    assert MTPConfig.from_dict(MTPConfig(4, 1, twin_layers=2, twin_kv=True).to_dict()).twin_kv
+    assert "twin_kv" not in MTPConfig(4, 1, twin_layers=2).to_dict()
+    with pytest.raises(ConfigError, match="needs twin_layers"):
+        MTPConfig(4, 1, twin_kv=True)
+    with pytest.raises(ConfigError, match="true or false"):
+        MTPConfig(4, 1, twin_layers=1, twin_kv=1)
+    with pytest.raises(ValueError, match="needs twin_layers"):
+        random_runtime_model(1).attach_mask_rows(0, 0, 4, twin_kv=True)
+
+
+def test_twin_kv_training_round_trips_and_replays_while_the_kv_backends_refuse_it(sources, data, tmp_path):
+    from tools import eval_acceptance
+    from tools.eval_quality import runtime
+    from tools.hf_checkpoint import load_latent_model, load_runtime_model
+
+    run = tmp_path / "run"
+    Trainer(tiny(data, run, init=str(sources["bitnet-packed"]), lr=2e-2, twin_layers=1, twin_kv=True),
+            log=lambda m: None).run()
+    log = json.loads((run / "train_log.json").read_text())
+    assert log["history"][-1]["mtp"] < log["history"][0]["mtp"]
+    latent, ck = load_latent_model(run / "final")
+    assert ck.mtp.twin_kv and latent.twin_kv
+    attn = latent.model.layers[-1].self_attn
+    assert not torch.equal(attn.k_proj.adapter.linear.weight, attn.k_proj.weight)  # the history's keys trained
+    model, _ = load_runtime_model(run / "compact", torch.float64)
+    assert model.twin_kv
+    with eval_acceptance.exact_float32_int_matmul():
+        _, replayed, _ = eval_acceptance.block_logits(model, [5, 17, 33, 2, 9], 4, 1, 6, set())
+        assert torch.isfinite(replayed).all()
+    _, _, backend = runtime(str(run / "compact"), "cpu", max_context=64)
+    with pytest.raises(ValueError, match="twin_kv"):
+        backend.prefill([5, 17, 33])
+    with pytest.raises(ValueError, match="--twin-kv gives twins their own keys and values"):
+        Trainer(tiny(data, tmp_path / "other", init=str(sources["bitnet-packed"]), twin_kv=True), log=lambda m: None)

@@ -52,6 +52,12 @@
 #           draft step reads; all 8: +100%, the capacity sft6 had, without touching the verifier)
 #     sft8t$TWIN_LOW   twins of the last $TWIN_LOW layers
 #     sft8t$TWIN_HIGH  twins of all $TWIN_HIGH layers
+#   ROUND=9 (round 8: twins of all 8 layers drafted 4.84 tokens per iteration, rank-128 adapters
+#           4.83, sft6 5.98 — its later slots far ahead: what the frozen history's keys and values
+#           hold, not the draft rows' weights): round 8's twins, reading the history through their
+#           own keys and values as well (tools.train --twin-kv; a second KV buffer at runtime)
+#     sft9kv$TWIN_LOW   twins of the last $TWIN_LOW layers, their own keys and values
+#     sft9kv$TWIN_HIGH  twins of all $TWIN_HIGH layers, their own keys and values
 # then the decode check: EVAL=replay, the held-out NTP loss and the decoding replay of
 # tools.eval_acceptance on the GPU ($EVAL_PROMPTS held-out, $DOC_PROMPTS docstring prompts) for the new
 # models and the release model; EVAL=quick, a 10-prompt GPU run; EVAL=ntp, only the held-out NTP loss
@@ -104,7 +110,7 @@ MTP5_LOW=${MTP5_LOW:-0.35}
 RANK_LOW=${RANK_LOW:-32}       # round 7: adapter ranks (bf16 bytes per draft step: rank 32 ~ 0.7x the
 RANK_HIGH=${RANK_HIGH:-128}    # 27M model's packed ternary weights, rank 128 ~ 2.8x)
 LR_ADAPTER=${LR_ADAPTER:-2e-3}
-TWIN_LOW=${TWIN_LOW:-4}        # round 8: twinned layers (of 8)
+TWIN_LOW=${TWIN_LOW:-4}        # rounds 8-9: twinned layers (of 8)
 TWIN_HIGH=${TWIN_HIGH:-8}
 ADAPTER_STEPS=${ADAPTER_STEPS:-1448}  # round 6's sftcont: sft-27m + 1,448 corpus steps, held-out NTP 2.2324
 SCRATCH_RATE=${SCRATCH_RATE:-7.138}  # steps/s of the from-scratch D = 8 run (2,778 in 389.2 s)
@@ -133,7 +139,8 @@ case $ROUND in
   6) RUNS="sft6 sft6kd sftcont"; SFTRUN=; TEACHER=$SFT ;;
   7) RUNS="sft7r$RANK_LOW sft7r$RANK_HIGH"; SFTRUN=; TEACHER=$SFT ;;
   8) RUNS="sft8t$TWIN_LOW sft8t$TWIN_HIGH"; SFTRUN=; TEACHER=$SFT ;;
-  *) echo "ROUND=$ROUND: choose 1, 2, 3, 4, 5, 6, 7 or 8" >&2; exit 2 ;;
+  9) RUNS="sft9kv$TWIN_LOW sft9kv$TWIN_HIGH"; SFTRUN=; TEACHER=$SFT ;;
+  *) echo "ROUND=$ROUND: choose 1, 2, 3, 4, 5, 6, 7, 8 or 9" >&2; exit 2 ;;
 esac
 case $EVAL in quick|ntp|replay|full) ;; *) echo "EVAL=$EVAL: choose quick, ntp, replay or full" >&2; exit 2 ;; esac
 TAIL_GIVEN=${TAIL_S:-}         # seconds kept after training (EVAL=full: fitted to the release eval unless given)
@@ -259,12 +266,14 @@ elif [ "$ROUND" = 6 ]; then
   P2=$!
   run sftcont $SD --mtp-weight 0 --steps-from "$R/sft6/plan.json" &
   P3=$!
-elif [ "$ROUND" = 7 ] || [ "$ROUND" = 8 ]; then
-  # the mask rows' own capacity on a frozen sft-27m, two sizes at once: adapters (7) or twins (8)
+elif [ "$ROUND" = 7 ] || [ "$ROUND" = 8 ] || [ "$ROUND" = 9 ]; then
+  # the mask rows' own capacity on a frozen sft-27m, two sizes at once: adapters (7), twins (8),
+  # twins with their own keys and values of the history (9)
   AD="--init $SFT --lr $LR_ADAPTER --warmup-steps 100 --max-steps $ADAPTER_STEPS --distill $R/distill --kl-weight $KL
     --slot-weights $SLOTS --distill-ntp prompt"
   if [ "$ROUND" = 7 ]; then FLAG=--adapter-rank; TAG=r; LOW=$RANK_LOW; HIGH=$RANK_HIGH
-  else FLAG=--twin-layers; TAG=t; LOW=$TWIN_LOW; HIGH=$TWIN_HIGH; fi
+  elif [ "$ROUND" = 8 ]; then FLAG=--twin-layers; TAG=t; LOW=$TWIN_LOW; HIGH=$TWIN_HIGH
+  else FLAG=--twin-layers; TAG=kv; LOW=$TWIN_LOW; HIGH=$TWIN_HIGH; AD="$AD --twin-kv"; fi
   run "sft$ROUND$TAG$LOW" $AD $FLAG "$LOW" &
   P1=$!
   run "sft$ROUND$TAG$HIGH" $AD $FLAG "$HIGH" &

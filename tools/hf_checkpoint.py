@@ -274,10 +274,10 @@ def load_latent_model(folder: str | Path) -> tuple[TernaryLM, Checkpoint]:
 
 
 def attach_adapters(model: TernaryLM, ck: Checkpoint) -> None:
-    """The checkpoint's mask-row capacity (``bitmtp.json`` ``adapter_rank`` / ``twin_layers``),
-    before its tensors load."""
+    """The checkpoint's mask-row capacity (``bitmtp.json`` ``adapter_rank`` / ``twin_layers`` /
+    ``twin_kv``), before its tensors load."""
     if ck.mtp is not None:
-        model.attach_mask_rows(ck.mtp.adapter_rank, ck.mtp.twin_layers, ck.mtp.block_size)
+        model.attach_mask_rows(ck.mtp.adapter_rank, ck.mtp.twin_layers, ck.mtp.block_size, ck.mtp.twin_kv)
 
 
 def load_runtime_model(folder: str | Path, dtype: torch.dtype = torch.float64, device="cpu") -> tuple[TernaryLM, Checkpoint]:

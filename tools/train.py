@@ -52,7 +52,8 @@ loss, stays the ``--init`` model bit for bit; only the new tensors train)::
 ``--adapter-rank R``: a low-rank 16-bit update of every projection on the block rows;
 ``--twin-layers N``: full-rank ternary copies of the last N layers' projections that the block
 rows use instead (``runtime.model.MaskRowAdapter`` / ``MaskRowTwin``); either with a learned
-per-slot input offset. ``bitmtp-export`` does not take such checkpoints yet.
+per-slot input offset. ``--twin-kv`` (with twins): the block rows of the twinned layers also
+read the history through the twins' keys and values, not the verifier's. ``bitmtp-export`` does not take such checkpoints yet.
 
 Outputs under ``--out``: ``final/`` (latent float32 HF checkpoint), ``compact/`` (packed
 HF BitNet, the release form), ``latest/`` + ``resume.pt`` (periodic, for ``--resume``),
@@ -147,6 +148,7 @@ class TrainConfig:
     # mask-row capacity: only it (and the per-slot input offset) trains; the base stays as loaded
     adapter_rank: int = 0  # low-rank 16-bit adapters on every projection
     twin_layers: int = 0  # or full-rank ternary twins of the last layers' projections
+    twin_kv: bool = False  # the twins' draft rows read the history through their own keys and values
 
     @property
     def layout(self) -> BlockLayout:
@@ -472,6 +474,8 @@ class Trainer:
         self.index = CorpusIndex.load(tc.data)
         self.init_info = None
         self.mask_rows_only = bool(tc.adapter_rank or tc.twin_layers)
+        if tc.twin_kv and not tc.twin_layers:
+            raise ValueError("--twin-kv gives twins their own keys and values of the history: add --twin-layers N")
         if tc.init:
             from tools.init_checkpoint import load_for_training
 
@@ -487,7 +491,7 @@ class Trainer:
             # nn.Embedding starts at N(0, 1); with a tied head that means logits of std ~sqrt(H).
             torch.nn.init.normal_(self.model.model.embed_tokens.weight, std=0.02)
         self.mtp = (MTPConfig(tc.block_size, self.index.mask_token_id, tc.tau, tc.min_prefix,
-                              adapter_rank=tc.adapter_rank, twin_layers=tc.twin_layers)
+                              adapter_rank=tc.adapter_rank, twin_layers=tc.twin_layers, twin_kv=tc.twin_kv)
                     if tc.layout.has_blocks else None)
         if self.mask_rows_only:
             self._mask_rows_only()
@@ -553,10 +557,11 @@ class Trainer:
             self.log("note: the mask token is new to this checkpoint: its (mean) embedding row is one more logit "
                        "in every softmax, so the clean stream equals the source's up to that row")
         self.model.requires_grad_(False)
-        self.model.attach_mask_rows(tc.adapter_rank, tc.twin_layers, tc.block_size)
+        self.model.attach_mask_rows(tc.adapter_rank, tc.twin_layers, tc.block_size, tc.twin_kv)
         trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         what = (f"mask-row adapters of rank {tc.adapter_rank}" if tc.adapter_rank
-                else f"mask-row twins of the last {tc.twin_layers} layers")
+                else f"mask-row twins of the last {tc.twin_layers} layers"
+                + (", reading the history through their own keys and values" if tc.twin_kv else ""))
         self.log(f"{what}: {trained:,} trained parameters, the rest frozen")
 
     def _load_ntp_teacher(self):
@@ -911,6 +916,8 @@ def main(argv: list[str] | None = None) -> None:
                   help="with --init: train only mask-row adapters of this rank (the clean stream stays the source's)")
     @click.option("--twin-layers", default=defaults["twin_layers"], show_default=True,
                   help="with --init: train only ternary twins of the last N layers' projections for the mask rows")
+    @click.option("--twin-kv", is_flag=True, default=defaults["twin_kv"],
+                  help="with --twin-layers: the mask rows read the history through the twins' own keys and values")
     def cli(compile_, slot_weights, **kw):
         """Train a ternary LM with the joint NTP + MTP objective (or the SFT baseline)."""
         try:

@@ -127,7 +127,9 @@ class MTPConfig:
     ``adapter_rank``: the rank of the mask-row adapters (``runtime.model.MaskRowAdapter``: a
     low-rank update of every projection and a per-slot input offset, on the draft blocks'
     rows only), 0 without them. ``twin_layers``: instead, how many of the last layers give the
-    draft rows full-rank ternary copies of their projections (``runtime.model.MaskRowTwin``).
+    draft rows full-rank ternary copies of their projections (``runtime.model.MaskRowTwin``);
+    ``twin_kv``: the twinned layers' draft rows also read the history through the twins' own
+    keys and values (every row's, a second KV buffer at runtime).
     The causal rows never use either, so a runtime that ignored them would still decode the
     AR text, with worse drafts."""
 
@@ -138,6 +140,7 @@ class MTPConfig:
     confidence_calibration: tuple[tuple[float, float], ...] | None = None
     adapter_rank: int = 0
     twin_layers: int = 0
+    twin_kv: bool = False
 
     def __post_init__(self) -> None:
         if self.confidence_calibration is not None:
@@ -157,6 +160,10 @@ class MTPConfig:
                 raise ConfigError(f"{name} must be a whole number >= 0 (0: none), got {value!r}")
         if self.adapter_rank and self.twin_layers:
             raise ConfigError("adapter_rank and twin_layers are alternatives; a model has one of them at most")
+        if not isinstance(self.twin_kv, bool):
+            raise ConfigError(f"twin_kv must be true or false, got {self.twin_kv!r}")
+        if self.twin_kv and not self.twin_layers:
+            raise ConfigError("twin_kv reads the history through twins: it needs twin_layers >= 1")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -164,7 +171,7 @@ class MTPConfig:
             del d["confidence_calibration"]  # manifests without it read as before, by any runtime
         else:
             d["confidence_calibration"] = [list(p) for p in self.confidence_calibration]
-        for name in ("adapter_rank", "twin_layers"):
+        for name in ("adapter_rank", "twin_layers", "twin_kv"):
             if not d[name]:
                 del d[name]  # likewise for models without mask-row capacity
         return d

@@ -18,7 +18,8 @@ Mask-row capacity (optional): low-rank 16-bit updates of every projection
 (``attach_mask_adapters``) or full-rank ternary copies of the last layers' projections
 (``attach_mask_twins``), plus a per-slot input offset, used only by the rows of draft blocks
 (the rows from ``adapter_from`` on in a call: a step's blocks always follow its causal rows).
-The causal rows, hence prefill, AR and verify steps, are the base model bit for bit.
+The causal rows, hence prefill, AR and verify steps, are the base model bit for bit. Twins may
+also give the draft rows their own keys and values of the history (``read_history``).
 """
 
 from __future__ import annotations
@@ -174,12 +175,17 @@ class MaskRowAdapter(nn.Module):
 class MaskRowTwin(nn.Module):
     """A full-rank ternary copy of one projection that the draft blocks' rows use instead of it
     (``linear``: the same class as the projection, initialised from it): the draft rows' own
-    weights, at the ternary price of two bits each, where an adapter buys low rank in 16 bits."""
+    weights, at the ternary price of two bits each, where an adapter buys low rank in 16 bits.
 
-    def __init__(self, projection: nn.Module):
+    ``reads_history`` (on a layer's key and value twins): the draft rows also read the history
+    through this copy — every row's keys and values computed by the twins, not the verifier's —
+    which at runtime means a second KV buffer for the twinned layers."""
+
+    def __init__(self, projection: nn.Module, reads_history: bool = False):
         super().__init__()
         self.linear = copy.deepcopy(projection)
         self.linear.adapter = None
+        self.reads_history = reads_history
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x)
@@ -215,6 +221,12 @@ class Attention(nn.Module):
         if cfg.has_sub_norms:
             self.attn_sub_norm = RMSNorm(hq * hd, cfg.rms_norm_eps)
 
+    @property
+    def twin_reads_history(self) -> bool:
+        """Whether this layer's draft rows read every row's keys and values through their twins
+        (``TernaryLM.attach_mask_twins(..., read_history=True)``), not the base model's."""
+        return isinstance(self.k_proj.adapter, MaskRowTwin) and self.k_proj.adapter.reads_history
+
     def forward(self, x, cos, sin, attn_mask, kv_layer=None, write_slots=None, adapter_from=None):
         """x [B, S, H]; attn_mask [B, S, S_kv] bool (True = may attend).
 
@@ -224,28 +236,48 @@ class Attention(nn.Module):
         """
         cfg = self.cfg
         b, s, _ = x.shape
-        q = self.q_proj(x, adapter_from).view(b, s, cfg.num_heads, cfg.head_dim)
-        k = self.k_proj(x, adapter_from).view(b, s, cfg.num_kv_heads, cfg.head_dim)
-        v = self.v_proj(x, adapter_from).view(b, s, cfg.num_kv_heads, cfg.head_dim)
-        if cfg.has_qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, S, hd]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q = self._heads(self.q_proj(x, adapter_from), cfg.num_heads, cos, sin, getattr(self, "q_norm", None))
+        k = self._heads(self.k_proj(x, adapter_from), cfg.num_kv_heads, cos, sin, getattr(self, "k_norm", None))
+        v = self._heads(self.v_proj(x, adapter_from), cfg.num_kv_heads)
+        if self.twin_reads_history and kv_layer is not None:
+            raise ValueError("this model's draft rows read the history through twin keys and values (mtp.twin_kv), "
+                             "which need a second KV buffer that no runtime backend keeps yet: replay it with "
+                             "tools.eval_acceptance, or train the twins without --twin-kv")
         if kv_layer is not None:
             k_buf, v_buf = kv_layer
             k_buf.index_copy_(1, write_slots, k[0].to(k_buf.dtype))
             v_buf.index_copy_(1, write_slots, v[0].to(v_buf.dtype))
             k, v = k_buf.unsqueeze(0).to(q.dtype), v_buf.unsqueeze(0).to(q.dtype)
-        groups = cfg.num_heads // cfg.num_kv_heads
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask.unsqueeze(1),
-                                             scale=1.0 / math.sqrt(cfg.head_dim))
+        out = self._attend(q, k, v, attn_mask)
+        if self.twin_reads_history and adapter_from is not None and adapter_from < s:
+            # The block rows again, over keys and values the twins computed for every row (the
+            # causal rows' ones as well): the rows above stay the base model's, bit for bit.
+            k_twin = self._heads(self.k_proj.adapter(x).to(x.dtype), cfg.num_kv_heads, cos, sin,
+                                 getattr(self, "k_norm", None))
+            v_twin = self._heads(self.v_proj.adapter(x).to(x.dtype), cfg.num_kv_heads)
+            blocks = self._attend(q[:, :, adapter_from:], k_twin, v_twin, attn_mask[:, adapter_from:])
+            out = torch.cat([out[:, :, :adapter_from], blocks], dim=2)
         out = out.transpose(1, 2).reshape(b, s, cfg.num_heads * cfg.head_dim)
         if cfg.has_sub_norms:
             out = self.attn_sub_norm(out)
         return self.o_proj(out, adapter_from)
+
+    def _heads(self, y, heads, cos=None, sin=None, norm=None):
+        """[B, S, heads·hd] -> [B, heads, S, hd], normed and rotated where given."""
+        b, s, _ = y.shape
+        y = y.view(b, s, heads, self.cfg.head_dim)
+        if norm is not None:
+            y = norm(y)
+        y = y.transpose(1, 2)
+        return apply_rope(y, cos, sin) if cos is not None else y
+
+    def _attend(self, q, k, v, attn_mask):
+        groups = self.cfg.num_heads // self.cfg.num_kv_heads
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask.unsqueeze(1),
+                                              scale=1.0 / math.sqrt(self.cfg.head_dim))
 
 
 class MLP(nn.Module):
@@ -322,6 +354,11 @@ class TernaryLM(nn.Module):
         """How many layers (the last ones) have mask-row twins, 0 without them."""
         return sum(isinstance(layer.self_attn.q_proj.adapter, MaskRowTwin) for layer in self.model.layers)
 
+    @property
+    def twin_kv(self) -> bool:
+        """Whether the twinned layers' draft rows read the history through twin keys and values."""
+        return any(layer.self_attn.twin_reads_history for layer in self.model.layers)
+
     def attach_mask_adapters(self, rank: int, block_size: int) -> None:
         """Give every projection a fresh ``MaskRowAdapter`` of ``rank`` and the draft rows a
         per-slot input offset (zero: the model computes what it did until they are trained).
@@ -333,24 +370,31 @@ class TernaryLM(nn.Module):
             proj.adapter = MaskRowAdapter(proj.in_features, proj.out_features, rank).to(self.head_weight.device)
         self._attach_slot_embedding(block_size)
 
-    def attach_mask_twins(self, layers: int, block_size: int) -> None:
+    def attach_mask_twins(self, layers: int, block_size: int, read_history: bool = False) -> None:
         """Give every projection of the last ``layers`` layers a ``MaskRowTwin`` (a copy of it, so
         the model computes what it did until they are trained) and the draft rows the per-slot
-        input offset of ``attach_mask_adapters``."""
+        input offset of ``attach_mask_adapters``. ``read_history``: the draft rows of those
+        layers attend over keys and values their twins computed for every row, so what they
+        read of the history is theirs to train too (the verifier's keys are fixed by NTP)."""
         if not 1 <= layers <= len(self.model.layers):
             raise ValueError(f"twin layers must be in 1..{len(self.model.layers)}, got {layers}")
-        for proj in self.projections(self.model.layers[len(self.model.layers) - layers:]):
-            proj.adapter = MaskRowTwin(proj).requires_grad_(True)
+        for layer in self.model.layers[len(self.model.layers) - layers:]:
+            attn = layer.self_attn
+            for proj in self.projections([layer]):
+                reads = read_history and proj in (attn.k_proj, attn.v_proj)
+                proj.adapter = MaskRowTwin(proj, reads_history=reads).requires_grad_(True)
         self._attach_slot_embedding(block_size)
 
-    def attach_mask_rows(self, adapter_rank: int, twin_layers: int, block_size: int) -> None:
+    def attach_mask_rows(self, adapter_rank: int, twin_layers: int, block_size: int, twin_kv: bool = False) -> None:
         """The draft rows' own capacity as a model's MTP config names it (either, or none)."""
         if adapter_rank and twin_layers:
             raise ValueError("mask-row adapters and twins are alternatives; give one of adapter_rank, twin_layers")
+        if twin_kv and not twin_layers:
+            raise ValueError("twin_kv reads the history through twins: it needs twin_layers")
         if adapter_rank:
             self.attach_mask_adapters(adapter_rank, block_size)
         elif twin_layers:
-            self.attach_mask_twins(twin_layers, block_size)
+            self.attach_mask_twins(twin_layers, block_size, read_history=twin_kv)
 
     def _attach_slot_embedding(self, block_size: int) -> None:
         self.mask_slot_embedding = nn.Parameter(torch.zeros(block_size, self.cfg.hidden_size,
