@@ -522,3 +522,165 @@ def test_metrics_and_the_request_log(live, caplog):
     assert _metric(live, "bitmtp_decode_tokens_per_second") > 0
     assert 0 < _metric(live, "bitmtp_verifier_call_rate") <= 1
     assert _metric(live, 'bitmtp_requests_total{endpoint="/v1/completions",status="400"}') == before_400 + 1
+
+
+# --- what real clients send (the openai client, curl) ------------------------------------------------
+
+CHAT = [{"role": "system", "content": "t20"}, {"role": "user", "content": [{"type": "text", "text": "t30 "},
+                                                                           {"type": "text", "text": "t31"}]}]
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_include_usage_sends_the_usage_once_in_a_last_chunk_without_choices(live, endpoint):
+    """OpenAI: with include_usage the usage comes only in a last chunk with empty choices,
+    every other chunk's usage null; clients add up what they see (it was sent twice for chat,
+    and ignored for completions)."""
+    client = live.client()
+    create = client.completions.create if endpoint == "completions" else client.chat.completions.create
+    kw = dict(prompt=PROMPT) if endpoint == "completions" else dict(messages=CHAT)
+    whole = create(model=MODEL, max_tokens=8, temperature=0, **kw)
+    chunks = list(create(model=MODEL, max_tokens=8, temperature=0, stream=True,
+                         stream_options={"include_usage": True}, **kw))
+    with_usage = [c for c in chunks if c.usage is not None]
+    assert with_usage == [chunks[-1]] and chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert chunks[-1].usage.total_tokens == whole.usage.total_tokens
+    assert chunks[-2].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+@pytest.mark.parametrize("endpoint, extra", [
+    ("/v1/completions", {"prompt": PROMPT, "n": None, "stream": None, "echo": None, "logprobs": None}),
+    ("/v1/chat/completions", {"messages": CHAT, "n": None, "stream": None, "logprobs": None, "top_logprobs": None}),
+])
+def test_null_optional_fields_mean_their_defaults(live, endpoint, extra):
+    """Clients that serialise every field send null for those left unset; OpenAI takes it."""
+    resp = _post(live, endpoint, {"model": MODEL, "max_tokens": 3, "temperature": 0, **extra})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["usage"]["completion_tokens"] >= 1
+
+
+@pytest.mark.parametrize("endpoint, extra, param", [
+    ("chat", {"logprobs": True}, "logprobs"),
+    ("chat", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("chat", {"tool_choice": "required"}, "tool_choice"),
+    ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("chat", {"max_completion_tokens": 0}, "max_completion_tokens"),
+    ("chat", {"stop": 5}, "stop"),
+    ("completions", {"n": 2}, "n"),
+    ("completions", {"logprobs": 2}, "logprobs"),
+    ("completions", {"echo": True}, "echo"),
+    ("completions", {"prompt": []}, "prompt"),
+    ("completions", {"temprature": 1}, "temprature"),
+])
+def test_refusals_name_the_parameter(live, endpoint, extra, param):
+    """An unsupported or bad field: 400 whose error body's param names it (as OpenAI's does)."""
+    client = live.client()
+    kw = dict(model=MODEL, max_tokens=3)
+    if endpoint == "chat":
+        create, kw["messages"] = client.chat.completions.create, CHAT
+        if "max_completion_tokens" in extra:
+            del kw["max_tokens"]
+    else:
+        create, kw["prompt"] = client.completions.create, PROMPT
+    kw.update({k: v for k, v in extra.items() if k in ("prompt", "messages")})
+    body = {k: v for k, v in extra.items() if k not in ("prompt", "messages")}
+    with pytest.raises(openai.BadRequestError) as err:
+        create(extra_body=body, **kw)
+    assert err.value.param == param, err.value.body
+    assert param in err.value.message
+
+
+def test_a_body_not_sent_as_json_gets_told_the_content_type(live):
+    body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": 3})
+    for content_type in ("application/x-www-form-urlencoded", "text/plain"):  # curl -d's default; a raw client's
+        resp = httpx.post(live.url + "/v1/completions", content=body, headers={"content-type": content_type},
+                          timeout=60)
+        assert resp.status_code == 400
+        message = resp.json()["error"]["message"]
+        assert content_type in message and "Content-Type: application/json" in message, message
+    resp = _post(live, "/v1/completions", "[1, 2]", raw=True)
+    assert resp.status_code == 400 and resp.json()["error"]["message"] == "the request body must be a JSON object"
+    assert _post(live, "/v1/completions", body, raw=True).status_code == 200
+
+
+def test_models_retrieve(live):
+    client = live.client()
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-4o")
+    assert err.value.code == "model_not_found" and MODEL in err.value.message
+
+
+def test_unknown_routes_answer_openai_errors(live):
+    client = live.client()
+    with pytest.raises(openai.NotFoundError, match="no such endpoint: POST /v1/embeddings"):
+        client.embeddings.create(model=MODEL, input="t1")
+    resp = httpx.delete(live.url + "/v1/models", timeout=10)
+    assert resp.status_code == 405 and resp.json()["error"]["type"] == "invalid_request_error"
+    assert "GET" in resp.headers["allow"]
+
+
+def test_head_requests_on_the_get_endpoints(live):
+    for path in ("/health", "/metrics", "/v1/models"):  # uptime checks probe with HEAD
+        resp = httpx.head(live.url + path, timeout=10)
+        assert resp.status_code == 200 and resp.content == b"", path
+
+
+
+class _GatedEngine:
+    """stream_ids blocks until ``gate`` is set: a generation that runs as long as a test wants."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.gate = tokenizer, threading.Event()
+
+    def stream_ids(self, prompt_ids, stats, should_stop, **kw):
+        def run():
+            while not self.gate.wait(0.01):
+                if should_stop():
+                    stats.finish_reason = "cancelled"
+                    return
+            stats.new_tokens, stats.finish_reason = 1, "length"
+            yield [5]
+        return run()
+
+
+def test_clients_that_left_the_queue_do_not_hold_its_places(artifact):
+    """A client that gives up while queued (a timeout, then a retry) must not make the next
+    one a 503: its job leaves the queue at once, not only when its turn would come."""
+    import asyncio
+
+    from bitmtp_edge.app.http_server import QueueFull
+
+    engine = Engine.load(artifact, backend="reference", device="cpu")
+    gated = _GatedEngine(engine.tokenizer)
+    metrics = Metrics()
+    worker = Worker(gated, max_queue=1, metrics=metrics)
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        jobs = [Job(f"cmpl-{i}", "/v1/completions", [1], {"policy": "ar"}, [], loop, engine.tokenizer)
+                for i in range(4)]
+        worker.submit(jobs[0])
+        deadline = time.monotonic() + 10
+        while worker.running is not jobs[0]:  # the first one runs (blocked at the gate) ...
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        worker.submit(jobs[1])  # ... the second waits, and its client leaves
+        jobs[1].cancel.set()
+        assert worker.queue_depth == 0
+        worker.submit(jobs[2])  # its place is free
+        assert worker.queue_depth == 1
+        with pytest.raises(QueueFull):
+            worker.submit(jobs[3])
+        assert await asyncio.wait_for(jobs[1].events.take(final_only=True), 10) == [("cancelled",)]
+        gated.gate.set()
+        for job in (jobs[0], jobs[2]):
+            events = await asyncio.wait_for(job.events.take(final_only=True), 10)
+            assert events[-1][0] == "done"
+
+    try:
+        asyncio.run(scenario())
+        assert metrics.totals["cancelled"] == 1 and metrics.totals["generations"] == 2
+    finally:
+        gated.gate.set()
+        worker.stop()

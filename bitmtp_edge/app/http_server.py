@@ -205,15 +205,30 @@ class Worker:
 
     @property
     def queue_depth(self) -> int:
-        return len(self._waiting)
+        with self._cond:
+            self._drop_left()
+            return len(self._waiting)
 
     def submit(self, job: Job) -> None:
         with self._cond:
+            self._drop_left()
             if len(self._waiting) >= self.max_queue:
                 raise QueueFull(f"the server is busy: {len(self._waiting)} requests are already waiting for the "
                                 f"one model (batch 1, --max-queue {self.max_queue}); retry in a moment")
             self._waiting.append(job)
             self._cond.notify()
+
+    def _drop_left(self) -> None:
+        """Drop the waiting jobs whose clients left (timed out, gone to retry): kept until
+        their turn, they would hold queue places and turn the retry away with a 503. Called
+        with ``_cond`` held."""
+        if not any(job.cancel.is_set() for job in self._waiting):
+            return
+        left = [job for job in self._waiting if job.cancel.is_set()]
+        self._waiting = collections.deque(job for job in self._waiting if not job.cancel.is_set())
+        for job in left:
+            self.metrics.cancelled(job)
+            job.post("cancelled")
 
     def stop(self, timeout: float = 10.0) -> None:
         with self._cond:
@@ -403,6 +418,7 @@ def create_app(engine: Engine, config: ServerConfig, sampler: Sampler | None = N
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     metrics = Metrics(sampler)
     state: dict[str, Any] = {}
@@ -419,23 +435,36 @@ def create_app(engine: Engine, config: ServerConfig, sampler: Sampler | None = N
     app = FastAPI(title="BitMTP Edge", lifespan=lifespan)
     app.state.metrics = metrics
 
-    def failure(endpoint: str, status: int, message: str, param: str | None = None, kind: str | None = None):
+    def failure(endpoint: str, status: int, message: str, param: str | None = None, kind: str | None = None,
+                code: str | None = None):
         metrics.request(endpoint, status)
         log.info("%s %d %s", endpoint, status, message)
-        kind = kind or {400: "invalid_request_error", 503: "server_busy"}.get(status, "server_error")
-        return JSONResponse(oa.error(message, param, kind), status_code=status)
+        kind = kind or {400: "invalid_request_error", 404: "invalid_request_error",
+                        503: "server_busy"}.get(status, "server_error")
+        return JSONResponse(oa.error(message, param, kind, code), status_code=status)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        return failure(request.url.path, 400, _validation_message(exc.errors()))
+        message, param = _validation_message(exc.errors(), request.headers.get("content-type"))
+        return failure(request.url.path, 400, message, param)
 
-    @app.get("/health")
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        # Routing's own 404/405 in OpenAI's error shape, which clients parse (not FastAPI's {"detail": ...}).
+        where = f"{request.method} {request.url.path}"
+        message = {404: f"no such endpoint: {where}; this server serves /v1/models, /v1/completions, "
+                        "/v1/chat/completions, /health and /metrics",
+                   405: f"method not allowed: {where}"}.get(exc.status_code, str(exc.detail))
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return JSONResponse(oa.error(message, kind=kind), status_code=exc.status_code, headers=exc.headers)
+
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         worker = state["worker"]
         return {"status": "ok", "model": config.model_name, "busy": worker.running is not None,
                 "queue_depth": worker.queue_depth}
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def prometheus():
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
@@ -453,19 +482,29 @@ def create_app(engine: Engine, config: ServerConfig, sampler: Sampler | None = N
         except BadRequest as e:
             return None, failure(endpoint, 400, str(e), e.param)
         except ValueError as e:
-            return None, failure(endpoint, 400, str(e))
+            return None, failure(endpoint, 400, str(e), getattr(e, "param", None))
         except QueueFull as e:
             return None, failure(endpoint, 503, str(e))
 
-    @app.get("/v1/models")
-    async def models():
+    def model_card() -> dict:
         from .serve import info as engine_info
 
+        return {"id": config.model_name, "object": "model", "created": int(engine.path.stat().st_mtime),
+                "owned_by": "bitmtp-edge", "max_model_len": engine.backend.max_context,
+                "bitmtp": engine_info(engine)}
+
+    @app.api_route("/v1/models", methods=["GET", "HEAD"])
+    async def models():
         metrics.request("/v1/models", 200)
-        return {"object": "list", "data": [{
-            "id": config.model_name, "object": "model", "created": int(engine.path.stat().st_mtime),
-            "owned_by": "bitmtp-edge", "max_model_len": engine.backend.max_context,
-            "bitmtp": engine_info(engine)}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")  # client.models.retrieve(id); ids may hold "/" (org/name)
+    async def model(model: str):
+        if model != config.model_name:
+            return failure("/v1/models/{model}", 404, f"unknown model {model!r}; this server serves "
+                           f"{config.model_name!r}", "model", code="model_not_found")
+        metrics.request("/v1/models/{model}", 200)
+        return model_card()
 
     async def answer(endpoint: str, build, request: Request, body, stream, respond):
         """Admit the job ``build`` makes, then answer: SSE chunks from ``stream`` or one JSON
@@ -497,19 +536,33 @@ def create_app(engine: Engine, config: ServerConfig, sampler: Sampler | None = N
 
         def build():
             text = engine.render_chat([m.template_dict() for m in body.messages], body.add_generation_prompt)
-            return _job(engine, config, body, body.token_limit, engine.encode(text), endpoint, "chatcmpl")
+            return _job(engine, config, body, body.token_limit, engine.encode(text), endpoint, "chatcmpl",
+                        body.token_limit_field)
 
         return await answer(endpoint, build, request, body, _stream_chat, oa.chat_completion)
 
     return app
 
 
-def _validation_message(errors) -> str:
+def _validation_message(errors, content_type: str | None = None) -> tuple[str, str | None]:
+    """(message, param): what was wrong with the body, and the field at fault (the first
+    error's field, or the one an ``oa.Unsupported`` names) for the error body's ``param``."""
     parts = []
+    params = []
     for err in errors[:5]:
-        where = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        where = ".".join(loc)
+        # the top-level field: deeper parts of loc name pydantic's union branches ("stop.str")
+        params.append(getattr(err.get("ctx", {}).get("error"), "param", None) or (loc[0] if loc else None))
         if err.get("type") == "json_invalid":
-            return f"the request body is not valid JSON ({err.get('ctx', {}).get('error', err.get('msg'))}); send a JSON object"
+            return (f"the request body is not valid JSON ({err.get('ctx', {}).get('error', err.get('msg'))}); "
+                    "send a JSON object"), None
+        if err.get("type") == "model_attributes_type" and not where:
+            # FastAPI parses the body as JSON only under a JSON content type (curl -d sends a form's)
+            if content_type and "json" not in content_type.lower():
+                return (f"the request body was sent as {content_type.split(';')[0]!r}; send a JSON object with "
+                        "the header Content-Type: application/json"), None
+            return "the request body must be a JSON object", None
         if err.get("type") == "extra_forbidden":
             parts.append(f"unknown field {where!r}; leave it out (see GET /v1/models for the served model)")
         elif err.get("type") == "missing":
@@ -517,11 +570,11 @@ def _validation_message(errors) -> str:
         else:
             msg = err.get("msg", "invalid").removeprefix("Value error, ")
             parts.append(f"{where}: {msg}" if where else msg)
-    return "; ".join(parts) or "invalid request body"
+    return "; ".join(parts) or "invalid request body", next((p for p in params if p), None)
 
 
 def _job(engine: Engine, config: ServerConfig, body: oa._Body, max_tokens: int | None, prompt_ids: list[int],
-         endpoint: str, prefix: str) -> Job:
+         endpoint: str, prefix: str, limit_field: str = "max_tokens") -> Job:
     """Check every field against the engine (400 on any problem) and build the job."""
     from ..runtime.decoding import DecodingError
     from ..runtime.sampling import SamplingError, SamplingParams
@@ -531,7 +584,7 @@ def _job(engine: Engine, config: ServerConfig, body: oa._Body, max_tokens: int |
                          "model")
     n = config.max_tokens if max_tokens is None else max_tokens
     if not 1 <= n <= config.max_tokens_limit:
-        raise BadRequest(f"max_tokens = {n}: give an integer in 1..{config.max_tokens_limit}", "max_tokens")
+        raise BadRequest(f"{limit_field} = {n}: give an integer in 1..{config.max_tokens_limit}", limit_field)
     sampled = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
                "repetition_penalty": body.repetition_penalty, "frequency_penalty": body.frequency_penalty,
                "presence_penalty": body.presence_penalty, "seed": body.seed}
@@ -635,17 +688,28 @@ async def _batches(job: Job, interval_s: float):
         job.cancel.set()
 
 
+def _usage_tail(job: Job, stats, body: oa._Body, chunk) -> str:
+    """A stream's end: the chunk with the finish reason, the usage, ``[DONE]``.
+    ``chunk(reason, use, stats, choices=...)`` makes the endpoint's chunk. Asked for
+    (``include_usage``), the usage comes as OpenAI sends it: only in a last chunk with no
+    choices, every other chunk's usage null (clients add up the usage they see: it must come
+    once). Not asked for, it rides on the finish chunk (BitMTP's stats with it)."""
+    use = oa.usage(stats.prompt_tokens, stats.new_tokens)
+    reason = oa.finish_reason(stats.finish_reason)
+    if not body.include_usage:
+        return _sse(chunk(reason, use, job.report(stats))) + "data: [DONE]\n\n"
+    return (_sse(chunk(reason)) + _sse(chunk(None, use, job.report(stats), choices=False))
+            + "data: [DONE]\n\n")
+
+
 async def _stream_completion(job: Job, config: ServerConfig, body: oa.CompletionRequest):
     created = int(time.time())
     delta = DeltaChunks(lambda text: oa.completion_chunk(job.rid, config.model_name, created, text))
     async for text, end in _batches(job, config.stream_interval_s):
         out = delta(text) if text else ""
         if end is not None and end[0] == "done":
-            stats = end[1]
-            use = oa.usage(stats.prompt_tokens, stats.new_tokens)
-            out += _sse(oa.completion_chunk(job.rid, config.model_name, created, "",
-                                            oa.finish_reason(stats.finish_reason), use, job.report(stats)))
-            out += "data: [DONE]\n\n"
+            out += _usage_tail(job, end[1], body, lambda *a, **kw: oa.completion_chunk(
+                job.rid, config.model_name, created, "", *a, **kw))
         elif end is not None and end[0] == "error":
             out += _sse(oa.error(end[2], kind="server_error")) + "data: [DONE]\n\n"
         if out:  # one write per wake-up
@@ -654,20 +718,13 @@ async def _stream_completion(job: Job, config: ServerConfig, body: oa.Completion
 
 async def _stream_chat(job: Job, config: ServerConfig, body: oa.ChatCompletionRequest):
     created = int(time.time())
-    include_usage = bool((body.stream_options or {}).get("include_usage"))
     yield _sse(oa.chat_chunk(job.rid, config.model_name, created, {"role": "assistant", "content": ""}))
     delta = DeltaChunks(lambda text: oa.chat_chunk(job.rid, config.model_name, created, {"content": text}))
     async for text, end in _batches(job, config.stream_interval_s):
         out = delta(text) if text else ""
         if end is not None and end[0] == "done":
-            stats = end[1]
-            use = oa.usage(stats.prompt_tokens, stats.new_tokens)
-            reason = oa.finish_reason(stats.finish_reason)
-            out += _sse(oa.chat_chunk(job.rid, config.model_name, created, {}, reason, use, job.report(stats)))
-            if include_usage:  # OpenAI's own form: a last chunk with no choices
-                out += _sse(oa.chat_chunk(job.rid, config.model_name, created, {}, None, use, job.report(stats),
-                                          choices=False))
-            out += "data: [DONE]\n\n"
+            out += _usage_tail(job, end[1], body, lambda *a, **kw: oa.chat_chunk(
+                job.rid, config.model_name, created, {}, *a, **kw))
         elif end is not None and end[0] == "error":
             out += _sse(oa.error(end[2], kind="server_error")) + "data: [DONE]\n\n"
         if out:

@@ -19,6 +19,15 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 StopReason = Literal["stop", "length"]
 
 
+class Unsupported(ValueError):
+    """A request the server refuses, naming the field at fault: the error body's ``param``
+    (pydantic keeps the exception in the validation error's context)."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -30,9 +39,11 @@ class _Body(BaseModel):
     presence_penalty: float | None = None
     seed: int | None = None
     stop: Union[str, list[str], None] = None
-    stream: bool = False
+    # OpenAI documents these as nullable ("n": null means 1): clients that serialise every
+    # field send null for the ones they leave unset.
+    stream: bool | None = False
     stream_options: dict[str, Any] | None = None
-    n: int = 1
+    n: int | None = 1
     user: str | None = None
     logit_bias: dict[str, float] | None = None
     # BitMTP extras
@@ -44,16 +55,21 @@ class _Body(BaseModel):
 
     @model_validator(mode="after")
     def _supported(self):
-        if self.n != 1:
-            raise ValueError(f"n = {self.n}: this server generates one choice per request (batch 1); "
-                             "send n = 1 and repeat the request for more")
+        if self.n not in (None, 1):
+            raise Unsupported("n", f"n = {self.n}: this server generates one choice per request (batch 1); "
+                                   "send n = 1 and repeat the request for more")
         if self.logit_bias:
-            raise ValueError("logit_bias is not supported; leave it out")
+            raise Unsupported("logit_bias", "logit_bias is not supported; leave it out")
         if isinstance(self.stop, list) and len(self.stop) > 16:
-            raise ValueError(f"stop has {len(self.stop)} strings; give at most 16")
+            raise Unsupported("stop", f"stop has {len(self.stop)} strings; give at most 16")
         if self.stream_options is not None and set(self.stream_options) - {"include_usage"}:
-            raise ValueError("stream_options supports only include_usage")
+            raise Unsupported("stream_options", "stream_options supports only include_usage")
         return self
+
+    @property
+    def include_usage(self) -> bool:
+        """stream_options.include_usage: usage comes in a last chunk of its own, no choices."""
+        return bool((self.stream_options or {}).get("include_usage"))
 
     @property
     def stop_list(self) -> list[str]:
@@ -64,7 +80,7 @@ class _Body(BaseModel):
 
 class CompletionRequest(_Body):
     prompt: Union[str, list[int], list[str], list[list[int]]]
-    echo: bool = False
+    echo: bool | None = False
     logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
@@ -72,13 +88,13 @@ class CompletionRequest(_Body):
     @model_validator(mode="after")
     def _completion_supported(self):
         if self.echo:
-            raise ValueError("echo is not supported; prepend the prompt yourself")
+            raise Unsupported("echo", "echo is not supported; prepend the prompt yourself")
         if self.logprobs:
-            raise ValueError("logprobs are not supported; leave logprobs out")
+            raise Unsupported("logprobs", "logprobs are not supported; leave logprobs out")
         if self.best_of not in (None, 1):
-            raise ValueError("best_of > 1 is not supported (batch 1)")
+            raise Unsupported("best_of", "best_of > 1 is not supported (batch 1)")
         if self.suffix:
-            raise ValueError("suffix (insertion) is not supported; send a plain prompt")
+            raise Unsupported("suffix", "suffix (insertion) is not supported; send a plain prompt")
         return self
 
     def prompt_value(self) -> str | list[int]:
@@ -86,10 +102,11 @@ class CompletionRequest(_Body):
         p = self.prompt
         if isinstance(p, list) and p and isinstance(p[0], (str, list)):
             if len(p) != 1:
-                raise ValueError(f"prompt holds {len(p)} prompts; this server takes one per request (batch 1)")
+                raise Unsupported("prompt", f"prompt holds {len(p)} prompts; this server takes one per request "
+                                            "(batch 1)")
             p = p[0]
         if not p:
-            raise ValueError("prompt is empty; give some text or token ids")
+            raise Unsupported("prompt", "prompt is empty; give some text or token ids")
         return p
 
 
@@ -114,7 +131,7 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Body):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
@@ -124,19 +141,28 @@ class ChatCompletionRequest(_Body):
     @model_validator(mode="after")
     def _chat_supported(self):
         if self.logprobs or self.top_logprobs:
-            raise ValueError("logprobs are not supported; leave logprobs out")
-        if self.tools or self.tool_choice not in (None, "none"):
-            raise ValueError("tools are not supported; leave tools and tool_choice out")
+            raise Unsupported("top_logprobs" if self.top_logprobs and not self.logprobs else "logprobs",
+                              "logprobs are not supported; leave logprobs out")
+        if self.tools:
+            raise Unsupported("tools", "tools are not supported; leave tools and tool_choice out")
+        if self.tool_choice not in (None, "none"):
+            raise Unsupported("tool_choice", "tools are not supported; leave tools and tool_choice out")
         if self.response_format not in (None, {"type": "text"}):
-            raise ValueError("response_format other than text is not supported")
+            raise Unsupported("response_format", "response_format other than text is not supported")
         if self.max_tokens is not None and self.max_completion_tokens is not None \
                 and self.max_tokens != self.max_completion_tokens:
-            raise ValueError("max_tokens and max_completion_tokens disagree; give one of them")
+            raise Unsupported("max_completion_tokens", "max_tokens and max_completion_tokens disagree; give one "
+                                                       "of them")
         return self
 
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def token_limit_field(self) -> str:
+        """The field the limit came from, for an error that names what the client sent."""
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
 
 # --- responses ------------------------------------------------------------------------------
@@ -162,9 +188,9 @@ def completion(rid: str, model: str, text: str, reason: str, use: dict, stats: d
 
 
 def completion_chunk(rid: str, model: str, created: int, text: str, reason: str | None = None,
-                     use: dict | None = None, stats: dict | None = None) -> dict:
+                     use: dict | None = None, stats: dict | None = None, choices: bool = True) -> dict:
     out = {"id": rid, "object": "text_completion", "created": created, "model": model,
-           "choices": [{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}]}
+           "choices": [{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}] if choices else []}
     if use is not None:
         out["usage"], out["bitmtp"] = use, stats
     return out
