@@ -140,6 +140,33 @@ def test_greedy_with_penalties_takes_the_argmax_of_penalised_logits():
         ids.append(tok)
 
 
+@pytest.mark.parametrize("penalties", [{}, {"frequency_penalty": 0.5}], ids=["plain", "penalised"])
+@pytest.mark.parametrize("calibrated", [False, True])
+def test_sharpened_sampling_cannot_skip_hybrids_verify(penalties, calibrated):
+    """top_k = 1 makes every q_j one-hot; read from q, each draft's confidence was 1 and hybrid
+    committed whole blocks unverified. Capped by the (calibrated) softmax, hybrid at top_k = 1
+    is the greedy hybrid, token for token (its verifies accept exactly the greedy way)."""
+    from bitmtp_edge.runtime.calibration import ConfidenceCalibration
+
+    model = random_model(12)
+    cal = ConfidenceCalibration([(1.2, -0.7)] * 4, "cpu") if calibrated else None
+    greedy, g_stats = run(reference_backend(model, calibration=cal), PROMPT, "hybrid", n=24, tau=0.6, min_prefix=2,
+                          sampling=SamplingParams(temperature=0.0, **penalties) if penalties else None)
+    for seed in range(3):
+        top1, stats = run(reference_backend(model, calibration=cal), PROMPT, "hybrid", n=24, tau=0.6, min_prefix=2,
+                          sampling=SamplingParams(temperature=1.0, top_k=1, seed=seed, **penalties))
+        assert top1 == greedy and stats.verifier_calls == g_stats.verifier_calls > 0
+    # at a low temperature the confidences are at most the softmax's, never q's near-1 values
+    from bitmtp_edge.runtime.sampling import sample_drafts
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(13), dtype=torch.float64)
+    zeros = torch.zeros(50, dtype=torch.float64)
+    params = (0.1, 50, 1.0, 1.0, 0.0, 0.0)
+    drafts, q, conf = sample_drafts(logits, zeros, zeros, params, torch.rand(4, dtype=torch.float64), False)
+    plain = torch.softmax(logits, -1).gather(1, drafts.unsqueeze(1)).squeeze(1)
+    sharp = q.gather(1, drafts.unsqueeze(1)).squeeze(1)
+    assert torch.equal(conf, torch.minimum(plain, sharp)) and bool((conf < sharp).any())
+
+
 @pytest.mark.parametrize("policy", ["ar", "confidence", "speculative", "hybrid"])
 def test_graph_backend_twin_samples_what_the_reference_samples(policy):
     """The graph backend's static-buffer sampling bodies (torch twins, eager on the CPU)

@@ -13,8 +13,9 @@ it in the block (what committing the prefix through slot j unverified bets on) o
 per-draft labels, with the draft alone. It is applied wherever a backend computes greedy
 drafts' confidences (draft steps and the fused step's next drafts), on the confidences the
 heads already return, so the drafts themselves (the argmax) are untouched on every backend.
-Without a calibration nothing changes. Sampled drafts keep q_j(d_j) (the calibration is
-fitted for greedy drafts).
+Without a calibration nothing changes. A sampled draft's confidence is the smaller of
+q_j(d_j) and the calibrated softmax at d_j (``sampling.sample_drafts``), so a sharpened q never
+says more than a greedy draft's confidence would.
 """
 
 from __future__ import annotations

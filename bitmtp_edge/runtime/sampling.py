@@ -118,21 +118,23 @@ def one_hot_counts(tokens, vocab: int, dtype):
     return torch.cat([torch.zeros_like(hot[:1]), hot.cumsum(dim=0)])
 
 
-def sample_drafts(logits, seen, generated, params, uniforms, penalized: bool):
+def sample_drafts(logits, seen, generated, params, uniforms, penalized: bool, calibrate=None):
     """Draft-role logits [D, V] -> (drafts [D] int64, q [D, V], confidences [D]).
 
     d_j ~ q_j; with penalties q_j counts d_1..d_{j-1} as generated (sampled one row at a
-    time), without them all rows are sampled at once. confidence_j = q_j(d_j), except at
-    temperature 0 (greedy with penalties), where q is one-hot and the confidence is the
-    softmax of the penalised logits at d_j, as greedy decoding has it."""
+    time), without them all rows are sampled at once. confidence_j = min(q_j(d_j), c_j), c_j
+    the softmax of the (penalised) logits at d_j mapped by ``calibrate`` (the artifact's
+    per-slot map from slot 0, as greedy drafts get it): temperature < 1, top-k and top-p
+    sharpen q, and a confidence read from q alone let hybrid commit whole blocks unverified
+    (top_k = 1: every q_j(d_j) = 1); c_j is the greedy confidence τ was chosen for. At
+    temperature 0 (q one-hot) the confidence is exactly the greedy one."""
     temperature, top_k, top_p, rep, freq, pres = params
-    greedy = torch.as_tensor(temperature, device=logits.device) <= 0
     if not penalized:
         q = filtered_probs(logits, temperature, top_k, top_p)
         drafts = inverse_cdf(q, uniforms)
-        belief = torch.where(greedy, torch.softmax(logits, dim=-1), q)
+        plain = torch.softmax(logits, dim=-1)
     else:
-        rows, picks, beliefs = [], [], []
+        rows, picks, plains = [], [], []
         seen_j, gen_j = seen, generated  # [V] each
         for j in range(logits.shape[0]):
             row = penalize(logits[j:j + 1], seen_j, gen_j, rep, freq, pres)
@@ -142,10 +144,13 @@ def sample_drafts(logits, seen, generated, params, uniforms, penalized: bool):
             seen_j, gen_j = seen_j + hot, gen_j + hot
             rows.append(q_j)
             picks.append(d_j)
-            beliefs.append(torch.where(greedy, torch.softmax(row, dim=-1), q_j))
-        q, drafts, belief = torch.cat(rows), torch.cat(picks), torch.cat(beliefs)
-    confidences = belief.gather(1, drafts.unsqueeze(1)).squeeze(1)
-    return drafts, q, confidences
+            plains.append(torch.softmax(row, dim=-1))
+        q, drafts, plain = torch.cat(rows), torch.cat(picks), torch.cat(plains)
+    at = drafts.unsqueeze(1)
+    greedy_confidence = plain.gather(1, at).squeeze(1)
+    if calibrate is not None:
+        greedy_confidence = calibrate(greedy_confidence)
+    return drafts, q, torch.minimum(q.gather(1, at).squeeze(1), greedy_confidence)
 
 
 def target_probs(logits, drafts, seen, generated, params, penalized: bool):
@@ -226,10 +231,12 @@ class SamplingState:
         probs = filtered_probs(logits, *self.values[:3])
         return int(inverse_cdf(probs, self.uniforms(1).to(logits.device))[0])
 
-    def draft(self, logits: torch.Tensor):
-        """Draft logits [D, V] -> (drafts [D], q [D, V], confidences [D])."""
+    def draft(self, logits: torch.Tensor, calibrate=None):
+        """Draft logits [D, V] -> (drafts [D], q [D, V], confidences [D]); ``calibrate``:
+        the artifact's confidence map from slot 0, or None (see ``sample_drafts``)."""
         u = self.uniforms(logits.shape[0]).to(logits.device)
-        return sample_drafts(logits.to(self.seen.dtype), self.seen, self.generated, self.values, u, self.penalized)
+        return sample_drafts(logits.to(self.seen.dtype), self.seen, self.generated, self.values, u, self.penalized,
+                             calibrate)
 
     def verify(self, logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor) -> tuple[int, int]:
         """Verify logits [D + 1, V], drafts [D], q [D, V] -> (accepted a, next token)."""
