@@ -72,7 +72,7 @@ class _RichProgress:
               help="Replace OUT/ if it is an artifact (anything else is refused, never deleted).")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
 @click.option("--onnx", is_flag=True, help="Also write the decode step as ONNX (model.onnx, model_draft.onnx).")
-@click.option("--onnx-from", type=click.Path(path_type=Path), default=None, metavar="OUT/",
+@click.option("--onnx-from", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="OUT/",
               help="Only write the ONNX graphs into the existing artifact folder OUT/ (no CKPT/OUT arguments).")
 @click.version_option(EXPORTER_VERSION, prog_name="bitmtp-export")
 def main(ckpt: Path | None, out: Path | None, max_context: int | None, board: str | None, old_device: str | None,

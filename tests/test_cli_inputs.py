@@ -160,3 +160,70 @@ def test_the_cli_copy_of_the_monitor_choices_agrees():
     from bitmtp_edge.app import bench, cli
 
     assert cli.MONITOR_CHOICES == bench.MONITOR_CHOICES
+
+
+# ----------------------------------------------------------------------------- found by black-box runs
+
+
+@pytest.mark.parametrize("policy", ["ar", "hybrid"])
+def test_chat_keeps_room_for_the_reply_once_the_transcript_fills_the_context(engine, policy):
+    # The transcript was cut to the context less one slot: after a long turn every reply
+    # stopped at a token or two ("context_full").
+    from bitmtp_edge.app.chat import ChatSession
+
+    session = ChatSession(engine, policy=policy, max_new_tokens=8)
+    long_turn = " ".join(f"t{3 + i % 80}" for i in range(engine.backend.max_context + 50))
+    for turn in (long_turn, "t1 t2 t3"):
+        for _ in session.reply(turn):
+            pass
+        assert session.last_stats.finish_reason in ("length", "stop"), session.last_stats
+    assert len(engine.encode(session.transcript)) > engine.backend.max_context  # it did fill the context
+
+
+def test_demo_names_a_malformed_prompts_file_beside_the_artifact(artifact, tmp_path):
+    import shutil
+
+    folder = Path(shutil.copytree(artifact, tmp_path / "model"))
+    for line, what in (('{"text": "t1 t2"}', '"prompt" key'), ("t1 t2", "not valid JSON"),
+                       ('{"prompt": ""}', "non-empty string")):
+        (folder / "prompts.jsonl").write_text(line + "\n")
+        res = run("demo", "-a", folder, "--device", "cpu", "-n", "2")
+        assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+        assert "prompts.jsonl:1" in res.output and what in res.output, res.output
+
+
+def test_doctor_reports_a_bad_thread_count_instead_of_a_traceback(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the reference backend on the CPU
+    monkeypatch.setenv("BITMTP_CPU_THREADS", "abc")
+    res = run("doctor")
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    backend = [line for line in res.output.splitlines() if line.split()[1:2] == ["backend"]]
+    assert backend and "✗" in backend[0] and "BITMTP_CPU_THREADS='abc'" in backend[0], res.output
+    assert "problems: backend" in res.output
+
+
+@pytest.mark.parametrize("device", ["tpu", "meta"])
+def test_generate_with_a_device_torch_cannot_use_is_one_line(artifact, device):
+    res = run("generate", "t1 t2", "-a", artifact, "--device", device, "-n", "2")
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert f"device={device!r}" in res.output and "Traceback" not in res.output
+    embedded = run("generate", "t1", "--device", device, "-n", "2")
+    assert "embedded model" not in embedded.output  # the hint is for artifact errors, not this
+
+
+def test_generate_with_a_tiny_temperature_prints_the_greedy_text(artifact):
+    greedy = run("generate", "t5 t6", "-a", artifact, "--device", "cpu", "-n", "6", "--policy", "ar", "--json")
+    tiny = run("generate", "t5 t6", "-a", artifact, "--device", "cpu", "-n", "6", "--policy", "ar", "--json",
+               "-t", "1e-40", "--seed", "1")
+    assert greedy.exit_code == tiny.exit_code == 0, tiny.output
+    assert json.loads(tiny.output)["token_ids"] == json.loads(greedy.output)["token_ids"]
+
+
+def test_export_onnx_from_a_file_says_it_is_a_file(tmp_path):
+    from export.cli import main as bitmtp_export
+
+    (tmp_path / "OUT").write_text("not a folder")
+    res = CliRunner().invoke(bitmtp_export, ["--onnx-from", str(tmp_path / "OUT")])
+    assert res.exit_code == 2 and "is a file" in res.output and "no such" not in res.output, res.output

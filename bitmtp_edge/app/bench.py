@@ -102,11 +102,18 @@ def load_prompts(path: str | os.PathLike) -> list[BenchPrompt]:
     return out
 
 
+# The demo's prompts where an artifact ships none (here, not in demo.py: the demo reads
+# prompts.jsonl with ``load_prompts``, and the two modules must not import each other).
+FALLBACK_PROMPTS = (
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+    "def read_lines(path):\n",
+    'class Stack:\n    """A last-in first-out stack."""\n\n    def __init__(self):\n',
+)
+
+
 def builtin_prompts(engine: Engine) -> tuple[list[BenchPrompt], str]:
     """The held-out prompts shipped beside the artifact (``prompts.jsonl``), else the
     demo's fallback prompts. Returns (prompts, a description of where they came from)."""
-    from .demo import FALLBACK_PROMPTS
-
     path = Path(engine.path) / "prompts.jsonl"
     if path.is_file():
         return load_prompts(path), f"held-out prompts {path}"

@@ -74,8 +74,12 @@ class ChatSession:
     def _context_ids(self, user_text: str) -> list[int]:
         ids = self.engine.encode(self.transcript + user_text)
         d = self.engine.block_size or 0
-        # decode() needs room for the reply's pending tokens and one draft block (2·D).
-        budget = self.engine.backend.max_context - (1 if self.policy == "ar" else 2 * d) - 1
+        max_context = self.engine.backend.max_context
+        # decode() keeps room for one draft block (2·D) and stops when the context is full, so
+        # the kept transcript leaves room for the reply too (at most half the context): with
+        # one slot spare, every reply after a long session was cut to a token or two.
+        reply_room = min(self.max_new_tokens, max_context // 2)
+        budget = max(1, max_context - (1 if self.policy == "ar" else 2 * d) - reply_room)
         return ids[-budget:] if len(ids) > budget else ids
 
     def reply(self, user_text: str) -> Iterator[tuple[str, DecodeStats]]:

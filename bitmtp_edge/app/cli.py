@@ -71,7 +71,9 @@ def _load_engine(artifact, backend, device, runtime: str = "full"):
     except PrecompileError as e:  # a kernel that does not compile here: not the artifact's fault
         raise click.ClickException(str(e)) from None
     except (ArtifactError, ValueError) as e:
-        hint = "" if artifact is not None else " (this is the embedded model; pass --artifact OUT/ for another)"
+        # the hint only where the artifact is at fault, not for --device or BITMTP_CPU_THREADS
+        embedded = artifact is None and isinstance(e, ArtifactError)
+        hint = " (this is the embedded model; pass --artifact OUT/ for another)" if embedded else ""
         raise click.ClickException(f"{e}{hint}") from None
     finally:
         bar.close()
@@ -184,12 +186,13 @@ def generate(prompt, artifact, backend, device, policy, max_new_tokens, tau, min
 def demo(artifact, backend, device, max_new_tokens, policy, as_json):
     """Complete held-out code prompts with AR and with multi-token decoding; report the speedup."""
     from ..runtime.decoding import DecodingError
+    from .bench import BenchError
     from .demo import run_demo
 
     eng = _load_engine(artifact, backend, device)
     try:
         report = run_demo(eng, max_new_tokens=max_new_tokens, policy=policy, echo=None if as_json else click.echo)
-    except DecodingError as e:
+    except (DecodingError, BenchError) as e:  # BenchError: a malformed prompts.jsonl beside the artifact
         raise click.ClickException(str(e)) from None
     if as_json:
         click.echo(json.dumps(report, indent=2))

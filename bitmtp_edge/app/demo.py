@@ -2,27 +2,22 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from statistics import median
 from typing import Callable
 
 from ..runtime.engine import Engine
-
-FALLBACK_PROMPTS = (
-    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
-    "def read_lines(path):\n",
-    'class Stack:\n    """A last-in first-out stack."""\n\n    def __init__(self):\n',
-)
+from .bench import FALLBACK_PROMPTS, load_prompts  # FALLBACK_PROMPTS: tools and tests import it from here
 
 
 def demo_prompts(engine: Engine, limit: int = 3) -> list[str]:
-    """Held-out prompts shipped beside the artifact (``prompts.jsonl``), else built-in ones."""
+    """Held-out prompts shipped beside the artifact (``prompts.jsonl``), else built-in ones.
+
+    A malformed file is a ``BenchError`` naming its line (read as ``bitmtp bench`` reads it),
+    not a traceback from json; an empty one means the built-in prompts."""
     path = Path(engine.path) / "prompts.jsonl"
-    if path.is_file():
-        prompts = [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
-        if prompts:
-            return prompts[:limit]
+    if path.is_file() and path.read_bytes().strip():
+        return [p.text for p in load_prompts(path)][:limit]
     return list(FALLBACK_PROMPTS[:limit])
 
 

@@ -114,7 +114,10 @@ def check_backend(torch) -> Check:
     if chosen == "reference" and device.type == "cpu":
         from ..runtime.engine import cpu_threads_rule
 
-        threads, rule = cpu_threads_rule()
+        try:
+            threads, rule = cpu_threads_rule()
+        except ValueError as e:  # BITMTP_CPU_THREADS=abc: every command would stop on it; say so here
+            return Check("backend", "fail", f"auto → {chosen} on {device}, but {e}", {**details, "cpu_threads": None})
         details["cpu_threads"] = threads if threads is not None else torch.get_num_threads()
         why += f"; {details['cpu_threads']} torch thread(s): {rule}"
     if chosen != "reference":  # kernel launches overlap their predecessors on sm_90+

@@ -11,8 +11,9 @@ from __future__ import annotations
 import numbers
 import os
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -69,9 +70,22 @@ def _timed(fn, *args) -> float:
 def _resolve_device(device: str | torch.device) -> torch.device:
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):  # "tpu", "", "CPU": torch's error lists 20 device types
+        raise ValueError(f"device={device!r} is not a device; use 'auto', 'cpu' or 'cuda[:N]'") from None
+    # Only devices that hold data and that this torch build runs: anything else would fail
+    # later, as a model that "cannot be built" (mps) or a traceback from torch (xpu, meta).
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device={device!r}: BitMTP runs on 'cpu' or 'cuda[:N]' (or 'mps'); "
+                         "use one of those or 'auto'")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} but CUDA is not available here; use device='cpu' or 'auto'")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device={device!r} but this machine has {torch.cuda.device_count()} CUDA device(s) "
+                         f"(cuda:0..cuda:{torch.cuda.device_count() - 1}); use one of those or 'auto'")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device={device!r} but this torch build cannot use MPS here; use device='cpu' or 'auto'")
     return dev
 
 
@@ -80,6 +94,7 @@ class Engine:
         self.path, self.manifest, self.backend, self.tokenizer, self.device = path, manifest, backend, tokenizer, device
         self._chat_template: ChatTemplate | None | bool = False  # False: not read yet
         self.startup: dict = {}  # ``startup_split`` of ``Engine.load``
+        self._kv_owner: object | None = None  # the generation whose tokens the backend's KV holds
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None, backend: str = "auto", device: str = "auto",
@@ -211,7 +226,7 @@ class Engine:
             raise DecodingError(f"block_size={block_size}: {self.path} is AR-only and has no MTP block")
         return DecodeOptions.for_model(mtp, policy, max_new_tokens, tau=tau, min_prefix=min_prefix,
                                        stop_token_ids=self.eos_token_ids, should_stop=should_stop,
-                                       candidates=candidates, sampling=sampling)
+                                       candidates=candidates, sampling=_near_zero_is_greedy(sampling))
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, (bytes, bytearray, memoryview)):
@@ -258,7 +273,28 @@ class Engine:
         opts = self._options(policy, max_new_tokens, block_size, tau, min_prefix, should_stop, candidates,
                              sampling=_sampling(sampling, sampling_kw))
         ids = self._prompt_ids(prompt)
-        return decode(self.backend, ids, opts, stats if stats is not None else DecodeStats())
+        return self._owning_kv(decode(self.backend, ids, opts, stats if stats is not None else DecodeStats()))
+
+    def _owning_kv(self, chunks: Iterator[list[int]]) -> Iterator[list[int]]:
+        """``chunks`` as long as no other generation (or ``logits``) has used the backend since
+        this one started: the engine holds one KV cache, and a second generation resets it.
+        Without this an abandoned or interleaved stream resumed on the other's cache, and its
+        next tokens were silently conditioned on the wrong text."""
+        token = object()
+        self._kv_owner = token  # at the first next(): decode() resets the backend right after
+        try:
+            while True:
+                if self._kv_owner is not token:
+                    raise DecodingError("this stream cannot continue: another generation (or logits()) used the "
+                                        "engine after it started, and an Engine holds one KV cache; finish or "
+                                        "close() a stream before the next one, or load a second Engine")
+                try:
+                    chunk = next(chunks)
+                except StopIteration:
+                    return
+                yield chunk
+        finally:
+            chunks.close()  # decode() records its timings
 
     def stream(self, prompt, *, max_new_tokens=128, policy="hybrid", block_size=None, tau=None,
                min_prefix=None, stop: Sequence[str] | None = None,
@@ -267,7 +303,7 @@ class Engine:
         never a partial character), stop strings honoured (held back until they cannot
         start one). Joined, the pieces equal ``generate(...).text``. ``kw``: ``should_stop``
         and sampling (see ``stream_ids``)."""
-        _check_stop(stop)
+        stop = _check_stop(stop)
         stats = stats if stats is not None else DecodeStats()
         chunks = self.stream_ids(prompt, max_new_tokens=max_new_tokens, policy=policy, block_size=block_size,
                                  tau=tau, min_prefix=min_prefix, stats=stats, **kw)
@@ -291,7 +327,7 @@ class Engine:
                  block_size: int | None = None, tau: float | None = None, min_prefix: int | None = None,
                  stop: Sequence[str] | None = None, **kw) -> GenerationResult:
         """Generate after ``prompt``; ``kw``: ``should_stop`` and sampling (see ``stream_ids``)."""
-        _check_stop(stop)
+        stop = _check_stop(stop)
         stats = DecodeStats()
         ids: list[int] = []
         text = TextStream(self.tokenizer, stop)
@@ -322,14 +358,21 @@ class Engine:
         if ids.numel() > self.backend.max_context:  # attention memory grows with T²
             raise DecodingError(f"logits() got {ids.numel()} token ids but the largest KV segment holds "
                                 f"{self.backend.max_context}; score at most that many (a sliding window)")
+        self._kv_owner = None  # the graph backend scores in the KV buffer: a live stream cannot go on
         return self.backend.logits(ids).cpu()
 
 
-def _check_stop(stop) -> None:
+def _check_stop(stop) -> list[str] | None:
+    """``stop`` as a list: a generator or other one-pass iterable would be used up by this
+    check, and the stop strings then silently ignored."""
     if stop is None:
-        return
-    if isinstance(stop, str) or not all(isinstance(s, str) for s in stop):
+        return None
+    if isinstance(stop, (str, bytes)) or not isinstance(stop, Iterable):
         raise TypeError(f"stop must be a list of strings, got {stop!r}")
+    stop = list(stop)
+    if not all(isinstance(s, str) for s in stop):
+        raise TypeError(f"stop must be a list of strings, got {stop!r}")
+    return stop
 
 
 def choose_cpu_threads() -> int | None:
@@ -348,7 +391,8 @@ def cpu_threads_rule() -> tuple[int | None, str]:
         try:
             n = max(1, int(os.environ["BITMTP_CPU_THREADS"]))
         except ValueError:
-            raise ValueError(f"BITMTP_CPU_THREADS={os.environ['BITMTP_CPU_THREADS']!r}: not a number of threads") from None
+            raise ValueError(f"BITMTP_CPU_THREADS={os.environ['BITMTP_CPU_THREADS']!r}: not a number of threads; "
+                             "set it to a whole number (e.g. 2) or unset it") from None
         return n, "BITMTP_CPU_THREADS"
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if os.environ.get(var):
@@ -376,7 +420,33 @@ def _sampling(sampling: SamplingParams | None, fields: dict) -> SamplingParams |
     unknown = sorted(set(fields) - known)
     if unknown:
         raise TypeError(f"unknown argument(s) {', '.join(unknown)}; sampling fields are {', '.join(sorted(known))}")
-    return SamplingParams(**fields)
+    return SamplingParams(**{name: _sampling_field(name, value) for name, value in fields.items()})
+
+
+def _sampling_field(name: str, value):
+    """One sampling keyword, type-checked with its name (SamplingParams' range checks would
+    fail on "0.5" with an error naming no argument, and take seed=True to the first step)."""
+    if name == "seed" and value is None:
+        return value
+    whole = name in ("top_k", "seed")
+    kind = numbers.Integral if whole else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kind):
+        what = "an integer" if whole else "a number"
+        raise TypeError(f"{name} must be {what}, got {value!r} ({type(value).__name__})")
+    return int(value) if whole else float(value)  # numpy scalars too
+
+
+# Below this a temperature is greedy decoding: softmax(logits / T) is the argmax's one-hot for
+# any logit gap above 1e-3 (e^-100), and dividing by a tiny T overflows float32 (T ≲ 1e-37:
+# the sampler then drew the last token id every step, or a step was flagged NaN). vLLM
+# uses the same cut-off.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
+
+def _near_zero_is_greedy(sampling: SamplingParams | None) -> SamplingParams | None:
+    if sampling is None or not 0.0 < sampling.temperature < GREEDY_BELOW_TEMPERATURE:
+        return sampling
+    return replace(sampling, temperature=0.0)  # penalties still apply, as at temperature 0
 
 
 def choose_backend(backend: str, device: torch.device) -> str:
