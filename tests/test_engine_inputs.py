@@ -134,3 +134,31 @@ def test_a_stop_that_is_not_a_list_of_strings_is_named(no_prefill, stop):
 def test_a_device_torch_cannot_run_here_is_one_value_error(artifact, device):
     with pytest.raises(ValueError, match=f"device={device!r}"):
         Engine.load(artifact, backend="reference", device=device)
+
+
+# ----------------------------------------------------------------------------- stop strings
+
+
+@pytest.mark.parametrize("policy", ["speculative", "hybrid"])
+def test_a_stop_string_counts_the_tokens_ar_would_have_produced(engine, policy):
+    """A multi-token step commits a whole block; the tokens after the one that completes the
+    stop string are not the request's: token_ids, stats.new_tokens (the server's usage) and
+    the streamed count equal AR's for the same text."""
+    from bitmtp_edge.runtime.decoding import DecodeStats
+
+    lossless = {"tau": 1.0} if policy == "hybrid" else {}  # hybrid verifying every block: AR's text
+    chunks = list(engine.stream_ids(PROMPT, max_new_tokens=12, policy=policy, **lossless))
+    ids = [t for c in chunks for t in c]
+    assert ids == engine.generate(PROMPT, max_new_tokens=12, policy="ar").token_ids
+    # a stop string that first completes at the first token of a multi-token commit
+    at = next(sum(map(len, chunks[:i])) + 1 for i, c in enumerate(chunks) if len(c) > 1)
+    before, through = engine.decode_ids(ids[:at - 1]), engine.decode_ids(ids[:at])
+    stop = through[-(len(through) - len(before) + 1):]
+    assert stop and stop not in before, "the probe needs a stop string that is new at that token"
+    ar = engine.generate(PROMPT, max_new_tokens=12, policy="ar", stop=[stop])
+    assert ar.stats.finish_reason == "stop" and len(ar.token_ids) == at
+    multi = engine.generate(PROMPT, max_new_tokens=12, policy=policy, stop=[stop], **lossless)
+    assert (multi.text, multi.token_ids, multi.stats.new_tokens) == (ar.text, ar.token_ids, at)
+    streamed = DecodeStats()
+    text = "".join(engine.stream(PROMPT, max_new_tokens=12, policy=policy, stop=[stop], stats=streamed, **lossless))
+    assert (text, streamed.new_tokens, streamed.finish_reason) == (ar.text, at, "stop")

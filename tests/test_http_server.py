@@ -255,7 +255,10 @@ def test_pre_rendered_delta_chunks_are_the_same_bytes_as_whole_chunks(model):
 
 
 class _ScriptedEngine:
-    """stream_ids yields fixed chunks; the worker's own code does the rest."""
+    """stream_ids yields fixed chunks; the worker's own code (and the engine's text stream,
+    for stop strings) does the rest."""
+
+    stream, _stream_text, _end_at_stop = Engine.stream, Engine._stream_text, Engine._end_at_stop
 
     def __init__(self, tokenizer, chunks):
         self.tokenizer, self.chunks = tokenizer, chunks
@@ -293,6 +296,9 @@ def test_the_worker_hands_over_ids_and_decodes_itself_only_for_stop_strings(arti
         full = engine.decode_ids(sum(chunks, []))
         assert "".join(e[1] for e in stopped if e[0] == "delta") == full[:full.index("t9")]
         assert stopped[-1][1].finish_reason == "stop"
+        # the usage counts the tokens through the one that completes the stop, as AR's would
+        assert chunks[2][:2] == engine.encode("t8 t9")
+        assert stopped[-1][1].new_tokens == len(chunks[0]) + len(chunks[1]) + 2 < len(sum(chunks, []))
     finally:
         worker.stop()
 

@@ -90,6 +90,7 @@ def test_speculative_accept_rule_and_residual():
     ({"temperature": -0.5}, "temperature must be"), ({"top_p": 0.0}, "top_p must be in"),
     ({"top_k": -1}, "top_k must be"), ({"repetition_penalty": 0.0}, "repetition_penalty must be"),
     ({"frequency_penalty": 3.0}, "frequency_penalty must be"), ({"seed": -1}, "seed must be"),
+    ({"seed": True}, "seed must be"), ({"top_k": True}, "top_k must be"),
 ])
 def test_bad_sampling_parameters_are_refused(bad, match):
     with pytest.raises(SamplingError, match=match):

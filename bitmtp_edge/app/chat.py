@@ -14,13 +14,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..runtime.policies import POLICIES
+
 if TYPE_CHECKING:
     from ..runtime.decoding import DecodeStats
     from ..runtime.engine import Engine
 
 COMMANDS = {
     "/quit": "leave (also /exit, or end of input)",
-    "/policy": "show the decoding policy, or switch: /policy ar|confidence|speculative|hybrid",
+    "/policy": f"show the decoding policy, or switch: /policy {'|'.join(POLICIES)}",
     "/reset": "forget the transcript and start afresh",
     "/help": "this list",
 }

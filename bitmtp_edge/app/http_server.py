@@ -263,27 +263,17 @@ class Worker:
         stats = DecodeStats()
         started = time.monotonic()
         try:
-            chunks = self.engine.stream_ids(job.prompt_ids, stats=stats, should_stop=job.cancel.is_set, **job.decode_kw)
             if not job.stop:
                 # Nothing to watch for: the decode loop only hands the ids over (an append
                 # under a lock, as Engine.generate collects them); the reader decodes the text.
                 post = job.events.post
-                for chunk in chunks:
+                for chunk in self.engine.stream_ids(job.prompt_ids, stats=stats, should_stop=job.cancel.is_set,
+                                                    **job.decode_kw):
                     post("ids", chunk)
-            else:  # a stop string ends the generation where it shows: decode here, per iteration
-                text = TextStream(self.engine.tokenizer, job.stop)
-                for chunk in chunks:
-                    piece = text.push(chunk)
-                    if piece:
-                        job.post("delta", piece)
-                    if text.stopped:
-                        chunks.close()  # decode() records its timings on close
-                        stats.finish_reason = "stop"
-                        break
-                else:
-                    tail = text.finish()
-                    if tail:
-                        job.post("delta", tail)
+            else:  # a stop string ends the generation where it shows, the usage counted as AR's
+                for piece in self.engine.stream(job.prompt_ids, stop=job.stop, stats=stats,
+                                                should_stop=job.cancel.is_set, **job.decode_kw):
+                    job.post("delta", piece)
         except DecodingError as e:  # checked before queueing; kept as a safety net
             job.post("error", 400, str(e))
             return

@@ -311,17 +311,34 @@ class Engine:
 
     def _stream_text(self, chunks, stop, stats) -> Iterator[str]:
         text = TextStream(self.tokenizer, stop)
+        ids: list[int] = []
         for chunk in chunks:
             piece = text.push(chunk)
             if piece:
                 yield piece
             if text.stopped:
                 chunks.close()  # ends decode() here: its finally records the timings
-                stats.finish_reason = "stop"
+                self._end_at_stop(ids, chunk, stop, stats)
                 return
+            ids.extend(chunk)
         tail = text.finish()
         if tail:
             yield tail
+
+    def _end_at_stop(self, before: list[int], chunk: list[int], stop: list[str], stats: DecodeStats) -> int:
+        """A stop string showed in ``chunk`` (after the ids ``before``): how many of its tokens
+        AR decoding would have produced, up to the one that completes the stop. A multi-token
+        step commits a whole block, and the tokens past the stop are not the request's: the
+        counts (``stats.new_tokens``, the server's usage) are AR's for the same text."""
+        text = TextStream(self.tokenizer, stop)
+        text.push(before)
+        kept = 0
+        while kept < len(chunk) and not text.stopped:
+            text.push(chunk[kept:kept + 1])
+            kept += 1
+        stats.new_tokens -= len(chunk) - kept
+        stats.finish_reason = "stop"
+        return kept
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, policy: str = "hybrid",
                  block_size: int | None = None, tau: float | None = None, min_prefix: int | None = None,
@@ -334,13 +351,13 @@ class Engine:
         chunks = self.stream_ids(prompt, max_new_tokens=max_new_tokens, policy=policy, block_size=block_size,
                                  tau=tau, min_prefix=min_prefix, stats=stats, **kw)
         for chunk in chunks:
-            ids.extend(chunk)
             if stop:
                 text.push(chunk)
                 if text.stopped:
                     chunks.close()
-                    stats.finish_reason = "stop"
+                    ids.extend(chunk[:self._end_at_stop(ids, chunk, stop, stats)])
                     return GenerationResult(text=text.text, token_ids=ids, stats=stats)
+            ids.extend(chunk)
         return GenerationResult(text=self.decode_ids(ids) if not stop else text.text + text.finish(),
                                 token_ids=ids, stats=stats)
 

@@ -28,6 +28,11 @@ class SamplingError(ValueError):
     """A sampling parameter out of range (the message names it and its valid range)."""
 
 
+def _whole(value) -> bool:
+    """An int and not a bool (``True`` is an int to Python, and a seed of True is a typo)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0  # 0: greedy (argmax)
@@ -42,7 +47,7 @@ class SamplingParams:
         checks = (
             ("temperature", math.isfinite(self.temperature) and self.temperature >= 0, "a number >= 0 (0 = greedy)"),
             ("top_p", 0.0 < self.top_p <= 1.0, "in (0, 1]"),
-            ("top_k", isinstance(self.top_k, int) and self.top_k >= 0, "an integer >= 0 (0 = off)"),
+            ("top_k", _whole(self.top_k) and self.top_k >= 0, "an integer >= 0 (0 = off)"),
             ("repetition_penalty", math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
              "a number > 0 (1 = off)"),
             ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "in [-2, 2]"),
@@ -51,7 +56,7 @@ class SamplingParams:
         for name, ok, what in checks:
             if not ok:
                 raise SamplingError(f"{name} must be {what}, got {getattr(self, name)!r}")
-        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2 ** 63):
+        if self.seed is not None and not (_whole(self.seed) and 0 <= self.seed < 2 ** 63):
             raise SamplingError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
 
     @property
