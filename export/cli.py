@@ -69,7 +69,8 @@ class _RichProgress:
 @click.option("--kv-budget-mib", type=click.FloatRange(min=0, min_open=True), default=None,
               help="KV memory budget in MiB (instead of --board).")
 @click.option("--overwrite", is_flag=True,
-              help="Replace OUT/ if it is an artifact (anything else is refused, never deleted).")
+              help="Replace OUT/ if it is an artifact (an empty folder needs no flag; anything else is refused, "
+                   "never deleted).")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
 @click.option("--onnx", is_flag=True, help="Also write the decode step as ONNX (model.onnx, model_draft.onnx).")
 @click.option("--onnx-from", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="OUT/",

@@ -9,8 +9,12 @@ Rules, each protecting something the user may care about:
 
 * ``--overwrite`` replaces only an artifact: a folder whose ``manifest.json`` is a BitMTP
   manifest and that holds nothing but the files the manifest lists (plus its ONNX files).
-  A plain file, a link, a folder without a manifest, or an artifact folder with a file of
-  the user's in it (``notes.txt``) is refused: the exporter never deletes what it did not write.
+  A plain file, a link, a non-empty folder without a manifest, or an artifact folder with a
+  file of the user's in it (``notes.txt``) is refused, with or without ``--overwrite`` (so no
+  refusal suggests it there): the exporter never deletes what it did not write.
+* An empty folder (``mkdir OUT`` first, as many users do) is a target like a missing one,
+  without ``--overwrite``: the new artifact replaces it by one rename, which fails, leaving
+  it alone, if anything was written into it during the export.
 * SIGTERM is handled like Ctrl-C (``KeyboardInterrupt``): the temporary folder is removed and,
   if the old artifact was already moved aside, it is moved back.
 * ``kill -9`` cannot be caught, so every run first looks for leftovers of earlier runs on OUT/.
@@ -27,6 +31,7 @@ Rules, each protecting something the user may care about:
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -59,26 +64,27 @@ def host_tag() -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "localhost"
 
 
-def check_out(out: Path, overwrite: bool) -> None:
-    """Refuse an OUT/ this export may not write: existing without ``--overwrite``, or not an artifact."""
+def check_out(out: Path, overwrite: bool) -> bool:
+    """Refuse an OUT/ this export may not write (see the module doc): an artifact without
+    ``--overwrite``, and anything else but a missing or empty folder, with or without it.
+    True when OUT/ is an artifact the export will replace.
+
+    A refusal suggests ``--overwrite`` only for an artifact: anywhere else it would be refused too."""
     if not out.exists() and not out.is_symlink():
-        return
-    if not overwrite:
-        raise ExportError(out, "already exists", "pass --overwrite to replace it, or choose another OUT/")
+        return False
     if out.is_symlink():
         raise ExportError(out, f"is a symbolic link (to {os.readlink(out)}), and --overwrite replaces only an "
                           "artifact folder", "pass the folder itself, or remove the link")
     if not out.is_dir():
         raise ExportError(out, "is a file, not an artifact folder (--overwrite replaces only an artifact)",
                           "choose another OUT/ (nothing was changed)")
-    manifest = out / MANIFEST
-    try:
-        data = json.loads(manifest.read_text(encoding="utf-8")) if manifest.is_file() else None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        data = None
-    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME or not isinstance(data.get("files"), dict):
-        raise ExportError(out, "is not a BitMTP artifact (no BitMTP manifest.json), and --overwrite replaces "
-                          "only an artifact", "choose another OUT/ (nothing was changed)")
+    if _is_empty(out):
+        return False  # as after ``mkdir OUT``: nothing to lose, and it is replaced by one atomic rename
+    data = _manifest_of(out)
+    if data is None:
+        raise ExportError(out, "already exists and is not a BitMTP artifact (no BitMTP manifest.json), and "
+                          "--overwrite replaces only an artifact",
+                          "choose another OUT/, a new or empty folder (nothing was changed)")
     known = {MANIFEST, *data["files"], *ONNX_FILES}
     foreign = sorted(p.name for p in out.iterdir() if p.name not in known and not _ONNX_TMP.match(p.name))
     if foreign:
@@ -86,6 +92,29 @@ def check_out(out: Path, overwrite: bool) -> None:
         raise ExportError(out, f"holds {foreign[0]!r}{more}, which the artifact's manifest does not list "
                           "(--overwrite never deletes files it did not write)",
                           "move them out of the folder, or choose another OUT/")
+    if not overwrite:
+        raise ExportError(out, "already exists (a BitMTP artifact)", "pass --overwrite to replace it, or choose "
+                          "another OUT/")
+    return True
+
+
+def _is_empty(folder: Path) -> bool:
+    try:
+        return next(folder.iterdir(), None) is None
+    except OSError:  # unreadable: not known to be empty, so it gets the artifact checks (and their refusals)
+        return False
+
+
+def _manifest_of(folder: Path) -> dict | None:
+    """The folder's manifest.json if it is a BitMTP manifest with a file list, else None."""
+    manifest = folder / MANIFEST
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8")) if manifest.is_file() else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME or not isinstance(data.get("files"), dict):
+        return None
+    return data
 
 
 def clean_leftovers(out: Path, note: Note) -> None:
@@ -171,11 +200,12 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def staged_folder(out: Path, note: Note) -> Iterator[Path]:
+def staged_folder(out: Path, note: Note, overwrite: bool = False) -> Iterator[Path]:
     """Yield an empty temporary sibling of ``out``; on success it replaces ``out`` atomically.
 
-    ``out`` must have passed ``check_out``. On any exception (Ctrl-C, SIGTERM, a full disk)
-    the temporary folder is removed and ``out`` is as it was."""
+    ``out`` is checked again (``check_out``) just before the move, since the user may have
+    written into it during the export. On any exception (Ctrl-C, SIGTERM, a full disk, that
+    check) the temporary folder is removed and ``out`` is as it was."""
     parent = out.parent
     parent.mkdir(parents=True, exist_ok=True)
     tag = f"{host_tag()}-{os.getpid()}"
@@ -186,7 +216,7 @@ def staged_folder(out: Path, note: Note) -> Iterator[Path]:
             apply_umask(tmp)
             trash = parent / f".{out.name}.old-{tag}"
             with _signals_held():
-                replaced = _move_into_place(tmp, out, trash)
+                replaced = _move_into_place(tmp, out, trash, check_out(out, overwrite))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -213,10 +243,20 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _move_into_place(tmp: Path, out: Path, trash: Path) -> bool:
-    """Rename ``tmp`` to ``out``; True when an old ``out`` was moved to ``trash`` for deletion."""
-    if not out.exists():
-        tmp.rename(out)
+def _move_into_place(tmp: Path, out: Path, trash: Path, replace_artifact: bool) -> bool:
+    """Rename ``tmp`` to ``out``; True when an old ``out`` was moved to ``trash`` for deletion.
+
+    Only an artifact ``check_out`` accepted is moved aside: a missing or empty ``out`` is
+    replaced by rename(2) alone, which fails (ENOTEMPTY/EEXIST) if something appeared in it
+    since, so a user's file is never moved aside and deleted."""
+    if not replace_artifact:
+        try:
+            tmp.rename(out)
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            raise ExportError(out, "was empty or missing when the export began but is no longer empty (something "
+                              "was written into it meanwhile)", "choose another OUT/ (nothing of it was changed)")
         return False
     out.rename(trash)
     try:

@@ -73,7 +73,7 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, options: Export
     with open_checkpoint(ckpt_dir) as ckpt:
         spec = read_spec(ckpt)
         widths = step_widths(spec.mtp.block_size if spec.mtp else None)
-        kv = _kv_plan(spec.model, ckpt, widths, options)
+        kv = _kv_plan(spec.model, ckpt, widths, options, spec.mtp.block_size if spec.mtp else None)
         fmt = detect_format(ckpt, spec)
         names = source_tensors(ckpt, spec, fmt)
         if progress is not None:
@@ -89,7 +89,7 @@ def export_checkpoint(ckpt_dir: str | Path, out_dir: str | Path, options: Export
         progress.phase("writing")
     check_out(out_dir, options.overwrite)  # again: OUT/ may have appeared during the conversion
     try:
-        with staged_folder(out_dir, note) as tmp:
+        with staged_folder(out_dir, note, options.overwrite) as tmp:
             manifest = write_artifact_files(tmp, manifest, tensors, ckpt.tokenizer_files())
     except OSError as e:
         raise ExportError(out_dir, f"cannot write the artifact ({e.strerror or e})",
@@ -105,12 +105,40 @@ def _check_out(ckpt_dir: Path, out_dir: Path, overwrite: bool) -> None:
                           "write the artifact to a folder outside the checkpoint")
 
 
-def _kv_plan(cfg: ModelConfig, ckpt: Checkpoint, widths: dict[str, list[int]], options: ExportOptions) -> KVPlan:
+def min_context(block_size: int | None) -> int:
+    """The smallest max context in which every decoding policy of the model can run: a
+    one-token prompt plus the slots ``check_prompt_fits`` (bitmtp_edge/runtime/decoding.py)
+    keeps free for decoding, 2*D for draft blocks and 1 for AR (``block_size`` None).
+
+    Below it the artifact loads and passes ``bitmtp doctor``, but refuses every MTP policy."""
+    return 1 + (2 * block_size if block_size is not None else 1)
+
+
+def _check_min_context(max_context: int, limit: int, block_size: int | None, ckpt: Checkpoint,
+                       defaulted: bool) -> None:
+    need = min_context(block_size)
+    if max_context >= need:
+        return
+    why = (f"a model with MTP block size D={block_size} needs a 1-token prompt plus the 2*D = {need - 1} slots "
+           "every MTP decoding policy keeps free" if block_size is not None else
+           "an AR model needs a 1-token prompt plus 1 slot to decode into")
+    if defaulted or need > limit:  # no --max-context can help: the checkpoint's own limit is too small
+        raise ExportError(ckpt.config_path, f"max_position_embeddings {limit} is below {need}, the least context "
+                          f"the runtime can decode in ({why})", "fix the checkpoint's config.json")
+    raise ExportError("--max-context", f"{max_context} is below {need}, the least context the runtime can "
+                      f"decode in ({why})", f"pass --max-context {need} or more")
+
+
+def _kv_plan(cfg: ModelConfig, ckpt: Checkpoint, widths: dict[str, list[int]], options: ExportOptions,
+             block_size: int | None) -> KVPlan:
     limit = cfg.max_position_embeddings
     max_context = options.max_context if options.max_context is not None else min(limit, DEFAULT_MAX_CONTEXT)
     if max_context > limit:
         raise ExportError("--max-context", f"{max_context} exceeds max_position_embeddings {limit} of "
                           f"{ckpt.config_path}", f"pass --max-context {limit} or less")
+    # Checked on the requested value: a KV budget trims only segments above
+    # min(SMALLEST_CAPACITY, max_context), so the planned max context is never below it.
+    _check_min_context(max_context, limit, block_size, ckpt, options.max_context is None)
     if options.board is not None and options.kv_budget_mib is not None:
         raise ExportError("--kv-budget-mib", "given together with --board", "pass one of them")
     if options.board is not None:

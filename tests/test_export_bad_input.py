@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.export_fixtures import copy_ckpt, run_cli
+from tests.export_fixtures import checkpoint, copy_ckpt, run_cli
 from tools import fake_checkpoints as fc
 
 
@@ -375,3 +375,50 @@ def test_a_value_transformers_refuses_is_one_clear_line(tmp_path):
     edit_config(ckpt, rms_norm_eps="tiny")
     out = tmp_path / "out"
     assert_refused(run_cli(ckpt, out), out, str(ckpt / "config.json"), "rms_norm_eps")
+
+
+# --- a max context the model cannot decode in ------------------------------------------------
+
+def test_max_context_too_small_for_the_mtp_block_is_refused(tmp_path):
+    """--max-context 3 on a D=4 model once exported fine, then every MTP policy refused the
+    artifact ("holds 3, with 8 slots for decoding") while doctor called it healthy."""
+    out = tmp_path / "out"
+    line = assert_refused(run_cli(checkpoint("bitmtp"), out, "--max-context", "3"), out,
+                          "--max-context", "3", "D=4", "pass --max-context 9 or more")
+    assert "8 slots" in line
+
+
+def test_the_smallest_max_context_the_export_accepts_decodes_with_every_policy(tmp_path):
+    """The exporter's minimum is exactly the runtime's: 2*D + 1 decodes under every policy, one less is refused."""
+    from bitmtp_edge import POLICIES, Engine
+
+    out = tmp_path / "out"
+    assert_refused(run_cli(checkpoint("bitmtp"), out, "--max-context", "8"), out, "--max-context 9 or more")
+    result = run_cli(checkpoint("bitmtp"), out, "--max-context", "9", "--quiet")
+    assert result.exit_code == 0, result.output
+    eng = Engine.load(out, backend="reference", device="cpu")
+    for policy in POLICIES:
+        assert len(eng.generate([5], max_new_tokens=4, policy=policy).token_ids) >= 1, policy
+
+
+def test_an_ar_only_model_needs_only_room_for_one_token(tmp_path):
+    out = tmp_path / "out"
+    result = run_cli(checkpoint("bitnet-online"), out, "--max-context", "2", "--quiet")
+    assert result.exit_code == 0, result.output
+
+
+def test_max_context_too_small_through_the_python_api_names_the_option(tmp_path):
+    from export import ExportError, ExportOptions, export_checkpoint
+
+    out = tmp_path / "out"
+    with pytest.raises(ExportError) as e:
+        export_checkpoint(checkpoint("bitmtp"), out, ExportOptions(max_context=1))
+    assert e.value.path == "--max-context" and "9 or more" in e.value.fix
+    assert not out.exists()
+
+
+def test_kv_budget_too_small_names_the_board_option_not_the_old_device(tmp_path):
+    out = tmp_path / "out"
+    line = assert_refused(run_cli(checkpoint("bitnet-online"), out, "--kv-budget-mib", "0.01"), out,
+                          "--kv-budget-mib", "--board")
+    assert "--device" not in line  # renamed --board: --device is refused as a usage error

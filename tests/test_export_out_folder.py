@@ -285,3 +285,63 @@ def test_write_artifact_replacing_a_file_or_a_link_leaves_no_old_entry(tmp_path,
     assert siblings(out) == []
     if kind == "link":
         assert (tmp_path / "elsewhere").is_dir()  # the link went, not what it pointed to
+
+
+# --- an existing empty OUT/ (``mkdir OUT`` first) ------------------------------------------------
+
+@pytest.mark.parametrize("flags", [[], ["--overwrite"]])
+def test_an_empty_existing_folder_is_used_as_the_target(tmp_path, flags):
+    """`mkdir OUT` then export once said "already exists; pass --overwrite", and --overwrite
+    then refused it as "not a BitMTP artifact". An empty folder holds nothing to lose."""
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run_cli(checkpoint("bitnet-online"), out, "--quiet", *flags)
+    assert result.exit_code == 0, result.output
+    verify_files(out, read_manifest(out))
+    assert siblings(out) == []
+
+
+def test_a_folder_that_fills_during_the_export_is_never_replaced(tmp_path):
+    """Something written into the empty OUT/ during the export is neither moved aside nor
+    deleted: OUT/ is checked again before the move, and the move itself is one rename(2),
+    which fails on a folder that is not empty."""
+    from export import ExportError
+    from export.out_folder import _move_into_place, staged_folder
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ExportError, match="not a BitMTP artifact"):
+        with staged_folder(out, note=lambda m: None) as tmp:
+            (tmp / "manifest.json").write_text("{}")
+            (out / "thesis.txt").write_text("four years of work")
+    assert sorted(p.name for p in out.iterdir()) == ["thesis.txt"] and siblings(out) == []
+    tmp = tmp_path / ".out.tmp-x"  # the last instant: it fills between that check and the rename
+    tmp.mkdir()
+    with pytest.raises(ExportError, match="no longer empty"):
+        _move_into_place(tmp, out, tmp_path / ".out.old-x", replace_artifact=False)
+    assert (out / "thesis.txt").read_text() == "four years of work"
+
+
+@pytest.mark.parametrize("make", ["folder", "file", "link", "artifact with a file of mine"])
+def test_overwrite_is_suggested_only_where_it_would_be_accepted(tmp_path, make):
+    out = tmp_path / "out"
+    if make == "folder":
+        out.mkdir()
+        (out / "keep.txt").write_text("mine")
+    elif make == "file":
+        out.write_text("mine")
+    elif make == "link":
+        out.symlink_to(exported(tmp_path, "real"))
+    else:
+        exported(tmp_path)
+        (out / "notes.txt").write_text("mine")
+    line = assert_refused(run_cli(checkpoint("bitnet-online"), out), out, str(out), out_existed=True)
+    assert "pass --overwrite" not in line
+    again = assert_refused(run_cli(checkpoint("bitnet-online"), out, "--overwrite"), out, str(out), out_existed=True)
+    assert again.partition(": ")[2] == line.partition(": ")[2]  # --overwrite changes nothing for it
+
+
+def test_an_existing_artifact_suggests_overwrite(tmp_path):
+    out = exported(tmp_path)
+    assert_refused(run_cli(checkpoint("bitnet-online"), out), out, str(out), "already exists",
+                   "pass --overwrite", out_existed=True)

@@ -114,7 +114,9 @@ def plan_segments(cfg: ModelConfig, max_context: int, workspace: int, dtype: str
         if not kept:
             raise ConfigError(
                 f"a KV budget of {budget_bytes / MIB:.1f} MiB cannot hold even the smallest segment "
-                f"({segs[0].bytes / MIB:.1f} MiB at {dtype}); raise --kv-budget-mib or pick a larger --device"
+                f"({segs[0].bytes / MIB:.1f} MiB at {dtype}); "
+                # --device was renamed --board (bitmtp-export refuses --device): name the option that exists.
+                "raise --kv-budget-mib or pick a --board with more memory"
             )
         segs = kept
     return KVPlan(dtype=dtype, bytes_per_slot=per_slot, workspace=workspace,
