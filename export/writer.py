@@ -23,7 +23,7 @@ import torch
 from bitmtp_edge.format.config import ConfigError, ModelConfig
 from bitmtp_edge.format.manifest import Manifest, write_artifact_files
 from bitmtp_edge.format.roles import max_width, step_widths
-from bitmtp_edge.format.segments import DEVICE_KV_BUDGET_MIB, MIB, KVPlan, plan_segments
+from bitmtp_edge.format.segments import DEVICE_KV_BUDGET_MIB, MIB, KVPlan, min_context, plan_segments
 from bitmtp_edge.format.tensors import DRAFT_HEAD_SCALE, DRAFT_HEAD_WEIGHT, PACKED_SUFFIX, SCALE_SUFFIX, head_name
 from kernels_ampere.numerics import quantize_rows_int8
 from kernels_ampere.packing import pack_ternary
@@ -103,15 +103,6 @@ def _check_out(ckpt_dir: Path, out_dir: Path, overwrite: bool) -> None:
     if src == dst or src in dst.parents or dst in src.parents:
         raise ExportError(out_dir, f"overlaps the checkpoint folder {ckpt_dir}",
                           "write the artifact to a folder outside the checkpoint")
-
-
-def min_context(block_size: int | None) -> int:
-    """The smallest max context in which every decoding policy of the model can run: a
-    one-token prompt plus the slots ``check_prompt_fits`` (bitmtp_edge/runtime/decoding.py)
-    keeps free for decoding, 2*D for draft blocks and 1 for AR (``block_size`` None).
-
-    Below it the artifact loads and passes ``bitmtp doctor``, but refuses every MTP policy."""
-    return 1 + (2 * block_size if block_size is not None else 1)
 
 
 def _check_min_context(max_context: int, limit: int, block_size: int | None, ckpt: Checkpoint,

@@ -203,6 +203,21 @@ def test_a_kv_capacity_of_millions_is_refused(pristine, tmp_path):
     refused(art, "model.max_position_embeddings")
 
 
+def test_a_max_context_too_small_to_decode_is_refused(pristine, tmp_path):
+    """Every segment shrunk to 2·D slots (consistent bytes): it would load and refuse every MTP
+    policy at the first request, so loading (and ``bitmtp doctor``) refuse it with the minimum."""
+    art = copy_artifact(pristine, tmp_path / "art")
+
+    def tiny(d):
+        seg = d["kv"]["segments"][-1]
+        seg["capacity"] = 2 * BLOCK
+        seg["bytes"] = (seg["capacity"] + seg["workspace"]) * d["kv"]["bytes_per_slot"]
+        d["kv"]["segments"] = [seg]
+        d["kv"]["max_context"] = 2 * BLOCK
+    edit_manifest(art, tiny)
+    refused(art, "kv.max_context", f"at least {2 * BLOCK + 1}", f"--max-context {2 * BLOCK + 1}")
+
+
 def test_a_kv_segment_larger_than_free_memory_is_refused(pristine, tmp_path, monkeypatch):
     from bitmtp_edge.format import validate
 

@@ -88,6 +88,15 @@ def kv_bytes_per_slot(cfg: ModelConfig, dtype: str) -> int:
     return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * DTYPE_BYTES[dtype]
 
 
+def min_context(block_size: int | None) -> int:
+    """The smallest max context in which every decoding policy of a model can run: a
+    one-token prompt plus the slots ``check_prompt_fits`` (runtime/decoding.py) keeps free
+    for decoding, 2*D for draft blocks and 1 for AR (``block_size`` None). Below it an
+    artifact would load but refuse every MTP policy: the exporter and manifest validation
+    refuse it instead."""
+    return 1 + (2 * block_size if block_size is not None else 1)
+
+
 def plan_segments(cfg: ModelConfig, max_context: int, workspace: int, dtype: str = "float16",
                   budget_bytes: int | None = None) -> KVPlan:
     """Geometric capacities up to ``max_context``, trimmed so the largest fits the budget.

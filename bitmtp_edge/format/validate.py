@@ -29,7 +29,7 @@ import torch
 
 from .files import MANIFEST, WEIGHTS, ArtifactError
 from .roles import step_widths
-from .segments import DTYPE_BYTES, kv_bytes_per_slot
+from .segments import DTYPE_BYTES, kv_bytes_per_slot, min_context
 from .tensors import (DRAFT_HEAD_INT8, DRAFT_HEAD_KINDS, DRAFT_HEAD_SCALE, DRAFT_HEAD_WEIGHT, EMBED,
                       FINAL_NORM, LM_HEAD, PACKED_SUFFIX, PROJECTIONS, SCALE_SUFFIX, layer_prefix)
 
@@ -194,6 +194,11 @@ def check_manifest(m: Manifest) -> None:
             raise _fail(f"{where}.bytes", f"= {seg.bytes!r} does not match its capacity and workspace")
     if kv.max_context != kv.segments[-1].capacity:
         raise _fail("kv.max_context", f"= {kv.max_context} is not the largest segment's capacity")
+    need = min_context(m.mtp.block_size if m.mtp is not None else None)
+    if kv.max_context < need:
+        raise _fail("kv.max_context", f"= {kv.max_context}, but decoding this model needs at least {need} (a "
+                                      "one-token prompt and the slots its steps keep free); re-export with "
+                                      f"--max-context {need} or more")
 
     for name, digest in m.files.items():
         plain_file_name(name)
