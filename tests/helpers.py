@@ -27,6 +27,16 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture
+def no_prefill(engine, monkeypatch):
+    """The module's ``engine``, failing the test if a generation reaches the prefill (for
+    checks that must refuse an argument before any work)."""
+    def prefill(ids):
+        raise AssertionError("the prefill ran before the arguments were checked")
+    monkeypatch.setattr(engine.backend, "prefill", prefill)
+    return engine
+
+
 def random_model(seed: int = 0, family: str = "bitnet", vocab: int = 96, hidden: int = 128, layers: int = 2,
                  quant: QuantConfig | None = None, dtype=torch.float64, tie: bool = False,
                  heads: tuple[int, int] = (4, 2), intermediate: int = 256) -> TernaryLM:

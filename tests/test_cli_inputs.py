@@ -17,7 +17,7 @@ from bitmtp_edge.app.cli import main as bitmtp
 from bitmtp_edge.runtime.decoding import DecodingError
 from bitmtp_edge.runtime.engine import Engine
 
-from .helpers import artifact_tensors, random_model, write_test_artifact
+from .helpers import artifact_tensors, no_prefill, random_model, write_test_artifact  # noqa: F401  (no_prefill: the fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,15 +52,6 @@ def ar_only(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def engine(artifact) -> Engine:
     return Engine.load(artifact, backend="reference", device="cpu")
-
-
-@pytest.fixture
-def no_prefill(engine, monkeypatch):
-    """Fails the test if a generation reaches the prefill."""
-    def prefill(ids):
-        raise AssertionError("the prefill ran before the arguments were checked")
-    monkeypatch.setattr(engine.backend, "prefill", prefill)
-    return engine
 
 
 # ----------------------------------------------------------------------------- the Python API

@@ -13,7 +13,7 @@ import pytest
 from bitmtp_edge.runtime.decoding import DecodingError
 from bitmtp_edge.runtime.engine import Engine
 
-from .helpers import one_thread, random_model, write_test_artifact  # noqa: F401  (one_thread: the fixture, by name)
+from .helpers import no_prefill, one_thread, random_model, write_test_artifact  # noqa: F401  (the fixtures, by name)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -81,14 +81,6 @@ def test_a_temperature_just_above_zero_is_greedy(engine, policy, temperature):
     greedy = engine.generate(PROMPT, max_new_tokens=6, policy=policy)
     res = engine.generate(PROMPT, max_new_tokens=6, policy=policy, temperature=temperature, seed=3)
     assert res.token_ids == greedy.token_ids
-
-
-@pytest.fixture
-def no_prefill(engine, monkeypatch):
-    def prefill(ids):
-        raise AssertionError("the prefill ran before the arguments were checked")
-    monkeypatch.setattr(engine.backend, "prefill", prefill)
-    return engine
 
 
 @pytest.mark.parametrize("kw, name", [({"temperature": "0.5"}, "temperature"), ({"top_p": "0.9"}, "top_p"),
