@@ -218,3 +218,14 @@ def test_export_onnx_from_a_file_says_it_is_a_file(tmp_path):
     (tmp_path / "OUT").write_text("not a folder")
     res = CliRunner().invoke(bitmtp_export, ["--onnx-from", str(tmp_path / "OUT")])
     assert res.exit_code == 2 and "is a file" in res.output and "no such" not in res.output, res.output
+
+
+def test_the_demo_says_when_an_artifact_has_no_mtp_block(engine, monkeypatch):
+    from dataclasses import replace
+
+    from bitmtp_edge.app.demo import run_demo
+
+    monkeypatch.setattr(engine, "manifest", replace(engine.manifest, mtp=None))
+    lines = []
+    report = run_demo(engine, max_new_tokens=2, echo=lines.append, prompts=["t1 t2"])
+    assert report["policy"] == "ar" and "AR-only" in lines[0] and "hybrid" in lines[0], lines

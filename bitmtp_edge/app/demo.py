@@ -24,6 +24,9 @@ def demo_prompts(engine: Engine, limit: int = 3) -> list[str]:
 def run_demo(engine: Engine, max_new_tokens: int = 96, policy: str = "hybrid",
              echo: Callable[[str], None] | None = print, prompts: list[str] | None = None) -> dict:
     if engine.manifest.mtp is None:
+        if echo and policy != "ar":  # AR against AR would read as a measured ×1.00, say why instead
+            echo(f"{engine.path} is AR-only (no MTP block in its manifest): {policy} decoding needs a BitMTP "
+                 "model, so this demo runs AR twice; export a model trained with MTP blocks to see the speedup")
         policy = "ar"
     prompts = prompts or demo_prompts(engine)
     engine.generate(prompts[0], max_new_tokens=8, policy="ar")  # warm-up: allocations, first-call costs
