@@ -39,6 +39,8 @@ G2_AGX_R3644, H_AGX_JP6_USER = recorded_lines("agx_orin_64gb_jp6.txt")
 (I_EMULATOR_TEMPLATE,) = recorded_lines("agx_orin_32gb_jp5_emulator.txt")  # shell placeholders left in
 (L1_TX2,) = recorded_lines("tx2_jp4.txt")
 (L2_XAVIER_NX,) = recorded_lines("xavier_nx_jp4.txt")
+(L3_AGX_XAVIER,) = recorded_lines("agx_xavier_jp4.txt")
+(L4_NANO,) = recorded_lines("nano_jp4.txt")
 
 NANO_TEMPS_A = {"cpu": 53.968, "soc2": 52.437, "soc0": 50.75, "gpu": 53.343, "tj": 53.968, "soc1": 51.656}
 
@@ -175,6 +177,23 @@ EXPECTED: dict[str, dict] = {
         temps_c={"ao": 41.5, "gpu": 43.0, "aux": 41.5, "cpu": 43.5, "thermal": 42.55},
         power_mw={"VDD_IN": 4067, "VDD_CPU_GPU_CV": 738, "VDD_SOC": 1353},
         total_power_mw=4067, total_power_rail="VDD_IN",
+    ),
+    L3_AGX_XAVIER: dict(
+        ram_used_mb=721, ram_total_mb=31927, swap_used_mb=0, swap_total_mb=15963, swap_cached_mb=0,
+        cpu_load=[2, 0, 0, 0, None, None, None, None], cpu_freq_mhz=[1190] * 4 + [None] * 4,
+        emc_load_pct=0, emc_freq_mhz=665, gpu_load_pct=0, gpu_freq_mhz=318,
+        temps_c={"ao": 37.5, "gpu": 37.5, "tdiode": 40.0, "aux": 36.0, "cpu": 37.5, "thermal": 36.9, "tboard": 37.0},
+        # "CPU 311/311" is a rail here (not the core list): dropping it under-counted the total
+        power_mw={"GPU": 0, "CPU": 311, "SOC": 932, "CV": 0, "VDDRQ": 621, "SYS5V": 1482},
+        total_power_mw=311 + 932 + 621 + 1482, total_power_avg_mw=3346, total_power_rail="sum",
+    ),
+    L4_NANO: dict(
+        ram_used_mb=534, ram_total_mb=3964, swap_used_mb=5, swap_total_mb=1982, swap_cached_mb=1,
+        cpu_load=[16, 9, 0, 0], cpu_freq_mhz=[204] * 4,
+        emc_load_pct=0, emc_freq_mhz=204, gpu_load_pct=0, gpu_freq_mhz=76,
+        temps_c={"pll": 34.0, "cpu": 36.5, "gpu": 36.0, "ao": 39.5, "thermal": 36.25},  # no PMIC
+        power_mw={"POM_5V_IN": 1022, "POM_5V_GPU": 0, "POM_5V_CPU": 204},
+        total_power_mw=1022, total_power_avg_mw=1022, total_power_rail="POM_5V_IN",
     ),
 }
 

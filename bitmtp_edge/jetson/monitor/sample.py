@@ -65,6 +65,11 @@ class Source(ABC):
     def describe(self) -> str:
         return f"{self.name} every {self.interval_s * 1000:.0f} ms"
 
+    def window_notes(self, start: float, end: float) -> list[str]:
+        """Plain sentences about [start, end] that only the source knows (e.g. output it could
+        not read); the sampler adds them to the window's notes. Empty by default."""
+        return []
+
 
 class PollingSource(Source):
     """A source read by polling a library at a fixed interval (NVML, psutil, jtop)."""

@@ -314,6 +314,8 @@ class Sampler:
         exit_message = getattr(self.source, "exit_message", None)
         if exit_message:
             extra.append(exit_message)
+        if self.source is not None:
+            extra += self.source.window_notes(start, end)
         if not got_tail and stats.n_samples == 0 and self._ended:
             extra.append("the monitoring source ended before the window closed")
         if extra:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 import subprocess
@@ -82,6 +83,9 @@ class TegrastatsSource(Source):
         self.sudo = sudo
         self.skipped_lines = 0  # lines that were not tegrastats (warnings, banners)
         self.last_skipped: str | None = None
+        # (monotonic time, line) of recent skipped lines, so a window can say it lost readings
+        # instead of only "no samples"; bounded for long-lived services.
+        self._skipped: collections.deque[tuple[float, str]] = collections.deque(maxlen=1000)
         self.exit_message: str | None = None  # stderr of a child that ended by itself
         self._proc: subprocess.Popen[str] | None = None
         self._lock = threading.Lock()
@@ -112,8 +116,10 @@ class TegrastatsSource(Source):
     def open(self) -> None:
         argv = self.argv()
         try:
+            # errors="replace": one byte that is not UTF-8 (a kernel message, a locale) would
+            # otherwise end the reader thread, and every reading after it, without a word.
             self._proc = subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
+                argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1, errors="replace"
             )
         except OSError as e:
             raise SourceUnavailable(f"could not start {' '.join(argv)}: {e}") from e
@@ -136,6 +142,17 @@ class TegrastatsSource(Source):
             except TegrastatsParseError:
                 self.skipped_lines += 1
                 self.last_skipped = line.strip()[:200]
+                self._skipped.append((t, self.last_skipped))
+
+    def window_notes(self, start: float, end: float) -> list[str]:
+        # tuple() copies in one step: the reader thread may append meanwhile.
+        lost = [line for t, line in tuple(self._skipped) if start <= t <= end]
+        if not lost:
+            return []
+        return [
+            f"{len(lost)} line(s) tegrastats printed during the window are not tegrastats samples "
+            f"and were skipped (last: {lost[-1]!r}); no reading was taken from them"
+        ]
 
     def _note_exit(self, proc: subprocess.Popen[str]) -> None:
         try:  # EOF comes a moment before the exit status

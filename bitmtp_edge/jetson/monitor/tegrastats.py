@@ -22,9 +22,9 @@ Conventions: temperatures keep tegrastats' sensor names lower-cased (``CPU@`` on
 value are running maxima; the second power value is tegrastats' average since *its* start,
 not over our window, so energy is integrated from the instantaneous values instead.
 ``NC`` (not connected) INA3221 channels are dropped. Total power is ``VDD_IN`` (Orin
-Nano/NX, Xavier), ``VIN`` (Thor) or ``POM_5V_IN`` (Nano), else the sum of the rails (AGX
-Orin has no input rail; jtop sums the same way). All rails are module-only: carrier, fan
-and peripherals are not included.
+Nano/NX, Xavier NX), ``VIN`` (Thor) or ``POM_5V_IN`` (Nano), else the sum of the rails
+(AGX Orin and AGX Xavier have no input rail; jtop sums the same way). All rails are
+module-only: carrier, fan and peripherals are not included.
 """
 
 from __future__ import annotations
@@ -54,7 +54,10 @@ _TEMP = re.compile(rf"(?<!\S)([A-Za-z][A-Za-z0-9_-]*)@({_NUM})C(?:/({_NUM})C)?{_
 _POWER = re.compile(
     rf"(?<!\S)([A-Z][A-Z0-9_]*)\s+({_NUM})(?:mW)?\s*/\s*({_NUM})(?:mW)?(?:\s*/\s*({_NUM})(?:mW)?)?{_END}"
 )
-_NOT_RAILS = frozenset({"RAM", "SWAP", "IRAM", "CPU"})
+# Memory fields are never rails. "CPU" is not listed: on AGX Xavier it *is* a rail
+# ("GPU 0/0 CPU 311/311 SOC 932/932 ..."), and the core list "CPU [..]" cannot match
+# _POWER anyway (a rail value starts with a digit).
+_NOT_RAILS = frozenset({"RAM", "SWAP", "IRAM"})
 
 
 class TegrastatsParseError(ValueError):
