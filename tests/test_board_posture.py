@@ -133,6 +133,10 @@ def test_nvpmodel_conf_names_are_per_module():
     # pre-Super Orin Nano conf has no MAXN: the top mode is the highest wattage
     assert NvpmodelConf({0: "15W", 1: "7W"}, 0).max_mode() == (0, "15W")
     assert NvpmodelConf({0: "MAXN", 1: "MODE_15W", 2: "MODE_30W"}).max_mode() == (0, "MAXN")
+    # Xavier NX names its modes by wattage and cores (no MAXN before JetPack 5's 20 W modes)
+    xavier_nx = NvpmodelConf({0: "MODE_15W_2CORE", 1: "MODE_15W_4CORE", 2: "MODE_15W_6CORE", 3: "MODE_10W_2CORE",
+                              8: "MODE_20W_6CORE"})
+    assert xavier_nx.max_mode() == (8, "MODE_20W_6CORE")
     snippet = "< POWER_MODEL ID=0 NAME=15W >\n< POWER_MODEL ID=1 NAME=25W >\n< POWER_MODEL ID=2 NAME=MAXN_SUPER >\n< POWER_MODEL ID=3 NAME=7W >\n< PM_CONFIG DEFAULT=2 >"
     assert parse_nvpmodel_conf(snippet) == NvpmodelConf({0: "15W", 1: "25W", 2: "MAXN_SUPER", 3: "7W"}, 2)
 

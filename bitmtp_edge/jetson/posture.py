@@ -89,7 +89,7 @@ _CONF_MODE_RE = re.compile(r"<\s*POWER_MODEL\s+ID\s*=\s*(\d+)\s+NAME\s*=\s*([^\s
 _CONF_DEFAULT_RE = re.compile(r"<\s*PM_CONFIG\s+DEFAULT\s*=\s*(\d+)")
 _QUERY_RE = re.compile(r"NV Power Mode:\s*(\S+)")
 _STATUS_RE = re.compile(r"pmode:\s*(\d+)")
-_WATTS_RE = re.compile(r"(\d+)W\b")
+_WATTS_RE = re.compile(r"(\d+)W(?![A-Za-z0-9])")  # "15W", "MODE_30W", Xavier NX's "MODE_15W_6CORE"
 
 
 def parse_nvpmodel_conf(text: str) -> NvpmodelConf:
