@@ -38,7 +38,8 @@ from pathlib import Path
 
 import torch
 
-from tools.eval_acceptance import REPLAY_COUNTS, block_logits, exact_float32_int_matmul, replay, replay_rates
+from tools.eval_acceptance import (REPLAY_COUNTS, bitmtp_checkpoint, block_logits, exact_float32_int_matmul,
+                                   output_file, replay, replay_rates)
 
 GRID = tuple(round(0.30 + 0.05 * i, 2) for i in range(35))  # 0.30 .. 2.00
 BINS = (0.0, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 1.0001)
@@ -261,7 +262,13 @@ def main(argv: list[str] | None = None) -> None:
             parsed = {r.label: str(r.path) for r in map(_parse_root, roots)}
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--root") from None
-        found, n_docs = train_split_prompts(data, parsed, count)
+        if count < 1:
+            raise click.BadParameter(f"{count}: give 1 or more", param_hint="--count")
+        try:
+            output_file(out, "--out")
+            found, n_docs = train_split_prompts(data, parsed, count)
+        except (ValueError, OSError) as e:
+            raise click.ClickException(str(e)) from None
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         write_prompts(Path(out), found)
         click.echo(f"{len(found)} prompts from {n_docs} training-split files -> {out}")
@@ -280,10 +287,21 @@ def main(argv: list[str] | None = None) -> None:
     @click.option("--labels", type=click.Choice(["draft", "prefix"]), default="prefix", show_default=True,
                   help="which fit --write-config stores: P(this draft is right) or P(this draft and all before it are)")
     def measure_cmd(path, prompt_file, count, max_new_tokens, tau, min_prefix, threads, json_out, write_config_, labels):
+        from tools.hf_checkpoint import CheckpointError
         from tools.prompts import read_prompts
 
+        if count < 1:
+            raise click.BadParameter(f"{count}: give 1 or more prompts", param_hint="--count")
+        try:  # every input checked before the (long) measurement
+            output_file(json_out)
+            bitmtp_checkpoint(path, f"--model {path}")
+            prompts = read_prompts(prompt_file)[:count]
+        except (ValueError, OSError, CheckpointError) as e:
+            raise click.ClickException(str(e)) from None
+        if not prompts:
+            raise click.ClickException(f"--prompts {prompt_file}: no prompts in it; write some with "
+                                       "`python -m tools.calibrate prompts`")
         torch.set_num_threads(threads)
-        prompts = read_prompts(prompt_file)[:count]
         report = measure(path, prompts, max_new_tokens, tau, min_prefix, log=click.echo)
         report["settings"] = {"prompts": len(prompts), "prompt_file": prompt_file, "max_new_tokens": max_new_tokens,
                               "tau": tau, "min_prefix": min_prefix, "when": time.strftime("%Y-%m-%d %H:%M")}
@@ -301,7 +319,12 @@ def main(argv: list[str] | None = None) -> None:
             click.echo(f"hybrid {k}: {h['tokens_per_forward']:.2f} tok/fw, verifier rate {h['verifier_call_rate']:.3f}, "
                        f"{h['unverified_mistakes']} unverified mistakes")
         if write_config_:
-            write_config(path, report["platt" if labels == "draft" else "platt_prefix"])
+            try:
+                write_config(path, report["platt" if labels == "draft" else "platt_prefix"])
+            except ValueError as e:  # a degenerate fit (a <= 0): too few or too uniform samples
+                raise click.ClickException(f"{path}/bitmtp.json left as it was: the fitted pairs are not a "
+                                           f"calibration ({e}); measure on more prompts (--count) and write again; "
+                                           f"the report is in {json_out}") from None
             click.echo(f"wrote confidence_calibration (the Platt pairs) to {path}/bitmtp.json")
 
     cli.main(args=argv, prog_name="python -m tools.calibrate", standalone_mode=True)

@@ -29,7 +29,7 @@ import os
 import sys
 import sysconfig
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +42,7 @@ INDEX_FILE = "corpus.json"
 FILE_LIST = "files.tsv"
 PROMPTS_FILE = "prompts.jsonl"
 TOKEN_DTYPE = np.uint16
+MAX_VOCAB = 1 << 16  # token ids must fit TOKEN_DTYPE
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,23 @@ class CorpusIndex:
     def load(cls, folder: str | Path) -> "CorpusIndex":
         p = Path(folder) / INDEX_FILE
         if not p.is_file():
+            if (Path(folder) / "config.json").is_file():  # building into it would overwrite its tokenizer
+                raise FileNotFoundError(f"{folder}: a model checkpoint, not a corpus folder (no {INDEX_FILE}); "
+                                        f"build a corpus with its tokenizer: `python -m tools.corpus build --tokenizer "
+                                        f"{folder} --out NEW_FOLDER`")
             raise FileNotFoundError(f"{p}: no corpus index; build one with `python -m tools.corpus build --out {folder}`")
-        return cls(**json.loads(p.read_text()))
+        rebuild = f"rebuild it with `python -m tools.corpus build --out {folder}`"
+        try:
+            d = json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{p}: not valid JSON ({e}); {rebuild}") from None
+        names = {f.name for f in fields(cls)}
+        missing = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
+                   and f.name not in d] if isinstance(d, dict) else ["all"]
+        if missing or not isinstance(d, dict):
+            raise ValueError(f"{p}: not a corpus index written by tools.corpus (missing {', '.join(missing)}); "
+                             f"{rebuild}")
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 def default_roots() -> list[SourceRoot]:
@@ -190,7 +206,10 @@ def write_shards(tok, texts: list[str], folder: Path, split: str, eos_id: int, s
         nonlocal buf, held
         if not buf:
             return
-        arr = np.concatenate(buf).astype(TOKEN_DTYPE)
+        arr = np.concatenate(buf)
+        if arr.size and int(arr.max()) >= MAX_VOCAB:
+            raise ValueError(f"token id {int(arr.max())} does not fit the corpus' {TOKEN_DTYPE.__name__} shards")
+        arr = arr.astype(TOKEN_DTYPE)
         name = f"{split}_{len(shards):03d}.bin"
         arr.astype("<u2").tofile(folder / name)
         shards.append({"file": name, "tokens": int(arr.size)})
@@ -216,11 +235,20 @@ def build(out: str | Path, roots: list[SourceRoot] | None = None, opts: CorpusOp
     t0 = time.perf_counter()
     opts = opts or CorpusOptions()
     roots = roots or default_roots()
+    adopted = adopt_tokenizer(tokenizer, log) if tokenizer is not None else None
+    vocab = adopted.get_vocab_size() if adopted is not None else opts.vocab_size
+    if vocab > MAX_VOCAB:
+        raise ValueError(f"{f'--tokenizer {tokenizer}' if tokenizer else f'--vocab-size {vocab}'}: {vocab} tokens; the "
+                         f"corpus stores {TOKEN_DTYPE.__name__} token ids, so at most {MAX_VOCAB} (larger ids would "
+                         "wrap around silently)")
     folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
     docs = gather(roots, opts)
     if not any(f.split == "train" for f, _ in docs):
         raise ValueError(f"no training files found under {[str(r.path) for r in roots]}")
+    folder.mkdir(parents=True, exist_ok=True)
+    # corpus.json is written last and is what readers trust: an old one must not vouch for
+    # the shards of a rebuild that stops halfway
+    (folder / INDEX_FILE).unlink(missing_ok=True)
     files = [f for f, _ in docs]
     listing = file_list_text(files)
     (folder / FILE_LIST).write_text(listing)
@@ -228,10 +256,8 @@ def build(out: str | Path, roots: list[SourceRoot] | None = None, opts: CorpusOp
     log(f"corpus: {len(files)} files, {sum(f.size for f in files) / 1e6:.1f} MB, sha256 {corpus_sha[:12]} "
         f"({time.perf_counter() - t0:.1f}s)")
 
-    if tokenizer is None:
-        tok = train_tokenizer(_tokenizer_sample(docs, opts.tokenizer_sample_bytes), opts.vocab_size)
-    else:
-        tok = adopt_tokenizer(tokenizer, log)
+    tok = adopted if adopted is not None else train_tokenizer(_tokenizer_sample(docs, opts.tokenizer_sample_bytes),
+                                                               opts.vocab_size)
     save_tokenizer(tok, folder)
     eos_id, mask_id = special_token_ids(tok)
     log(f"tokenizer: vocab {tok.get_vocab_size()} ({time.perf_counter() - t0:.1f}s)")
@@ -278,9 +304,17 @@ def load_split(folder: str | Path, split: str) -> np.ndarray:
     """All tokens of one split as one uint16 array (memory-mapped when it is a single shard)."""
     folder = Path(folder)
     index = CorpusIndex.load(folder)
-    parts = [np.memmap(folder / s["file"], dtype="<u2", mode="r", shape=(s["tokens"],)) for s in index.shards[split]]
+    parts = []
+    for s in index.shards.get(split, []):
+        f = folder / s["file"]
+        size = f.stat().st_size if f.is_file() else None
+        if size != 2 * s["tokens"]:  # a missing or cut shard: memmap would fail, or read past its end
+            raise ValueError(f"{f}: {'missing' if size is None else f'{size} bytes'}, {INDEX_FILE} says "
+                             f"{s['tokens']} uint16 tokens; rebuild the corpus (`python -m tools.corpus build`)")
+        parts.append(np.memmap(f, dtype="<u2", mode="r", shape=(s["tokens"],)))
     if not parts:
-        raise ValueError(f"{folder}: the {split} split is empty")
+        more = f", or with a larger --{split}-permille" if split != "train" else ""
+        raise ValueError(f"{folder}: the {split} split is empty; build the corpus from more files{more}")
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
@@ -315,7 +349,10 @@ def main(argv: list[str] | None = None) -> None:
             parsed = [_parse_root(r) for r in roots] or None
         except ValueError as e:
             raise click.BadParameter(str(e)) from None
-        index = build(out, parsed, opts, tokenizer=tokenizer)
+        try:
+            index = build(out, parsed, opts, tokenizer=tokenizer)
+        except (ValueError, FileNotFoundError) as e:
+            raise click.ClickException(str(e)) from None
         click.echo(json.dumps({k: index.to_dict()[k] for k in ("corpus_sha256", "files", "tokens", "build_s")}))
 
     cli.main(args=argv, prog_name="python -m tools.corpus", standalone_mode=True)

@@ -177,17 +177,29 @@ def load_rows(folder: str | Path) -> tuple[np.ndarray, dict]:
 
 def generate(teacher: str, data: str, out: str, rows: int, prompt_len: int, seq_len: int, batch: int,
              seed: int, shard: int, device: str, precision: str, log=print) -> dict:
-    from tools.corpus import CorpusIndex, load_split
+    from tools.corpus import MAX_VOCAB, CorpusIndex, load_split
     from tools.init_checkpoint import load_for_training
 
-    dev = torch.device(device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-    index = CorpusIndex.load(data)
-    model, info = load_for_training(teacher, index.mask_token_id, Path(data) / index.tokenizer)
-    model = freeze(model.to(dev))
-    width = seq_len + EXTRA_TOKENS
     if not 1 <= prompt_len < seq_len:
         raise ValueError(f"--prompt-len {prompt_len} must be in 1..{seq_len - 1} (--seq-len)")
+    for flag, v in (("--rows", rows), ("--batch", batch)):
+        if v < 1:
+            raise ValueError(f"{flag} {v}: must be 1 or more")
+    if shard < 0:
+        raise ValueError(f"--shard {shard}: must be 0 or more")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"--out {out}: a file; give a folder for the rows")
+    dev = torch.device(device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    index = CorpusIndex.load(data)
     tokens = load_split(data, "train")
+    if len(tokens) <= prompt_len:
+        raise ValueError(f"{data}: the train split has {len(tokens)} tokens, too few for --prompt-len {prompt_len}")
+    model, info = load_for_training(teacher, index.mask_token_id, Path(data) / index.tokenizer, flag="--teacher")
+    if model.cfg.vocab_size > MAX_VOCAB:  # its greedy tokens are stored as uint16
+        raise ValueError(f"--teacher {teacher}: a vocabulary of {model.cfg.vocab_size} tokens; the rows store uint16 "
+                         f"token ids, so at most {MAX_VOCAB}")
+    model = freeze(model.to(dev))
+    width = seq_len + EXTRA_TOKENS
     g = torch.Generator().manual_seed(seed + 7919 * shard)
     bf16 = precision == "bf16" or (precision == "auto" and dev.type == "cuda")
     ctx = torch.autocast(dev.type, dtype=torch.bfloat16) if bf16 else torch.autocast(dev.type, enabled=False)
@@ -234,7 +246,10 @@ def main(argv: list[str] | None = None) -> None:
     @click.option("--precision", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True)
     def cli(**kw):
         """Record a model's greedy continuations of training-split prompts."""
-        meta = generate(**kw, log=lambda m: click.echo(m))
+        try:
+            meta = generate(**kw, log=lambda m: click.echo(m))
+        except (ValueError, FileNotFoundError) as e:  # InitError is a ValueError
+            raise click.ClickException(str(e)) from None
         click.echo(json.dumps(meta))
 
     cli.main(args=argv, prog_name="python -m tools.distill", standalone_mode=True)

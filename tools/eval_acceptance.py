@@ -96,6 +96,33 @@ def prompt_tables(model, prompt: list[int], block_size: int, mask_id: int, max_n
     return cont, top.tolist(), conf.tolist(), stop
 
 
+def bitmtp_checkpoint(path: str, what: str | None = None):
+    """``read_checkpoint`` of a checkpoint that has drafts (cheap: no tensors), checked before any
+    long evaluation starts; raises ``CheckpointError`` naming ``what`` (the flag as given) or the folder."""
+    from tools.hf_checkpoint import CheckpointError, read_checkpoint
+
+    what = what or path
+    ck = read_checkpoint(path)
+    if ck.mtp is None:
+        raise CheckpointError(f"{what}: an AR-only checkpoint (no bitmtp.json) has no drafts; give a BitMTP "
+                              "checkpoint (tools.train with --mtp-weight > 0: its OUT/compact)")
+    if not (Path(path) / "tokenizer.json").is_file():
+        raise CheckpointError(f"{what}: no tokenizer.json beside the weights; copy the corpus' tokenizer "
+                              "files into it")
+    return ck
+
+
+def output_file(path: str, flag: str = "--json") -> Path:
+    """An output file path, refused up front when it is a folder (so no run ends unwritten)."""
+    p = Path(path)
+    if p.is_dir():
+        raise FileExistsError(f"{flag} {path}: a folder; give a file name for the report")
+    for parent in p.parents:
+        if parent.exists() and not parent.is_dir():
+            raise FileExistsError(f"{flag} {path}: {parent} is a file, not a folder")
+    return p
+
+
 REPLAY_COUNTS = ("tokens", "iterations", "forward_passes", "verifier_calls", "unverified_mistakes")  # replay's keys
 
 
@@ -211,21 +238,36 @@ def main(argv: list[str] | None = None) -> None:
             json_out):
         """Replay speculative and hybrid decoding of BitMTP checkpoints on held-out prompts."""
         from tools.corpus import CorpusIndex
+        from tools.hf_checkpoint import CheckpointError
         from tools.prompts import read_prompts
 
-        torch.set_num_threads(threads)
-        torch.backends.cuda.matmul.allow_tf32 = False  # the int products must stay exact
-        pf = Path(prompt_file) if prompt_file else Path(data) / CorpusIndex.load(data).prompts
-        prompts = read_prompts(pf)[skip:skip + n_prompts]
-        where = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
         if jobs < 1:
             raise click.BadParameter(f"{jobs}: give 1 or more worker processes", param_hint="--jobs")
+        if n_prompts < 1 or skip < 0:
+            raise click.BadParameter(f"--prompts {n_prompts} --skip {skip}: give --prompts >= 1 and --skip >= 0")
+        named = []
+        for spec in models:  # NAME=CHECKPOINT, or a bare CHECKPOINT named by its path
+            name, eq, path = spec.partition("=")
+            named.append((name, path, spec) if eq else (spec, spec, spec))
+        try:  # every input checked before the first (long) replay
+            output_file(json_out)
+            for _, path, spec in named:
+                bitmtp_checkpoint(path, f"--model {spec}")
+            pf = Path(prompt_file) if prompt_file else Path(data) / CorpusIndex.load(data).prompts
+            prompts = read_prompts(pf)[skip:skip + n_prompts]
+        except (ValueError, OSError, CheckpointError) as e:
+            raise click.ClickException(str(e)) from None
+        if not prompts:
+            raise click.ClickException(f"{pf}: no prompts{f' after --skip {skip}' if skip else ''}; give a prompts "
+                                       "file that has some (tools.corpus build cuts them from the test split)")
+        torch.set_num_threads(threads)
+        torch.backends.cuda.matmul.allow_tf32 = False  # the int products must stay exact
+        where = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
         report = {"settings": {"prompts": len(prompts), "skip": skip, "jobs": jobs, "prompt_file": str(pf),
                                "max_new_tokens": max_new_tokens,
                                "tau": tau, "min_prefix": min_prefix, "device": where,
                                "when": time.strftime("%Y-%m-%d %H:%M")}, "models": {}}
-        for spec in models:
-            name, _, path = spec.partition("=")
+        for name, path, _ in named:
             report["models"][name] = {"path": path, **evaluate_in_slices(path, prompts, tau, min_prefix,
                                                                           max_new_tokens, jobs, log=click.echo,
                                                                           device=device)}

@@ -539,10 +539,20 @@ def main(argv: list[str] | None = None) -> None:
             if not sep:
                 raise click.BadParameter(f"{spec!r}: expected NAME=CHECKPOINT", param_hint="--model")
             named[name] = path
-        report = json.loads(Path(merge).read_text()) if merge else {}
-        index = CorpusIndex.load(data)
-        prompt_path = Path(prompt_file) if prompt_file else Path(data) / index.prompts
-        prompts = read_prompts(prompt_path)[:n_prompts]
+        from tools.hf_checkpoint import CheckpointError
+
+        try:  # every input checked before the first (long) section
+            for name, path in named.items():
+                try:
+                    read_checkpoint(path)
+                except CheckpointError as e:
+                    raise CheckpointError(f"--model {name}={path}: {e}") from None
+            report = json.loads(Path(merge).read_text()) if merge else {}
+            index = CorpusIndex.load(data)
+            prompt_path = Path(prompt_file) if prompt_file else Path(data) / index.prompts
+            prompts = read_prompts(prompt_path)[:n_prompts]
+        except (ValueError, OSError, CheckpointError) as e:
+            raise click.ClickException(str(e)) from None
         where = {"device": (torch.cuda.get_device_name() if device == "cuda"
                             else f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"),
                  "torch": torch.__version__, "when": time.strftime("%Y-%m-%d %H:%M")}

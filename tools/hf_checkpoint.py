@@ -173,13 +173,14 @@ def _publish(tmp: Path, folder: Path) -> None:
 
 
 def save_latent(model: TernaryLM, folder: str | Path, tokenizer_dir: Path | None, mtp: MTPConfig | None,
-                corpus_sha256: str | None) -> Path:
-    """Float32 master weights (``online``): the form training resumes from."""
+                corpus_sha256: str | None, metadata: dict[str, str] | None = None) -> Path:
+    """Float32 master weights (``online``): the form training resumes from. ``metadata``: more
+    string pairs for the safetensors header (the trainer stamps its step on OUT/latest)."""
     from safetensors.torch import save_file
 
     folder, tmp = _atomic_folder(Path(folder))
     state = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt", "producer": "tools.train"})
+    save_file(state, str(tmp / WEIGHTS), metadata={**(metadata or {}), "format": "pt", "producer": "tools.train"})
     _write_side_files(tmp, model.cfg, False, tokenizer_dir, mtp, corpus_sha256)
     _publish(tmp, folder)
     return folder
@@ -235,11 +236,21 @@ def save_compact(model: TernaryLM, folder: str | Path, tokenizer_dir: Path | Non
 def read_checkpoint(folder: str | Path) -> Checkpoint:
     folder = Path(folder)
     cfg_path = folder / CONFIG
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: {'a file' if folder.exists() else 'no such folder'}; give a checkpoint "
+                              "folder (tools.train writes OUT/final and OUT/compact)")
     if not cfg_path.is_file():
+        if (folder / "manifest.json").is_file():
+            raise CheckpointError(f"{folder}: an exported artifact (manifest.json), not a checkpoint; give the "
+                                  "checkpoint folder it was exported from (tools.train's OUT/compact)")
         raise CheckpointError(f"{cfg_path}: missing; {folder} is not a checkpoint written by tools.train")
-    d = json.loads(cfg_path.read_text())
-    if d.get("model_type") not in ("bitnet", "qwen3"):
-        raise CheckpointError(f"{cfg_path}: model_type {d.get('model_type')!r}, expected 'bitnet' (or 'qwen3')")
+    try:
+        d = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{cfg_path}: not valid JSON ({e})") from None
+    model_type = d.get("model_type") if isinstance(d, dict) else None
+    if model_type not in ("bitnet", "qwen3"):
+        raise CheckpointError(f"{cfg_path}: model_type {model_type!r}, expected 'bitnet' (or 'qwen3')")
     q = d.get("quantization_config") or {}
     compact = q.get("quantization_mode") == "offline" if d["model_type"] == "bitnet" else not q
     mtp, corpus = None, None

@@ -76,13 +76,13 @@ def latent_from_codes(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return w
 
 
-def check_tokenizer(ckpt_dir: Path, data_tokenizer: Path) -> None:
+def check_tokenizer(ckpt_dir: Path, data_tokenizer: Path, flag: str = "--init") -> None:
     """Every token of the checkpoint's tokenizer must have the same id in the corpus' one."""
     from tools.tokenizer import load_tokenizer
 
     src = ckpt_dir / "tokenizer.json"
     if not src.is_file():
-        raise InitError(f"{src}: missing; the corpus must be encoded with the checkpoint's tokenizer, so --init "
+        raise InitError(f"{src}: missing; the corpus must be encoded with the checkpoint's tokenizer, so {flag} "
                         "needs it beside the weights")
     a, b = load_tokenizer(src).get_vocab(), load_tokenizer(data_tokenizer).get_vocab()
     bad = [t for t, i in a.items() if b.get(t) != i]
@@ -92,28 +92,33 @@ def check_tokenizer(ckpt_dir: Path, data_tokenizer: Path) -> None:
 
 
 def load_for_training(path: str | Path, mask_token_id: int, data_tokenizer: Path | None = None,
-                      keep_mask_row: bool = False) -> tuple[TernaryLM, InitInfo]:
+                      keep_mask_row: bool = False, flag: str = "--init") -> tuple[TernaryLM, InitInfo]:
     """The checkpoint as a float32 QAT model (``LatentTernaryLinear``) with room for the mask token.
 
     ``keep_mask_row``: leave the mask token's embedding row as the checkpoint has it (when it
     has one) instead of the mean row: with mask-row adapters the model must stay the source
     bit for bit (a tied head reads that row as the mask token's logit), and the adapters'
-    per-slot input offset does what a trained mask row would."""
+    per-slot input offset does what a trained mask row would. ``flag``: the option that named
+    the checkpoint, for the error messages."""
     from export.checkpoint import open_checkpoint
     from export.errors import ExportError
     from export.hf_config import read_spec
     from export.readers import Dense, Ternary, detect_format, read_tensors, source_tensors
 
     path = Path(path)
-    if data_tokenizer is not None:
-        check_tokenizer(path, data_tokenizer)
     try:
+        if data_tokenizer is not None:
+            if not (path / "config.json").is_file():  # not a checkpoint at all: say that, not "no tokenizer"
+                raise InitError(f"{flag} {path}: no config.json, so not a checkpoint; give a checkpoint folder "
+                                "(config.json, *.safetensors, tokenizer.json: what save_pretrained or tools.train "
+                                "write)")
+            check_tokenizer(path, data_tokenizer, flag)
         with open_checkpoint(path) as ck:
             spec = read_spec(ck)
             fmt = detect_format(ck, spec)
             tensors = list(read_tensors(ck, spec, fmt, source_tensors(ck, spec, fmt)))
     except ExportError as e:
-        raise InitError(f"--init {path}: {e}") from None
+        raise InitError(f"{flag} {path}: {e}") from None
     cfg: ModelConfig = spec.model
     vocab = max(cfg.vocab_size, mask_token_id + 1)
     model = TernaryLM(replace(cfg, vocab_size=vocab), quant_config(cfg), linear_cls=LatentTernaryLinear)

@@ -108,8 +108,46 @@ def write_prompts(path: Path, prompts: list[Prompt]) -> None:
     path.write_text("".join(json.dumps(asdict(p)) + "\n" for p in prompts))
 
 
+class PromptFileError(ValueError):
+    """A prompts.jsonl that cannot be read: names the file (and line) and what to do."""
+
+
+PROMPT_FIELDS = ("id", "path", "name", "kind", "prompt", "reference")
+PROMPT_FILE_FORMAT = ('a prompts file is one JSON object per line with a non-empty string "prompt" (optionally '
+                      '"id", "path", "name", "kind", "reference"), as `python -m tools.corpus build` writes '
+                      'prompts.jsonl')
+
+
 def read_prompts(path: str | Path) -> list[Prompt]:
-    return [Prompt(**json.loads(line)) for line in Path(path).read_text().splitlines() if line.strip()]
+    """Every prompt of a prompts.jsonl. Only ``prompt`` is required (a file of one's own
+    prompts); ``id`` defaults to a hash of it, the other fields to ""."""
+    p = Path(path)
+    if not p.is_file():
+        raise PromptFileError(f"{p}: {'a folder' if p.is_dir() else 'no such file'}; {PROMPT_FILE_FORMAT}")
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise PromptFileError(f"{p}: not UTF-8 text; {PROMPT_FILE_FORMAT}") from None
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PromptFileError(f"{p} line {n}: not JSON ({e.msg}); {PROMPT_FILE_FORMAT}") from None
+        if not isinstance(d, dict):
+            raise PromptFileError(f"{p} line {n}: a JSON {type(d).__name__}, not an object; {PROMPT_FILE_FORMAT}")
+        bad = [k for k in PROMPT_FIELDS if k in d and not isinstance(d[k], str)]
+        if bad:
+            raise PromptFileError(f"{p} line {n}: {bad[0]!r} must be a string")
+        text = d.get("prompt")
+        if text is None or not text.rstrip("\n"):
+            what = "no" if text is None else "an empty"
+            raise PromptFileError(f"{p} line {n}: {what} \"prompt\"; {PROMPT_FILE_FORMAT}")
+        pid = d.get("id") or hashlib.sha256(text.encode()).hexdigest()[:16]
+        out.append(Prompt(pid, d.get("path", ""), d.get("name", ""), d.get("kind", ""), text, d.get("reference", "")))
+    return out
 
 
 def cut_at_function_end(prompt: str, completion: str, finished: bool = False) -> tuple[str, bool]:

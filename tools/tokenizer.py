@@ -88,7 +88,10 @@ def load_tokenizer(path: str | Path):
         p = p / TOKENIZER_FILE
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no tokenizer here; build one with `python -m tools.corpus build`")
-    return Tokenizer.from_file(str(p))
+    try:
+        return Tokenizer.from_file(str(p))
+    except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
+        raise ValueError(f"{p}: not a Hugging Face tokenizers file ({str(e).splitlines()[0][:160]})") from None
 
 
 def encode_documents(tok, texts: list[str], batch: int = 512) -> Iterator[list[int]]:

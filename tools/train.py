@@ -57,7 +57,9 @@ read the history through the twins' keys and values, not the verifier's. ``bitmt
 
 Outputs under ``--out``: ``final/`` (latent float32 HF checkpoint), ``compact/`` (packed
 HF BitNet, the release form), ``latest/`` + ``resume.pt`` (periodic, for ``--resume``),
-``train_log.json`` (config, loss history, validation, summary).
+``train_log.json`` (config, loss history, validation, summary). ``--resume`` continues only
+the same model, data and objective (it may change --lr, --max-steps, --batch-size, ...); to
+change those, start a new run from the weights: ``--init OUT/latest --out NEW``.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ from bitmtp_edge.format.config import ModelConfig, MTPConfig
 from bitmtp_edge.runtime.model import LatentTernaryLinear, TernaryLM
 from tools.blocks import IGNORE, BlockLayout, build_rows, clean_mask, sample_anchors
 from tools.corpus import CorpusIndex, load_split
-from tools.hf_checkpoint import load_latent_model, quant_config, save_compact, save_latent
+from tools.hf_checkpoint import CheckpointError, load_latent_model, quant_config, save_compact, save_latent
 
 # Named model shapes (gpt-fast style presets). Every projection's K is a multiple of 128.
 PRESETS: dict[str, dict] = {
@@ -154,6 +156,62 @@ class TrainConfig:
     def layout(self) -> BlockLayout:
         k = self.blocks if self.mtp_weight > 0 else 0
         return BlockLayout(self.seq_len, self.block_size if k else 0, k)
+
+
+def check_config(tc: TrainConfig) -> None:
+    """Refuse values no run can use, naming the flag, before anything is read or written
+    (a bad --eval-batches would otherwise fail only after the last step, unsaved)."""
+    def need(ok: bool, flag: str, value, what: str) -> None:
+        if not ok:
+            raise ValueError(f"{flag} {value}: {what}")
+
+    def finite(x) -> bool:
+        return isinstance(x, (int, float)) and math.isfinite(x)
+
+    if tc.preset not in PRESETS:
+        raise ValueError(f"--preset {tc.preset!r}: choose one of {', '.join(PRESETS)}")
+    need(tc.seq_len >= 2, "--seq-len", tc.seq_len, "a row needs at least 2 clean tokens")
+    need(tc.blocks >= 0, "--blocks", tc.blocks, "give 0 or more mask blocks per row")
+    need(finite(tc.mtp_weight) and tc.mtp_weight >= 0, "--mtp-weight", tc.mtp_weight,
+         "must be >= 0 (0: the SFT baseline, no blocks)")
+    has_blocks = tc.blocks > 0 and tc.mtp_weight > 0  # tc.layout's rule
+    if has_blocks:
+        need(2 <= tc.block_size <= MAX_BLOCK, "--block-size", tc.block_size, f"D must be in 2..{MAX_BLOCK}")
+        need(tc.blocks <= tc.seq_len, "--blocks", tc.blocks,
+             f"each block needs its own anchor among the {tc.seq_len} clean tokens (--seq-len)")
+        need(finite(tc.tau) and 0 < tc.tau <= 1, "--tau", tc.tau, "must be in (0, 1]")
+        need(1 <= tc.min_prefix <= tc.block_size, "--min-prefix", tc.min_prefix,
+             f"hybrid's shortest unverified commit must be in 1..{tc.block_size} (--block-size {tc.block_size})")
+    for flag, v in (("--batch-size", tc.batch_size), ("--eval-batches", tc.eval_batches),
+                    ("--log-every", tc.log_every)):
+        need(v >= 1, flag, v, "must be 1 or more")
+    for flag, v in (("--max-steps", tc.max_steps), ("--warmup-steps", tc.warmup_steps),
+                    ("--eval-every", tc.eval_every)):
+        need(v >= 0, flag, v, "must be 0 or more")
+    need(finite(tc.lr) and tc.lr > 0, "--lr", tc.lr, "the learning rate must be > 0")
+    need(finite(tc.grad_clip) and tc.grad_clip > 0, "--grad-clip", tc.grad_clip,
+         "the gradient-norm clip must be > 0 (0 would zero every gradient)")
+    need(finite(tc.weight_decay) and tc.weight_decay >= 0, "--weight-decay", tc.weight_decay, "must be >= 0")
+    need(finite(tc.kl_weight) and tc.kl_weight >= 0, "--kl-weight", tc.kl_weight, "must be >= 0")
+    need(not tc.kl_weight or has_blocks, "--kl-weight", tc.kl_weight, "a term of the block slots' loss: it needs "
+         "--mtp-weight > 0 and --blocks > 0")
+    need(finite(tc.distill_frac) and 0 <= tc.distill_frac <= 1, "--distill-frac", tc.distill_frac,
+         "the share of each batch from --distill must be in [0, 1]")
+    if tc.time_budget_s is not None:
+        need(finite(tc.time_budget_s) and tc.time_budget_s >= 0, "--time-budget-s", tc.time_budget_s,
+             "give a budget in seconds > 0 (0: none)")
+    if tc.stop_at is not None:
+        need(tc.stop_at >= 0, "--stop-at", tc.stop_at, "must be a step >= 0")
+    for flag, v in (("--adapter-rank", tc.adapter_rank), ("--twin-layers", tc.twin_layers)):
+        need(v >= 0, flag, v, "must be 0 (none) or more")
+    if tc.slot_weights is not None:
+        sw = ",".join(f"{w:g}" for w in tc.slot_weights)
+        need(has_blocks, "--slot-weights", sw, "weights the MTP term: it needs --mtp-weight > 0 "
+             "and --blocks > 0")
+        need(len(tc.slot_weights) == tc.block_size, "--slot-weights", sw,
+             f"{len(tc.slot_weights)} values; give one per slot (D = {tc.block_size}, --block-size)")
+        need(all(finite(w) and w >= 0 for w in tc.slot_weights) and any(w > 0 for w in tc.slot_weights),
+             "--slot-weights", sw, "every weight must be a finite number >= 0, and one at least > 0")
 
 
 def model_config(tc: TrainConfig, index: CorpusIndex) -> ModelConfig:
@@ -246,7 +304,8 @@ class Batches:
         self.mask_id, self.eos_id = mask_id, eos_id
         self.high = self.tokens.numel() - layout.clean_len - MAX_BLOCK - 1
         if self.high <= 0:
-            raise ValueError(f"the split has {self.tokens.numel()} tokens, too few for {layout.clean_len}-token rows")
+            raise ValueError(f"the split has {self.tokens.numel()} tokens, too few for {layout.clean_len}-token rows; "
+                             "give a shorter --seq-len or a larger corpus")
         self.g_data = torch.Generator().manual_seed(seed)
         self.g_anchor = torch.Generator().manual_seed(seed + 1)
         self._span = torch.arange(layout.window, device=device)
@@ -284,7 +343,7 @@ class DistillRows:
     none, the prompt's (corpus text: clean positions 0 .. P - 2 predict x_1 .. x_{P-1}), or all."""
 
     def __init__(self, folder: str, layout: BlockLayout, seed: int, device, mask_id: int, eos_id: int,
-                 ntp: str = "none"):
+                 ntp: str = "none", vocab_size: int | None = None):
         from tools.distill import load_rows
 
         if ntp not in DISTILL_NTP:
@@ -301,6 +360,10 @@ class DistillRows:
         if K > L - self.prompt_len + 1:
             raise ValueError(f"{folder}: {K} blocks per row need {K} anchors in the {L - self.prompt_len + 1} "
                              f"generated positions; use fewer --blocks or shorter prompts")
+        if vocab_size is not None and rows.size and int(rows.max()) >= vocab_size:
+            raise ValueError(f"{folder}: the rows hold token id {int(rows.max())}, the model's vocabulary has "
+                             f"{vocab_size}; generate them with a teacher of the corpus' tokenizer (tools.distill "
+                             "--data this corpus)")
         self.rows = torch.from_numpy(rows[:, :layout.window].astype(np.int32)).to(device)
         self.layout, self.device, self.mask_id, self.eos_id = layout, device, mask_id, eos_id
         self.meta = meta
@@ -331,7 +394,8 @@ def fixed_val_rows(tokens: np.ndarray, layout: BlockLayout, n_rows: int, seed: i
     """Evenly spaced validation windows and anchors (the same for every eval and run)."""
     high = len(tokens) - layout.clean_len - MAX_BLOCK - 1
     if high <= 0:
-        raise ValueError(f"the val split has {len(tokens)} tokens, too few for {layout.clean_len}-token rows")
+        raise ValueError(f"the val split has {len(tokens)} tokens, too few for {layout.clean_len}-token rows; "
+                         "give a shorter --seq-len or a larger corpus")
     offsets = torch.linspace(0, high - 1, n_rows).long()
     anchors = sample_anchors(layout, n_rows, torch.Generator().manual_seed(seed + 12345))
     return offsets, anchors
@@ -368,6 +432,56 @@ def evaluate(model, val: Batches, offsets, anchors, tc: TrainConfig, autocast) -
         out["val_mtp"] = mtp_sum / max(n_mtp, 1)
         out["val_slot_acc"] = [round(float(a), 4) for a in (slot_hits / slot_n.clamp(min=1))]
     return out
+
+
+# --resume: what must match the run it continues (Trainer._run_identity)
+RESUME_SAME = ("seq_len", "block_size", "blocks", "mtp_weight", "kl_weight", "slot_weights", "distill_frac",
+               "distill_ntp", "ntp_kl_weight", "adapter_rank", "twin_layers", "twin_kv", "tau", "min_prefix",
+               "rope_theta", "max_position_embeddings")
+RESUME_SAME_PATHS = ("init", "distill", "ntp_teacher")
+MODEL_SHAPE = ("family", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+               "num_kv_heads", "head_dim")
+RESUME_STEP = "resume_step"  # latest/model.safetensors metadata: the step its weights are
+
+
+def _show_identity(d: dict, other: dict, keys: list[str]) -> str:
+    """The ``keys`` of a run identity as flags and values (the model: its differing dimensions)."""
+    out = []
+    for k in keys:
+        v = d.get(k)
+        if k == "model" and isinstance(v, dict):
+            o = other.get(k) or {}
+            dims = ", ".join(f"{n} {v.get(n)}" for n in v if v.get(n) != o.get(n))
+            out.append(f"the model (--preset / --init) {dims}")
+        elif k == "corpus_sha256":
+            out.append(f"the corpus (--data) of sha256 {str(v)[:12]}")
+        else:
+            out.append(f"--{k.replace('_', '-')} {v}")
+    return ", ".join(out)
+
+
+def _latest_step(folder: Path) -> int | None:
+    """The step OUT/latest was saved at (None: missing, or saved before the stamp existed)."""
+    from safetensors import safe_open
+
+    p = folder / "model.safetensors"
+    if not p.is_file():
+        return None
+    try:
+        with safe_open(str(p), "pt") as f:
+            step = (f.metadata() or {}).get(RESUME_STEP)
+    except Exception:  # unreadable: load_latent_model names the file
+        return None
+    return int(step) if step is not None and step.isdigit() else None
+
+
+def _out_folder(out: str) -> Path:
+    """--out as a folder path, refused when it (or a parent) is a file; created later."""
+    path = Path(out)
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            raise ValueError(f"--out {out}: {p} is a file; give a folder for the run's checkpoints and train_log.json")
+    return path
 
 
 def _device(spec: str) -> torch.device:
@@ -458,6 +572,8 @@ class Dist:
 
 class Trainer:
     def __init__(self, tc: TrainConfig, log=print):
+        check_config(tc)
+        self.out = _out_folder(tc.out)
         self.dist = Dist(tc.device)
         self.tc, self.log = tc, (log if self.dist.main else (lambda m: None))
         self.t_start = time.perf_counter()
@@ -469,8 +585,6 @@ class Trainer:
                              f"{self.dist.world} processes")
         self.device = self.dist.device
         torch.manual_seed(tc.seed)
-        self.out = Path(tc.out)
-        self.out.mkdir(parents=True, exist_ok=True)
         self.index = CorpusIndex.load(tc.data)
         self.init_info = None
         self.mask_rows_only = bool(tc.adapter_rank or tc.twin_layers)
@@ -503,16 +617,18 @@ class Trainer:
         ids = (self.index.mask_token_id, self.index.eos_token_id)
         self.local_batch = tc.batch_size // self.dist.world
         self.n_distill = round(self.local_batch * tc.distill_frac) if tc.distill else 0
+        if self.n_distill >= self.local_batch and tc.distill_ntp == "none":
+            raise ValueError(f"--distill-frac {tc.distill_frac}: all {self.local_batch} rows of a batch would be "
+                             "--distill rows, which carry no NTP targets with --distill-ntp none; lower it or "
+                             "give --distill-ntp prompt")
         seed = tc.seed + 1000 * self.dist.rank  # each rank its own windows
         self.train_data = Batches(load_split(tc.data, "train"), layout, self.local_batch - self.n_distill, seed,
                                   self.device, *ids)
-        self.distill_data = (DistillRows(tc.distill, layout, seed, self.device, *ids, ntp=tc.distill_ntp)
-                             if tc.distill else None)
+        self.distill_data = (DistillRows(tc.distill, layout, seed, self.device, *ids, ntp=tc.distill_ntp,
+                                         vocab_size=self.cfg.vocab_size) if tc.distill else None)
         self.val_data = Batches(load_split(tc.data, "val"), layout, tc.batch_size, tc.seed, self.device, *ids)
         self.val_offsets, self.val_anchors = fixed_val_rows(load_split(tc.data, "val"), layout,
                                                             tc.eval_batches * tc.batch_size, tc.seed)
-        if tc.slot_weights is not None and len(tc.slot_weights) != layout.block_size:
-            raise ValueError(f"--slot-weights has {len(tc.slot_weights)} values; give one per slot (D = {layout.block_size})")
         self.slot_weights = (torch.tensor(tc.slot_weights, dtype=torch.float32, device=self.device)
                              if tc.slot_weights is not None else None)
         self.ntp_teacher, self.ntp_teacher_info = self._load_ntp_teacher()
@@ -541,6 +657,7 @@ class Trainer:
         self.elapsed_before = 0.0
         if tc.resume:
             self._resume()
+        self.out.mkdir(parents=True, exist_ok=True)  # only once every input checked out
 
     def _mask_rows_only(self) -> None:
         """Mask-row adapters or twins on the loaded model, and nothing else trained: the clean
@@ -580,7 +697,7 @@ class Trainer:
         from tools.init_checkpoint import load_for_training
 
         teacher, info = load_for_training(tc.ntp_teacher, self.index.mask_token_id,
-                                          Path(tc.data) / self.index.tokenizer)
+                                          Path(tc.data) / self.index.tokenizer, flag="--ntp-teacher")
         if teacher.cfg.vocab_size != self.cfg.vocab_size:
             raise ValueError(f"--ntp-teacher {tc.ntp_teacher}: vocabulary of {teacher.cfg.vocab_size} tokens, the "
                              f"student has {self.cfg.vocab_size}; distill from a model with the student's tokenizer")
@@ -616,13 +733,66 @@ class Trainer:
             s["distill"] = self.distill_data.state()
         return s
 
+    def _run_identity(self) -> dict:
+        """What a resumed run must share with the run it continues: the model, its data and its
+        objective (``RESUME_SAME``); optimisation and running settings (--lr, --max-steps,
+        --batch-size, --device, ...) may change. JSON-plain, so it compares after a round trip."""
+        tc = self.tc
+        d = {f: getattr(tc, f) for f in RESUME_SAME}
+        for f in RESUME_SAME_PATHS:
+            d[f] = str(Path(getattr(tc, f)).resolve()) if getattr(tc, f) else None
+        d["corpus_sha256"] = self.index.corpus_sha256
+        d["model"] = {k: v for k, v in self.cfg.to_dict().items() if k in MODEL_SHAPE}
+        return json.loads(json.dumps(d))
+
+    def _load_resume_state(self, path: Path) -> dict:
+        """resume.pt as the trainer wrote it: tensors and plain containers only (``weights_only``)."""
+        try:
+            s = torch.load(path, map_location=self.device, weights_only=True)
+        except Exception as e:  # torch raises RuntimeError / UnpicklingError / EOFError for a bad file
+            raise ValueError(f"{path}: not a resume state tools.train wrote ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:160]}); start the run again without --resume") from None
+        if not isinstance(s, dict) or not {"optimizer", "data", "step"} <= set(s):
+            raise ValueError(f"{path}: not a resume state tools.train wrote; start the run again without --resume")
+        return s
+
     def _resume(self) -> None:
         state_path = self.out / "resume.pt"
         if not state_path.is_file():
             raise FileNotFoundError(f"{state_path}: nothing to resume from; run without --resume first")
-        model, _ = load_latent_model(self.out / "latest")
+        s = self._load_resume_state(state_path)
+        if "run" in s:  # runs saved before the identity was recorded resume unchecked
+            saved, now = json.loads(s["run"]), self._run_identity()
+            # A path may move (another machine, a copied run folder; the device's checkouts):
+            # --init / --distill given or not must match, the folder itself need not.
+            moved = [k for k in RESUME_SAME_PATHS if saved.get(k) and now[k] and saved[k] != now[k]]
+            for k in moved:
+                self._note(f"--{k.replace('_', '-')} is {now[k]}, the run had {saved[k]}: resuming with the "
+                           "weights and state of the run folder")
+            diff = [k for k in now if saved.get(k) != now[k] and k not in moved]
+            if diff:
+                raise ValueError(f"--resume {self.out}: the run was trained with {_show_identity(saved, now, diff)}; "
+                                 f"this command gives {_show_identity(now, saved, diff)}. Resume with the run's "
+                                 f"settings (train_log.json 'config'), or start a new run from its weights: "
+                                 f"--init {self.out / 'latest'} --out NEW")
+        latest = self.out / "latest"
+        stamp = _latest_step(latest)
+        if stamp is not None and stamp != s["step"]:
+            # The save writes resume.pt.tmp, then latest/, then renames: an interruption between
+            # the last two leaves latest/ one save ahead, and resume.pt.tmp holding its state.
+            tmp = state_path.with_name(state_path.name + ".tmp")
+            ahead = self._load_resume_state(tmp) if tmp.is_file() else None
+            if ahead is None or ahead["step"] != stamp:
+                raise ValueError(f"{latest} holds step {stamp} and {state_path} step {s['step']}: a save was "
+                                 f"interrupted; start the run again without --resume, or from its weights: "
+                                 f"--init {latest} --out NEW")
+            s = ahead  # read, not renamed: every rank reads it; the next save writes a fresh pair
+            self._note(f"resumed from {tmp.name}: the save of step {stamp} was interrupted before its rename")
+        if not (latest / "config.json").is_file():
+            raise FileNotFoundError(f"{latest}: missing or incomplete, so {state_path} has no weights to go with; "
+                                    "start the run again without --resume")
+        model, _ = load_latent_model(latest)
         self.model.load_state_dict(model.state_dict())
-        s = torch.load(state_path, map_location=self.device, weights_only=True)
         self.opt.load_state_dict(s["optimizer"])
         ranks = s["data"]
         if len(ranks) != self.dist.world:
@@ -637,15 +807,20 @@ class Trainer:
         self._note(f"resumed at step {self.step} of {self.max_steps}")
 
     def _save_resume(self) -> None:
-        """Collective under torchrun (every rank's data generators); rank 0 writes."""
+        """Collective under torchrun (every rank's data generators); rank 0 writes.
+        resume.pt.tmp first, then latest/ (stamped with the step), then the rename: wherever it
+        is interrupted, --resume finds a consistent pair, completes it from resume.pt.tmp, or
+        refuses; it never pairs one save's weights with another's optimiser (``_resume``)."""
         data = self.dist.gather(self._data_state())
         if not self.dist.main:
             return
-        save_latent(self.model, self.out / "latest", Path(self.tc.data), self.mtp, self.index.corpus_sha256)
         state = {"optimizer": self.opt.state_dict(), "data": data, "step": self.step,
                  "max_steps": self.max_steps, "history": self.history, "evals": self.evals,
-                 "elapsed_s": self.elapsed_before + time.perf_counter() - self.t_start, "world": self.dist.world}
+                 "elapsed_s": self.elapsed_before + time.perf_counter() - self.t_start, "world": self.dist.world,
+                 "run": json.dumps(self._run_identity())}
         torch.save(state, self.out / "resume.pt.tmp")
+        save_latent(self.model, self.out / "latest", Path(self.tc.data), self.mtp, self.index.corpus_sha256,
+                    metadata={RESUME_STEP: str(self.step)})
         os.replace(self.out / "resume.pt.tmp", self.out / "resume.pt")
 
     def write_log(self, summary: dict | None = None) -> None:
@@ -925,7 +1100,11 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError:
             raise click.BadParameter(f"{slot_weights!r}: expected comma-separated numbers", param_hint="--slot-weights")
         tc = TrainConfig(compile=compile_, slot_weights=sw, **kw)
-        Trainer(tc, log=lambda m: print(m, flush=True)).run()
+        try:  # what a user gave that cannot train: a message naming it, not a traceback
+            trainer = Trainer(tc, log=lambda m: print(m, flush=True))
+        except (ValueError, FileNotFoundError, CheckpointError) as e:
+            raise click.ClickException(str(e)) from None
+        trainer.run()
 
     cli.main(args=argv, prog_name="python -m tools.train", standalone_mode=True)
 
