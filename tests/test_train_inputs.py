@@ -281,3 +281,25 @@ def test_resume_state_that_is_not_the_trainers(paused, data, tmp_path, capsys): 
     shutil.copy(paused / "resume.pt", run / "resume.pt")
     shutil.rmtree(run / "latest")
     assert "latest: missing or incomplete" in refused(capsys, argv)
+
+
+def test_a_diverged_run_writes_no_final_checkpoint_and_fails(data, tmp_path):  # noqa: F811
+    """A NaN loss used to end as stop_reason "diverged" with exit status 0 and NaN final/ and
+    compact/ checkpoints that looked trained. Now the last periodic save stays the good one."""
+    from safetensors.torch import load_file
+
+    from tools.train import TrainingDiverged
+
+    run = tmp_path / "run"
+    trainer = Trainer(tiny(data, run, max_steps=8, save_every_s=0.0), log=lambda m: None)
+    poison = trainer.model.model.embed_tokens.register_forward_hook(
+        lambda mod, args, out: out * float("nan") if trainer.step >= 3 else out)
+    with pytest.raises(TrainingDiverged, match="non-finite at step 4") as e:
+        trainer.run()
+    poison.remove()
+    assert "--resume it with a lower --lr" in str(e.value)
+    assert not (run / "final").exists() and not (run / "compact").exists()
+    log = json.loads((run / "train_log.json").read_text())
+    assert log["summary"]["stop_reason"] == "diverged"
+    weights = load_file(str(run / "latest" / "model.safetensors"))
+    assert all(torch.isfinite(t).all() for t in weights.values())  # the last save is a good one

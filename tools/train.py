@@ -484,6 +484,10 @@ def _out_folder(out: str) -> Path:
     return path
 
 
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN/Inf: the run stopped without writing its final checkpoints."""
+
+
 def _device(spec: str) -> torch.device:
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -1008,6 +1012,8 @@ class Trainer:
             if tc.eval_every and self.step % tc.eval_every == 0 and self.dist.main:
                 self._eval()
         bar.close()
+        if stop_reason == "diverged":
+            self._diverged()
         self._save_resume()
         summary: dict = {}
         if self.dist.main:
@@ -1023,6 +1029,20 @@ class Trainer:
             self.write_log(summary)
             self.log(json.dumps({k: summary[k] for k in ("steps", "clean_tokens", "wall_s", "val_ntp", "stop_reason")}))
         return summary
+
+    def _diverged(self) -> None:
+        """A non-finite loss: the weights are no longer worth saving. The last periodic save
+        (latest/ + resume.pt) stays as it was, no final/ or compact/ is written, and the run
+        ends with an error: a NaN checkpoint written with exit status 0 would look trained."""
+        last = _latest_step(self.out / "latest") if (self.out / "resume.pt").is_file() else None
+        summary = {"steps": self.step, "max_steps": self.max_steps, "stop_reason": "diverged",
+                   "wall_s": round(self._elapsed(), 1), "final_train": self.history[-1] if self.history else None}
+        if self.dist.main:
+            self.write_log(summary)
+        keep = (f"the last good state is {self.out / 'latest'} (step {last}): --resume it with a lower --lr"
+                if last is not None else "nothing was saved before it; start again with a lower --lr")
+        raise TrainingDiverged(f"{self.out}: the loss became non-finite at step {self.step}; no final/ or compact/ "
+                               f"was written, and {keep} (or a larger --warmup-steps)")
 
     def _elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.t_start
@@ -1104,7 +1124,10 @@ def main(argv: list[str] | None = None) -> None:
             trainer = Trainer(tc, log=lambda m: print(m, flush=True))
         except (ValueError, FileNotFoundError, CheckpointError) as e:
             raise click.ClickException(str(e)) from None
-        trainer.run()
+        try:
+            trainer.run()
+        except TrainingDiverged as e:
+            raise click.ClickException(str(e)) from None
 
     cli.main(args=argv, prog_name="python -m tools.train", standalone_mode=True)
 
