@@ -303,3 +303,11 @@ def test_a_diverged_run_writes_no_final_checkpoint_and_fails(data, tmp_path):  #
     assert log["summary"]["stop_reason"] == "diverged"
     weights = load_file(str(run / "latest" / "model.safetensors"))
     assert all(torch.isfinite(t).all() for t in weights.values())  # the last save is a good one
+
+
+def test_blocks_zero_with_an_mtp_weight_is_refused(data, tmp_path):  # noqa: F811
+    """It trained an AR-only model without a word, although --mtp-weight asked for blocks."""
+    with pytest.raises(ValueError, match="--blocks 0: no mask blocks for --mtp-weight 1.0"):
+        Trainer(tiny(data, tmp_path / "run", blocks=0, mtp_weight=1.0), log=lambda m: None)
+    assert not (tmp_path / "run").exists()
+    Trainer(tiny(data, tmp_path / "sft", blocks=0, mtp_weight=0.0), log=lambda m: None)  # the SFT baseline

@@ -175,6 +175,8 @@ def check_config(tc: TrainConfig) -> None:
     need(finite(tc.mtp_weight) and tc.mtp_weight >= 0, "--mtp-weight", tc.mtp_weight,
          "must be >= 0 (0: the SFT baseline, no blocks)")
     has_blocks = tc.blocks > 0 and tc.mtp_weight > 0  # tc.layout's rule
+    need(tc.blocks > 0 or tc.mtp_weight == 0, "--blocks", tc.blocks, f"no mask blocks for --mtp-weight {tc.mtp_weight} "
+         "to train: give --blocks N, or --mtp-weight 0 for the SFT (AR-only) baseline")
     if has_blocks:
         need(2 <= tc.block_size <= MAX_BLOCK, "--block-size", tc.block_size, f"D must be in 2..{MAX_BLOCK}")
         need(tc.blocks <= tc.seq_len, "--blocks", tc.blocks,
