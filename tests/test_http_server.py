@@ -389,7 +389,7 @@ def _post(live, path, body, raw=False):
 
 
 @pytest.mark.parametrize("body, status, words", [
-    ({"model": "gpt-4", "prompt": PROMPT}, 400, ["unknown model 'gpt-4'", MODEL]),
+    ({"model": "gpt-4", "prompt": PROMPT}, 404, ["unknown model 'gpt-4'", MODEL]),  # OpenAI's model_not_found
     ({"model": MODEL, "prompt": PROMPT, "max_tokens": 0}, 400, ["max_tokens = 0", "1..512"]),
     ({"model": MODEL, "prompt": PROMPT, "max_tokens": 10 ** 9}, 400, ["1..512"]),
     ({"model": MODEL, "prompt": PROMPT, "max_tokens": -3}, 400, ["max_tokens = -3"]),
@@ -615,6 +615,15 @@ def test_models_retrieve(live):
     with pytest.raises(openai.NotFoundError) as err:
         client.models.retrieve("gpt-4o")
     assert err.value.code == "model_not_found" and MODEL in err.value.message
+
+
+def test_an_unknown_model_is_openais_404_on_the_generation_endpoints_too(live):
+    client = live.client()
+    with pytest.raises(openai.NotFoundError) as err:
+        client.completions.create(model="gpt-4o", prompt="t1", max_tokens=2)
+    assert err.value.code == "model_not_found" and err.value.body["param"] == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "t1"}], max_tokens=2)
 
 
 def test_unknown_routes_answer_openai_errors(live):

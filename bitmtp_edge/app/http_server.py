@@ -88,9 +88,12 @@ class QueueFull(Exception):
 
 
 class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None):
+    """A request the server refuses: 400 unless ``status`` says otherwise (an unknown model is
+    OpenAI's 404 ``model_not_found``, which clients raise as NotFoundError)."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
         super().__init__(message)
-        self.param = param
+        self.param, self.status, self.code = param, status, code
 
 
 # --- the worker ---------------------------------------------------------------------------------
@@ -470,7 +473,7 @@ def create_app(engine: Engine, config: ServerConfig, sampler: Sampler | None = N
         except ChatTemplateError as e:
             return None, failure(endpoint, 400, str(e), "messages")
         except BadRequest as e:
-            return None, failure(endpoint, 400, str(e), e.param)
+            return None, failure(endpoint, e.status, str(e), e.param, code=e.code)
         except ValueError as e:
             return None, failure(endpoint, 400, str(e), getattr(e, "param", None))
         except QueueFull as e:
@@ -571,7 +574,7 @@ def _job(engine: Engine, config: ServerConfig, body: oa._Body, max_tokens: int |
 
     if body.model != config.model_name:
         raise BadRequest(f"unknown model {body.model!r}; this server serves {config.model_name!r} (GET /v1/models)",
-                         "model")
+                         "model", status=404, code="model_not_found")
     n = config.max_tokens if max_tokens is None else max_tokens
     if not 1 <= n <= config.max_tokens_limit:
         raise BadRequest(f"{limit_field} = {n}: give an integer in 1..{config.max_tokens_limit}", limit_field)
