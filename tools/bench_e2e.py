@@ -148,7 +148,7 @@ def timed_generate(eng: Engine, prompt, policy: str, n: int, repeats: int, **kw)
 
     def once(tokens: int):
         stats = DecodeStats()
-        opts = eng._options(policy, tokens, None, kw.get("tau"), kw.get("min_prefix"),
+        opts = eng.decode_options(policy, tokens, None, kw.get("tau"), kw.get("min_prefix"),
                             candidates=kw.get("candidates"))
         if hybrid_fused:
             from dataclasses import replace

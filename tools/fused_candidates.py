@@ -58,7 +58,7 @@ def configs(block_size: int, counts: list[int]) -> list[tuple[str, str, dict]]:
 def run_one(eng: Engine, ids: list[int], policy: str, tokens: int, extra: dict) -> dict:
     from bitmtp_edge.runtime.decoding import DecodeStats, decode
 
-    opts = eng._options(policy, tokens, None, None, None, candidates=extra.get("candidates"))
+    opts = eng.decode_options(policy, tokens, None, None, None, candidates=extra.get("candidates"))
     if extra.get("hybrid_fused"):
         from dataclasses import replace
 

@@ -270,11 +270,9 @@ def run_once(engine: Engine, prompt: str, route: Route, config: BenchConfig) -> 
     import psutil
     import torch
 
-    from ..runtime.decoding import DecodeOptions, DecodeStats, decode
+    from ..runtime.decoding import DecodeStats, decode
 
-    opts = DecodeOptions.for_model(engine.manifest.mtp, route.policy, config.max_new_tokens, tau=route.tau,
-                                   min_prefix=route.min_prefix, candidates=route.candidates,
-                                   stop_token_ids=frozenset() if config.ignore_eos else engine.eos_token_ids)
+    opts = _options(engine, route, config)
     ids = engine.encode(prompt)
     cuda = engine.device.type == "cuda"
     if cuda:
@@ -290,6 +288,35 @@ def run_once(engine: Engine, prompt: str, route: Route, config: BenchConfig) -> 
         peak_torch_mb=torch.cuda.max_memory_allocated(engine.device) / 2**20 if cuda else None,
         rss_mb=psutil.Process().memory_info().rss / 2**20,
     )
+
+
+def _options(engine: Engine, route: Route, config: BenchConfig):
+    from ..runtime.decoding import DecodeOptions
+
+    return DecodeOptions.for_model(engine.manifest.mtp, route.policy, config.max_new_tokens, tau=route.tau,
+                                   min_prefix=route.min_prefix, candidates=route.candidates,
+                                   stop_token_ids=frozenset() if config.ignore_eos else engine.eos_token_ids)
+
+
+def check_workload(engine: Engine, prompts: Sequence[BenchPrompt], routes: Sequence[Route],
+                   config: BenchConfig) -> None:
+    """Refuse, before anything runs, a prompt some route cannot decode (empty once encoded,
+    or too long for the KV cache with that policy's decoding room) and a route whose options
+    the decoder refuses. Found in the middle of the runs instead, the error threw away every
+    run measured before it: a GPU benchmark of many minutes, for its last prompt."""
+    from ..runtime.decoding import DecodingError, check_prompt_fits
+
+    try:
+        options = [_options(engine, route, config) for route in routes]
+    except DecodingError as e:
+        raise BenchError(str(e)) from None
+    for p in prompts:
+        try:
+            n = len(engine.encode(p.text))
+            for opts in options:
+                check_prompt_fits(n, opts, engine.backend.max_context)
+        except DecodingError as e:
+            raise BenchError(f"{p.where}: {e}") from None
 
 
 # ----------------------------------------------------------------------------- the benchmark
@@ -353,6 +380,7 @@ def run_bench(engine: Engine, prompts: Sequence[BenchPrompt], routes: Sequence[R
         raise BenchError("no prompts to run")
     if not routes:
         raise BenchError("no routes to run (empty --policies)")
+    check_workload(engine, prompts, routes, config)
     if posture is None:
         posture = check_posture(config.strict)
     if sampler is None and config.monitor != "none":

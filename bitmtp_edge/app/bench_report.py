@@ -15,8 +15,9 @@ from pathlib import Path
 FILES = ("bench.json", "bench.md", "bench.csv", "tok_s.png", "power.png", "tokens_per_iteration.png")
 
 # bench.csv: one row per route, the numbers of bench.md unformatted (for spreadsheets and pandas).
-CSV_COLUMNS = ("name", "policy", "tau", "min_prefix", "runs", "new_tokens", "decode_tok_s", "decode_tok_s_min",
-               "decode_tok_s_max", "speedup_vs_ar", "tokens_per_iteration", "verifier_call_rate", "prefill_s",
+CSV_COLUMNS = ("name", "policy", "tau", "min_prefix", "candidates", "runs", "new_tokens", "decode_tok_s",
+               "decode_tok_s_min", "decode_tok_s_max", "speedup_vs_ar", "tokens_per_iteration", "forward_passes",
+               "tokens_per_forward", "verifier_call_rate", "prefill_s",
                "avg_power_w", "peak_power_w", "energy_j", "j_per_token", "tokens_per_joule", "max_temp_c",
                "avg_gpu_load_pct", "peak_ram_used_mb", "peak_gpu_mem_used_mb", "peak_torch_mb", "peak_rss_mb")
 
@@ -26,26 +27,57 @@ class ReportError(OSError):
 
 
 def write_report(report: dict, out_dir: str | os.PathLike) -> list[Path]:
-    """Write bench.json, bench.md, bench.csv and the PNG plots into ``out_dir``; returns the paths."""
+    """Write bench.json, bench.md, bench.csv and the PNG plots into ``out_dir``; returns the paths.
+
+    Every file is first written under a temporary name in ``out_dir`` and renamed into place
+    only once all of them are complete: a failure (a full disk, a name taken by a folder) or
+    Ctrl-C while writing leaves no truncated bench.json and no mix of this run's files with an
+    earlier run's, and raises ReportError naming the file."""
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ReportError(f"{out}: cannot create the output folder ({e}); choose another --out") from None
     paths = [out / name for name in FILES]
-    paths[0].write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
-    paths[1].write_text(render_markdown(report))
-    write_csv(report, paths[2])
-    plot_tok_s(report, paths[3])
-    plot_power(report, paths[4])
-    plot_tokens_per_iteration(report, paths[5])
+    writers = (
+        lambda p: p.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n", encoding="utf-8"),
+        lambda p: p.write_text(render_markdown(report), encoding="utf-8"),  # τ, ×, —: whatever the locale
+        lambda p: write_csv(report, p),
+        lambda p: plot_tok_s(report, p),
+        lambda p: plot_power(report, p),
+        lambda p: plot_tokens_per_iteration(report, p),
+    )
+    temps = [out / f".{path.name}.{os.getpid()}.tmp" for path in paths]
+    try:
+        for path in paths:  # before any work: a rename onto a folder would fail after the others
+            if path.is_dir() and not path.is_symlink():
+                raise ReportError(f"{path}: is a folder, so the report cannot be written there; "
+                                  "choose another --out")
+        for path, temp, write in zip(paths, temps, writers):
+            try:
+                write(temp)
+            except OSError as e:
+                raise ReportError(f"{path}: cannot be written ({e.strerror or e}); the report was not saved: "
+                                  "choose another --out or free some space") from None
+        for path, temp in zip(paths, temps):
+            try:
+                os.replace(temp, path)
+            except OSError as e:
+                raise ReportError(f"{path}: cannot be written ({e.strerror or e}); choose another --out") from None
+    finally:
+        for temp in temps:
+            if temp.exists() or temp.is_symlink():
+                try:
+                    temp.unlink()
+                except OSError:
+                    pass
     return paths
 
 
 def write_csv(report: dict, path: Path) -> None:
     import csv
 
-    with open(path, "w", newline="") as f:
+    with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow([*CSV_COLUMNS, "partial"])
         for route in report["routes"]:
@@ -205,7 +237,7 @@ def plot_tok_s(report: dict, path: Path) -> None:
     ax.set_title(f"{report['device']}\n{report['engine']['backend']} backend", fontsize=9)
     ax.margins(y=0.2)
     ax.tick_params(axis="x", labelsize=8)
-    fig.savefig(path)
+    fig.savefig(path, format="png")
 
 
 def plot_power(report: dict, path: Path) -> None:
@@ -240,7 +272,7 @@ def plot_power(report: dict, path: Path) -> None:
     ax.set_title(title, fontsize=9)
     if seen:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.savefig(path)
+    fig.savefig(path, format="png")
 
 
 def plot_tokens_per_iteration(report: dict, path: Path) -> None:
@@ -259,4 +291,4 @@ def plot_tokens_per_iteration(report: dict, path: Path) -> None:
     ax.set_ylabel("fraction of iterations")
     ax.set_title("tokens per iteration (measured runs)", fontsize=9)
     ax.legend(fontsize=7)
-    fig.savefig(path)
+    fig.savefig(path, format="png")

@@ -60,6 +60,9 @@ class ChatSession:
         self.last_stats: DecodeStats | None = None
 
     def set_policy(self, name: str) -> str:
+        """Switch to ``name``, checked with the session's τ, m, max_new_tokens and sampling the
+        way a reply would check them: a policy that could not answer any turn (``fused`` with
+        sampling, an m beyond the model's D) is refused here, the current policy kept."""
         from ..runtime.decoding import DecodingError
         from ..runtime.policies import POLICIES
 
@@ -67,11 +70,18 @@ class ChatSession:
             raise DecodingError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
         if name != "ar" and self.engine.manifest.mtp is None:
             raise DecodingError(f"policy {name!r} needs an MTP-trained model; this one is AR-only (use ar)")
+        self.engine.decode_options(name, self.max_new_tokens, None, self.tau, self.min_prefix, sampling=self.sampling)
         self.policy = name
         return name
 
     def reset(self) -> None:
         self.transcript = ""
+
+    def _separator(self) -> str:
+        # Each user turn starts a line: a reply that did not end one (it stopped at
+        # max_new_tokens) would otherwise run into the next turn ("return x" + "y = 1" ->
+        # "return xy = 1"), and the model would read tokens nobody typed.
+        return "\n" if self.transcript and not self.transcript.endswith("\n") else ""
 
     def _context_ids(self, user_text: str) -> list[int]:
         ids = self.engine.encode(self.transcript + user_text)
@@ -91,6 +101,7 @@ class ChatSession:
         from ..runtime.decoding import DecodeStats
 
         turn = user_text if user_text.endswith("\n") else user_text + "\n"
+        turn = self._separator() + turn
         stats = DecodeStats()
         self.last_stats = stats
         ids = self._context_ids(turn)

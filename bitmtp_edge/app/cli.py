@@ -350,17 +350,29 @@ def bench(ctx, artifact, backend, device, runtime, prompts_file, num_prompts, po
         report = B.run_bench(eng, prompts, routes, config, posture=posture,
                              progress=BenchProgress() if show_bar else None,
                              command=_command_line(ctx), workload_source=source)
-        data = report.to_dict()
-        paths = write_report(data, out)
-    except (B.BenchError, ReportError) as e:
+    except B.BenchError as e:
         raise click.ClickException(str(e)) from None
     except SourceUnavailable as e:
         raise click.ClickException(f"--monitor {monitor}: {e}; choose another --monitor (or none)") from None
+    if report.partial and not any(not r.warmup for r in report.runs):
+        # Nothing measured (Ctrl-C during the warm-up): an empty report would only replace
+        # the results of an earlier run in the same --out.
+        kept = f" ({out} is left as it was)" if out.exists() else ""
+        click.echo(f"interrupted before any measured run ({len(report.runs)} warm-up run(s) done): "
+                   f"nothing written{kept}", err=True)
+        sys.exit(130)
+    data = report.to_dict()
+    try:
+        paths, unsaved = write_report(data, out), None
+    except ReportError as e:  # still show what was measured: the runs may have taken an hour
+        paths, unsaved = [], e
     if as_json:
         click.echo(json.dumps(data, allow_nan=False))
-    else:
-        if not quiet:
-            print_bench_table(data)
+    elif not quiet or unsaved is not None:
+        print_bench_table(data)
+    if unsaved is not None:
+        raise click.ClickException(f"{unsaved} (the numbers measured are printed above)")
+    if not as_json:
         click.echo(f"wrote {', '.join(str(p) for p in paths)}", err=True)
     if report.partial:
         click.echo(f"interrupted: wrote the {len(report.runs)} of {report.planned_runs} runs measured "
@@ -395,11 +407,22 @@ def tune(models, shapes, widths, weight_only, out, jobs):
         if name not in TUNE_MODELS:
             raise click.BadParameter(f"unknown model {name!r}; known: {', '.join(TUNE_MODELS)} (or use --shapes)",
                                      param_hint="--models")
-    import torch
-
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001 - a Jetson wheel for another JetPack: say so, not a traceback
+        raise click.ClickException(f"tune needs a CUDA GPU and a working torch, and torch cannot be imported "
+                                   f"({type(e).__name__}: {e}); `bitmtp doctor` says more") from None
     if not torch.cuda.is_available():
         raise click.ClickException("tune needs a CUDA GPU (none is visible to torch); tables are per GPU model")
-    from kernels_ampere.autotune import main as autotune_main
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        raise click.ClickException("tune times Triton kernels and Triton is not installed: "
+                                   "pip install 'bitmtp-edge[triton]'")
+    try:
+        from kernels_ampere.autotune import main as autotune_main
+    except ImportError as e:
+        raise click.ClickException(f"tune cannot load its kernels ({e}); `bitmtp doctor` says more") from None
 
     argv = ["--widths", widths, "--op", "w2a16_linear" if weight_only else "w2a8_linear"]
     if models:

@@ -209,13 +209,16 @@ class Engine:
                       sampling: SamplingParams | None = None) -> DecodeOptions:
         """Everything a generation would refuse, checked up front (a server answers 400
         before queueing): policy, τ, m, max_new_tokens, token ids, prompt length."""
-        opts = self._options(policy, max_new_tokens, None, tau, min_prefix, sampling=sampling)
+        opts = self.decode_options(policy, max_new_tokens, None, tau, min_prefix, sampling=sampling)
         ids = self._prompt_ids(list(prompt_ids))
         check_prompt_fits(len(ids), opts, self.backend.max_context)
         return opts
 
-    def _options(self, policy, max_new_tokens, block_size, tau, min_prefix, should_stop=None,
+    def decode_options(self, policy, max_new_tokens, block_size=None, tau=None, min_prefix=None, should_stop=None,
                  candidates=None, sampling=None) -> DecodeOptions:
+        """The ``DecodeOptions`` a generation with these arguments would run with (the model's
+        τ, m and D where not given), or the ``DecodingError`` it would raise: for callers that
+        check a setting before any work (a chat's /policy, a benchmark's routes)."""
         mtp = self.manifest.mtp
         if policy != "ar" and mtp is None:
             raise DecodingError(f"policy {policy!r} needs an MTP-trained model; {self.path} is AR-only, use policy='ar'")
@@ -270,7 +273,7 @@ class Engine:
         Sampling: ``sampling=SamplingParams(...)`` or its fields as keywords
         (``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``frequency_penalty``,
         ``presence_penalty``, ``seed``); temperature 0 (the default) is greedy."""
-        opts = self._options(policy, max_new_tokens, block_size, tau, min_prefix, should_stop, candidates,
+        opts = self.decode_options(policy, max_new_tokens, block_size, tau, min_prefix, should_stop, candidates,
                              sampling=_sampling(sampling, sampling_kw))
         ids = self._prompt_ids(prompt)
         return self._owning_kv(decode(self.backend, ids, opts, stats if stats is not None else DecodeStats()))
