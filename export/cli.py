@@ -4,8 +4,10 @@ Exit codes: 0 exported; 2 bad input (one line on stderr, ``error: <file>: <what 
 wrong>; <what to do>``, and no OUT/ written); click's own usage errors also exit 2;
 3 (``--onnx`` only) the artifact was exported but its ONNX graphs could not be written
 (the artifact is complete and usable; the stderr line says why). ``--onnx-from OUT/``
-adds the ONNX graphs to an existing artifact: 0 written, 2 refused (nothing written).
-Interrupted (Ctrl-C: 130, SIGTERM: 143): the temporary folder is removed, OUT/ is unchanged.
+adds the ONNX graphs to an existing artifact: 0 written, 2 refused or not writable (no
+ONNX file half-written; the artifact still loads).
+Interrupted (Ctrl-C: 130, SIGTERM: 143): the temporary folder is removed, OUT/ is unchanged
+(while the ONNX graphs are written: their partly written files are removed).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import click
 from bitmtp_edge.format.segments import DEVICE_KV_BUDGET_MIB, MIB
 
 from .errors import ExportError
-from .out_folder import Terminated
+from .out_folder import Terminated, sigterm_as_interrupt
 from .writer import EXPORTER_VERSION, ExportOptions, export_checkpoint
 
 EXIT_BAD_INPUT = 2
@@ -123,10 +125,15 @@ def _write_onnx(folder: Path, quiet: bool, exit_on_error: int) -> int:
 
     t0 = time.perf_counter()
     try:
-        files = build_onnx_files(folder)
+        with sigterm_as_interrupt():  # SIGTERM unwinds like Ctrl-C: the partly written files are removed
+            files = build_onnx_files(folder)
     except ExportError as e:
         click.echo(f"error: {e}", err=True)
         return exit_on_error
+    except KeyboardInterrupt as e:
+        how = "stopped by SIGTERM" if isinstance(e, Terminated) else "interrupted"
+        click.echo(f"{how}: the ONNX graphs of {folder} were not written (no partial file was left)", err=True)
+        return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
     if not quiet:
         names = ", ".join(p.name for p in (files.verify, files.draft) if p is not None)
         click.echo(f"  ONNX: {names} + {files.data.name} ({files.data.stat().st_size / MIB:.1f} MiB) "

@@ -1,4 +1,4 @@
-"""``build_onnx``: an artifact's decode step as standard ONNX graphs (opset 17).
+"""``build_onnx``: an artifact's decode step as standard ONNX graphs (opset 17, IR version 8).
 
 What is written next to ``manifest.json`` (and recorded, with its sha256, in the manifest's
 ``files``):
@@ -20,18 +20,26 @@ One step, both graphs (batch 1; ``S`` rows this step, ``P`` materialised history
     past_value      [L, Hkv, P, hd]    float32 history V
     attention_mask  [S, P + S]         bool    True = row may attend the slot; slots are
                                                the P history rows, then this step's S rows
-    ->
+    -> verify graph (outputs in this order)
+    logits          [S, V]             float32 verify-role logits of every row
     present_key     [L, Hkv, P + S, hd] float32 past_key with this step's rows appended
     present_value   [L, Hkv, P + S, hd] float32
-    logits          [S, V]             float32 (verify graph) verify-role logits of every row
-    draft_tokens    [D]                int64   (draft graph) argmax of the last D rows
-    draft_confidences [D]              float32 (draft graph) max softmax of those rows
-    draft_logits    [D, V]             float32 (draft graph) the int8 head's logits
+    -> draft graph (outputs in this order)
+    draft_tokens    [D]                int64   argmax of the last D rows
+    draft_confidences [D]              float32 their confidences, as the runtime's draft step
+                                               reports them: the max softmax, through the
+                                               artifact's per-slot confidence calibration
+                                               (``mtp.confidence_calibration``) when it has one
+    draft_logits    [D, V]             float32 the draft head's logits of those rows
+    present_key, present_value         as above
 
 The masks are the runtime's own (``bitmtp_edge.runtime.masks`` with capacity = P, workspace = S):
 ``causal_step_mask`` for prefill / AR / verify (the verifier hides the repeated anchor's
 history row by clearing its column), ``draft_step_mask`` for a draft step whose S = k + D
-rows are k pending tokens then the block ``[anchor, mask × (D-1)]``.
+rows are k pending tokens then the block ``[anchor, mask × (D-1)]``. What becomes history:
+every row of a prefill / AR step; after a verify ``[anchor, d_1..d_D]`` at positions
+P-1..P+D-1, rows P+1..P+a of ``present_*`` (d_1..d_a; row P repeats the anchor's history row);
+after a draft step, rows 0..P+k-1 (the k pending tokens).
 
 Numerics, as ``bitmtp_edge.runtime.model`` defines them, in float32: RMSNorm; per-token int8
 activations ``round(x * 127 / max|x|)`` clamped to [-128, 127] (ONNX ``Round`` is half to
@@ -114,8 +122,12 @@ _DOCS = {
                    "the caller keeps the rows that become history (all for prefill/AR, accepted ones after verify).",
     "present_value": "[layers, Hkv, P+S, head_dim] float32: past_value with this step's V rows appended.",
     "draft_tokens": "[D] int64: argmax token of each draft-block row (the last D rows): d_1..d_D.",
-    "draft_confidences": "[D] float32: max softmax probability of each draft-block row: c_1..c_D.",
-    "draft_logits": "[D, V] float32: logits of the int8 W8A8 draft head for the draft-block rows.",
+    "draft_confidences": "[D] float32: confidence of each draft-block row, c_1..c_D, as the runtime's draft step "
+                         "reports it: the max softmax probability, through the artifact's per-slot confidence "
+                         "calibration sigmoid(a_j * logit(c) + b_j) when it has one "
+                         "(manifest mtp.confidence_calibration).",
+    "draft_logits": "[D, V] float32: logits of the draft head (int8 W8A8; the verify head for an artifact "
+                    "without one) for the draft-block rows.",
 }
 
 
@@ -158,9 +170,13 @@ def build_onnx(artifact_dir: str | os.PathLike, out_path: str | os.PathLike | No
     Default ``out_path``: ``<artifact_dir>/model.onnx`` (+ ``model_draft.onnx`` for an MTP
     artifact, + ``model.onnx.data``), recorded with their sha256 in ``manifest.json``
     (rewritten atomically). Another ``out_path`` writes the same three files there
-    (``<stem>_draft.onnx``, ``<name>.data``) and leaves the manifest alone.
+    (``<stem>_draft.onnx``, ``<name>.data``); it leaves the manifest alone unless it lies in
+    the artifact folder (then the files are recorded as above).
     Raises ``OnnxExportError`` (an ``ExportError``) for an artifact the builder does not
-    cover or cannot read; nothing is written then.
+    cover or cannot read, or files it cannot write (a read-only folder, a full disk). On any
+    failure or interrupt no half-written file is left, the manifest lists no ONNX file whose
+    bytes changed, and the artifact still loads: either the earlier ONNX files stay as they
+    were, or (when the failure came while they were being replaced) none is left.
     """
     return build_onnx_files(artifact_dir, out_path).verify
 
@@ -188,21 +204,38 @@ def build_onnx_files(artifact_dir: str | os.PathLike, out_path: str | os.PathLik
     files = OnnxFiles(verify=target,
                       draft=target.with_name(target.stem + DRAFT_SUFFIX + target.suffix) if manifest.mtp else None,
                       data=target.with_name(target.name + DATA_SUFFIX))
-    files.verify.parent.mkdir(parents=True, exist_ok=True)
+    in_artifact = target.parent.resolve() == folder.resolve()
     staged = {path: _tmp_sibling(path) for path in (files.data, files.verify, files.draft) if path is not None}
+    replaced = False
     try:
+        files.verify.parent.mkdir(parents=True, exist_ok=True)
         with _DataFile(staged[files.data], files.data.name) as data:
             weights = _Weights(manifest, tensors, data)
             for path, role in ((files.verify, "verify"), (files.draft, "draft")):
                 if path is not None:  # one graph in memory at a time; its weights already on disk
                     staged[path].write_bytes(build_step_model(manifest, weights, role).SerializeToString())
+        if in_artifact and any(p.name in manifest.files for p in staged):
+            # The manifest must never list a file whose bytes are about to change: from here until
+            # the final rewrite it lists no ONNX file, so the artifact loads whatever happens.
+            manifest = rewrite_manifest(folder, dataclasses.replace(
+                manifest, files={k: v for k, v in manifest.files.items() if k not in {p.name for p in staged}}), [])
         for path, tmp in staged.items():  # the data first: a graph never points at missing bytes
             os.replace(tmp, path)
+            replaced = True
+        if in_artifact:
+            rewrite_manifest(folder, manifest, list(staged))
+    except BaseException as e:
+        if replaced:  # a mix of new and old graphs, or new ones the manifest does not record: keep none
+            for path in staged:
+                _remove(path)
+        if isinstance(e, OSError):
+            raise OnnxExportError(target.parent, f"cannot write the ONNX files ({e.strerror or e})",
+                                  "make the folder writable or free some space, then run again "
+                                  "(the artifact itself is unchanged and still loads)") from None
+        raise
     finally:
         for tmp in staged.values():
-            tmp.unlink(missing_ok=True)
-    if target.parent.resolve() == folder.resolve():
-        rewrite_manifest(folder, manifest, list(staged))
+            _remove(tmp)
     return files
 
 
@@ -508,7 +541,14 @@ class _StepGraph:
             logits = b.op("Gemm", [rows, b.float32(b.init(self.w.dense(head)))], transB=1)
         probs = b.op("Softmax", [logits], axis=-1)
         b.nodes.append(_identity(logits, "draft_logits"))
-        b.nodes.append(_identity(b.op("ReduceMax", [probs], axes=[-1], keepdims=0), "draft_confidences"))
+        conf = b.op("ReduceMax", [probs], axes=[-1], keepdims=0, hint="max_softmax")
+        calibration = self.m.mtp.confidence_calibration
+        if calibration is not None:  # as runtime.calibration: slot j -> sigmoid(a_j * logit(c) + b_j)
+            ab = np.asarray(calibration, np.float32)  # [D, 2]
+            odds = b.op("Div", [conf, b.op("Sub", [b.const(1.0, np.float32), conf])])
+            scaled = b.op("Mul", [b.op("Log", [odds], hint="logit"), b.const(ab[:, 0], np.float32, "calib_a")])
+            conf = b.op("Sigmoid", [b.op("Add", [scaled, b.const(ab[:, 1], np.float32, "calib_b")])], hint="calibrated")
+        b.nodes.append(_identity(conf, "draft_confidences"))
         b.nodes.append(_identity(b.op("ArgMax", [probs], axis=-1, keepdims=0, select_last_index=0), "draft_tokens"))
 
 
@@ -576,13 +616,17 @@ def build_step_model(manifest: Manifest, weights: _Weights, role: str):
 def _graph_doc(manifest: Manifest, role: str) -> str:
     if role == "verify":
         what = ("Verify-role step (prefill, AR, verify): S rows over P history rows, causal mask from "
-                "bitmtp_edge.runtime.masks.causal_step_mask(P, S, P, S); logits from the exact verify head.")
+                "bitmtp_edge.runtime.masks.causal_step_mask(P, S, P, S) (a verify of [anchor, d_1..d_D] at positions "
+                "P-1..P+D-1 adds hidden_slot=P-1: the anchor's history row); logits from the exact verify head.")
     else:
         d = manifest.mtp.block_size
         what = (f"Draft-role step at D={d}: S = k + {d} rows, k pending tokens then the block [anchor, "
                 f"mask_token_id={manifest.mtp.mask_token_id} x {d - 1}] (the anchor repeated at its own position), "
                 f"mask from bitmtp_edge.runtime.masks.draft_step_mask(P, S, P, k, {d}); outputs the argmax and max softmax "
-                "of the last D rows through the int8 W8A8 draft head. Keep only the k pending rows of present_*.")
+                "of the last D rows through the int8 W8A8 draft head"
+                + (" (the softmax through the artifact's per-slot confidence calibration)"
+                   if manifest.mtp.confidence_calibration is not None else "")
+                + ". Keep rows 0..P+k-1 of present_* (the history and the k pending rows), not the block's.")
     return (what + " Ternary projections: int8 codes [K, N] and float32 scales, int8 per-token activations "
             "(round(x*127/max|x|), clamp [-128, 127]), MatMulInteger -> int32 -> Cast -> Mul by scales. "
             "KV segments, promotion, graph replay and decoding policies are not in this graph: they stay in "
@@ -590,6 +634,13 @@ def _graph_doc(manifest: Manifest, role: str) -> str:
 
 
 # --- writing -----------------------------------------------------------------------------
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:  # not a file of ours (a folder of that name) or not removable: leave it
+        pass
+
 
 def _tmp_sibling(path: Path) -> Path:
     # Same folder, so os.replace is an atomic rename; the pid keeps concurrent writers apart.
