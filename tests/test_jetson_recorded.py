@@ -9,8 +9,6 @@ verbatim recordings (sources in tests/fixtures/jetson/tegrastats/README.md, or n
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import pytest
 
 from bitmtp_edge.jetson.monitor import Sampler, parse_tegrastats
 from bitmtp_edge.jetson.monitor.sources import sample_from_tegrastats
+from tests.test_monitor_sampler import _wait_for, put_fake_tegrastats_on_path
 
 FIXTURES = Path(__file__).parent / "fixtures" / "jetson"
 RECORDINGS = FIXTURES / "tegrastats"
@@ -99,13 +98,7 @@ def test_peak_temperature_leaves_out_offline_and_placeholder_sensors():
 @pytest.fixture
 def fake_tegrastats(tmp_path, monkeypatch):
     """tests/fixtures/jetson/bin/tegrastats first on PATH; returns a function that sets what it replays."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "tegrastats"
-    script = (FIXTURES / "bin" / "tegrastats").read_text().split("\n", 1)[1]
-    exe.write_text(f"#!{sys.executable}\n{script}")
-    exe.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    put_fake_tegrastats_on_path(tmp_path, monkeypatch)
 
     def replay(text: str | bytes) -> None:
         lines = tmp_path / "lines.txt"
@@ -113,15 +106,6 @@ def fake_tegrastats(tmp_path, monkeypatch):
         monkeypatch.setenv("FAKE_TEGRASTATS_LINES", str(lines))
 
     return replay
-
-
-def _wait_for(predicate, timeout_s=5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_window_of_unreadable_output_says_what_was_skipped(fake_tegrastats):

@@ -127,9 +127,8 @@ def test_nvml_energy_counter_over_window():
 # --------------------------------------------------------------------------- fake tegrastats
 
 
-@pytest.fixture
-def fake_tegrastats(tmp_path, monkeypatch):
-    """Put the fake tegrastats first on PATH; returns (its path, its invocation log)."""
+def put_fake_tegrastats_on_path(tmp_path, monkeypatch) -> Path:
+    """tests/fixtures/jetson/bin/tegrastats first on PATH (under tmp_path); returns its path."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     exe = bin_dir / "tegrastats"
@@ -137,8 +136,15 @@ def fake_tegrastats(tmp_path, monkeypatch):
     # This interpreter, whatever `python3` on PATH is; executable even if git lost the bit.
     exe.write_text(f"#!{sys.executable}\n{script}")
     exe.chmod(0o755)
-    log = tmp_path / "tegrastats.log"
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    return exe
+
+
+@pytest.fixture
+def fake_tegrastats(tmp_path, monkeypatch):
+    """Put the fake tegrastats first on PATH; returns (its path, its invocation log)."""
+    exe = put_fake_tegrastats_on_path(tmp_path, monkeypatch)
+    log = tmp_path / "tegrastats.log"
     monkeypatch.setenv("FAKE_TEGRASTATS_LOG", str(log))
     monkeypatch.setenv("FAKE_TEGRASTATS_LINES", str(NANO_LINES))
     return exe, log

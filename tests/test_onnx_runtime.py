@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import types
 from pathlib import Path
@@ -32,7 +31,6 @@ import torch
 onnx = pytest.importorskip("onnx", reason="the ONNX export needs onnx (pip install 'bitmtp-edge[onnx]')")
 ort = pytest.importorskip("onnxruntime", reason="these tests run the graphs in onnxruntime (bitmtp-edge[onnx])")
 
-import bitmtp_edge.runtime.model as model_module
 from bitmtp_edge.format.config import QuantConfig
 from bitmtp_edge.format.manifest import MANIFEST, read_manifest
 from bitmtp_edge.runtime.calibration import calibrate_confidences
@@ -51,6 +49,7 @@ from export.onnx_export import (
     build_onnx,
 )
 from tests.export_fixtures import checkpoint, run_cli
+from tests.test_onnx import capture_reference_quantisation
 
 from .helpers import one_thread, random_model, write_test_artifact  # noqa: F401  (one_thread: a fixture)
 
@@ -150,18 +149,6 @@ def assert_step_matches(eng, path: Path, inputs, got: dict, ref: dict, seen: lis
     assert np.all(np.abs(frac - 0.5) < TIE_WINDOW), f"int8 activations differ off a rounding tie: {frac}"
 
 
-def spy_quantisation(monkeypatch) -> list:
-    seen = []
-    original = model_module.quantize_activations
-
-    def spy(x):
-        x_int, scale = original(x)
-        seen.append((x.detach().float().reshape(-1, x.shape[-1]).clone(), x_int.reshape(-1, x.shape[-1]).clone()))
-        return x_int, scale
-    monkeypatch.setattr(model_module, "quantize_activations", spy)
-    return seen
-
-
 def random_kv(cfg, p: int, rng) -> tuple[np.ndarray, np.ndarray]:
     shape = (cfg.num_layers, cfg.num_kv_heads, p, cfg.head_dim)
     return rng.randn(*shape).astype(np.float32), rng.randn(*shape).astype(np.float32)
@@ -182,7 +169,7 @@ def test_verify_graph_steps_over_random_history_match_the_reference(artifact, ki
         mask = causal_step_mask(p, s, p, s, hidden_slot=hidden_slot)
         positions = list(range(p - 1, p - 1 + s)) if hidden_slot is not None else list(range(p, p + s))
         inputs = feed(tokens, positions, pk, pv, mask)
-        seen = spy_quantisation(monkeypatch)
+        seen = capture_reference_quantisation(monkeypatch)
         hidden, rk, rv = reference_step(model, tokens, positions, pk, pv, mask)
         ref = {"logits": model.verify_logits(hidden).numpy(), "present_key": rk, "present_value": rv}
         got = dict(zip(VERIFY_OUTPUTS, sess.run(list(VERIFY_OUTPUTS), inputs)))
@@ -203,7 +190,7 @@ def test_draft_graph_steps_over_random_history_match_the_reference(artifact, kin
         positions = list(range(p, p + k)) + list(range(p + k - 1, p + k - 1 + D))
         mask = draft_step_mask(p, k + D, p, k, D)
         inputs = feed(tokens, positions, pk, pv, mask)
-        seen = spy_quantisation(monkeypatch)
+        seen = capture_reference_quantisation(monkeypatch)
         hidden, rk, rv = reference_step(model, tokens, positions, pk, pv, mask)
         logits = model.draft_logits(hidden[k:])
         conf, top = torch.softmax(logits, dim=-1).max(dim=-1)
