@@ -311,3 +311,15 @@ def test_blocks_zero_with_an_mtp_weight_is_refused(data, tmp_path):  # noqa: F81
         Trainer(tiny(data, tmp_path / "run", blocks=0, mtp_weight=1.0), log=lambda m: None)
     assert not (tmp_path / "run").exists()
     Trainer(tiny(data, tmp_path / "sft", blocks=0, mtp_weight=0.0), log=lambda m: None)  # the SFT baseline
+
+
+def test_a_new_run_into_a_folder_holding_a_run_is_refused(paused, data, tmp_path):  # noqa: F811
+    """Its first save overwrote the run there (latest/, resume.pt) without a word."""
+    run = tmp_path / "run"
+    shutil.copytree(paused, run)
+    stamp = (run / "resume.pt").stat().st_mtime_ns
+    with pytest.raises(ValueError, match="holds a training run \\(resume.pt\\); continue it with --resume"):
+        Trainer(tiny(data, run), log=lambda m: None)
+    assert (run / "resume.pt").stat().st_mtime_ns == stamp
+    (run / "resume.pt").unlink()  # cut before its first save: nothing to lose, it may start over
+    assert Trainer(tiny(data, run), log=lambda m: None).run()["steps"] == 4

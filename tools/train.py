@@ -477,12 +477,22 @@ def _latest_step(folder: Path) -> int | None:
     return int(step) if step is not None and step.isdigit() else None
 
 
-def _out_folder(out: str) -> Path:
-    """--out as a folder path, refused when it (or a parent) is a file; created later."""
+# A folder with resume.pt holds a run worth keeping (every save and every finished run write
+# it); one with only train_log.json was cut before its first save and may be started over.
+RUN_FILES = ("resume.pt",)
+
+
+def _out_folder(out: str, resume: bool) -> Path:
+    """--out as a folder path, refused when it (or a parent) is a file, or when it holds a run
+    and this is not --resume (its first save would overwrite that run's checkpoints); created later."""
     path = Path(out)
     for p in (path, *path.parents):
         if p.exists() and not p.is_dir():
             raise ValueError(f"--out {out}: {p} is a file; give a folder for the run's checkpoints and train_log.json")
+    held = [name for name in RUN_FILES if (path / name).is_file()]
+    if held and not resume:
+        raise ValueError(f"--out {out}: holds a training run ({held[0]}); continue it with --resume, or give "
+                         "another --out (or remove that run) to start a new one")
     return path
 
 
@@ -579,7 +589,7 @@ class Dist:
 class Trainer:
     def __init__(self, tc: TrainConfig, log=print):
         check_config(tc)
-        self.out = _out_folder(tc.out)
+        self.out = _out_folder(tc.out, tc.resume)
         self.dist = Dist(tc.device)
         self.tc, self.log = tc, (log if self.dist.main else (lambda m: None))
         self.t_start = time.perf_counter()
