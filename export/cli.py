@@ -92,6 +92,14 @@ def main(ckpt: Path | None, out: Path | None, max_context: int | None, board: st
     if onnx_from is not None:
         if ckpt is not None or out is not None:
             raise click.UsageError("--onnx-from OUT/ takes no CKPT or OUT argument")
+        # the artifact's context, board and folder are fixed: options that would shape them do nothing here
+        ignored = [flag for flag, given in (("--max-context", max_context is not None), ("--board", board is not None),
+                                            ("--kv-budget-mib", kv_budget_mib is not None),
+                                            ("--overwrite", overwrite), ("--onnx", onnx)) if given]
+        if ignored:
+            raise click.UsageError(f"--onnx-from OUT/ only adds the ONNX graphs to an existing artifact; "
+                                   f"{', '.join(ignored)} would change nothing there: leave it out, or re-export "
+                                   "with CKPT OUT/ --onnx")
         sys.exit(_write_onnx(onnx_from, quiet, EXIT_BAD_INPUT))
     if ckpt is None or out is None:
         raise click.UsageError("give CKPT and OUT (or --onnx-from OUT/ for an existing artifact)")

@@ -363,6 +363,13 @@ def test_cli_onnx_from_a_missing_folder_exits_2(tmp_path):
     assert result.exit_code == 2 and result.stderr.startswith("error: ")
 
 
+@pytest.mark.parametrize("extra", [["--max-context", "256"], ["--board", "orin-nano-8gb"], ["--overwrite"]])
+def test_cli_onnx_from_refuses_options_that_would_change_nothing(tmp_path, extra):
+    """They were accepted and silently ignored: a user asking for another context got none."""
+    result = run_cli("--onnx-from", tmp_path, *extra)
+    assert result.exit_code == 2 and extra[0] in result.output and "would change nothing" in result.output
+
+
 # --- the embedded model ------------------------------------------------------------------
 
 @pytest.mark.skipif(not (embedded_artifact_path() / MANIFEST).is_file(), reason="no embedded model in this checkout")
