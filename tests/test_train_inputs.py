@@ -323,3 +323,16 @@ def test_a_new_run_into_a_folder_holding_a_run_is_refused(paused, data, tmp_path
     assert (run / "resume.pt").stat().st_mtime_ns == stamp
     (run / "resume.pt").unlink()  # cut before its first save: nothing to lose, it may start over
     assert Trainer(tiny(data, run), log=lambda m: None).run()["steps"] == 4
+
+
+def test_a_seq_len_beyond_the_models_positions_is_refused(sources, data, tmp_path):  # noqa: F811
+    """It trained RoPE positions past the --init config's max_position_embeddings, which the
+    exported artifact then refuses (or decodes past what the model was built for)."""
+    src = tmp_path / "init"
+    shutil.copytree(sources["bitnet-packed"], src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["max_position_embeddings"] = 16
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="--seq-len 32: the model has 16 positions"):
+        Trainer(tiny(data, tmp_path / "run", init=str(src)), log=lambda m: None)
+    assert not (tmp_path / "run").exists()

@@ -620,6 +620,11 @@ class Trainer:
             self.model = TernaryLM(self.cfg, quant_config(self.cfg), linear_cls=LatentTernaryLinear)
             # nn.Embedding starts at N(0, 1); with a tied head that means logits of std ~sqrt(H).
             torch.nn.init.normal_(self.model.model.embed_tokens.weight, std=0.02)
+        if tc.seq_len > self.cfg.max_position_embeddings:  # RoPE would train positions the config disowns
+            where = f"--init {tc.init}'s config.json" if tc.init else "the preset"
+            raise ValueError(f"--seq-len {tc.seq_len}: the model has {self.cfg.max_position_embeddings} positions "
+                             f"(max_position_embeddings of {where}); give --seq-len "
+                             f"{self.cfg.max_position_embeddings} or less")
         self.mtp = (MTPConfig(tc.block_size, self.index.mask_token_id, tc.tau, tc.min_prefix,
                               adapter_rank=tc.adapter_rank, twin_layers=tc.twin_layers, twin_kv=tc.twin_kv)
                     if tc.layout.has_blocks else None)
