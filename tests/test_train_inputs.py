@@ -336,3 +336,10 @@ def test_a_seq_len_beyond_the_models_positions_is_refused(sources, data, tmp_pat
     with pytest.raises(ValueError, match="--seq-len 32: the model has 16 positions"):
         Trainer(tiny(data, tmp_path / "run", init=str(src)), log=lambda m: None)
     assert not (tmp_path / "run").exists()
+
+
+def test_out_may_not_be_an_input_folder(sources, data, tmp_path):  # noqa: F811
+    with pytest.raises(ValueError, match="is the --data folder"):
+        Trainer(tiny(data, data), log=lambda m: None)
+    with pytest.raises(ValueError, match="is the --init folder"):
+        Trainer(tiny(data, sources["bitnet-packed"], init=str(sources["bitnet-packed"])), log=lambda m: None)

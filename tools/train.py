@@ -482,13 +482,16 @@ def _latest_step(folder: Path) -> int | None:
 RUN_FILES = ("resume.pt",)
 
 
-def _out_folder(out: str, resume: bool) -> Path:
+def _out_folder(out: str, resume: bool, data: str | None = None, init: str | None = None) -> Path:
     """--out as a folder path, refused when it (or a parent) is a file, or when it holds a run
     and this is not --resume (its first save would overwrite that run's checkpoints); created later."""
     path = Path(out)
     for p in (path, *path.parents):
         if p.exists() and not p.is_dir():
             raise ValueError(f"--out {out}: {p} is a file; give a folder for the run's checkpoints and train_log.json")
+    for flag, given in (("--data", data), ("--init", init)):
+        if given and path.resolve() == Path(given).resolve():  # saves would write into the inputs
+            raise ValueError(f"--out {out} is the {flag} folder; give the run a folder of its own")
     held = [name for name in RUN_FILES if (path / name).is_file()]
     if held and not resume:
         raise ValueError(f"--out {out}: holds a training run ({held[0]}); continue it with --resume, or give "
@@ -589,7 +592,7 @@ class Dist:
 class Trainer:
     def __init__(self, tc: TrainConfig, log=print):
         check_config(tc)
-        self.out = _out_folder(tc.out, tc.resume)
+        self.out = _out_folder(tc.out, tc.resume, tc.data, tc.init)
         self.dist = Dist(tc.device)
         self.tc, self.log = tc, (log if self.dist.main else (lambda m: None))
         self.t_start = time.perf_counter()
