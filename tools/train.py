@@ -206,6 +206,8 @@ def check_config(tc: TrainConfig) -> None:
         need(tc.stop_at >= 0, "--stop-at", tc.stop_at, "must be a step >= 0")
     for flag, v in (("--adapter-rank", tc.adapter_rank), ("--twin-layers", tc.twin_layers)):
         need(v >= 0, flag, v, "must be 0 (none) or more")
+    if tc.twin_kv and not tc.twin_layers:
+        raise ValueError("--twin-kv gives twins their own keys and values of the history: add --twin-layers N")
     if tc.slot_weights is not None:
         sw = ",".join(f"{w:g}" for w in tc.slot_weights)
         need(has_blocks, "--slot-weights", sw, "weights the MTP term: it needs --mtp-weight > 0 "
@@ -607,8 +609,6 @@ class Trainer:
         self.index = CorpusIndex.load(tc.data)
         self.init_info = None
         self.mask_rows_only = bool(tc.adapter_rank or tc.twin_layers)
-        if tc.twin_kv and not tc.twin_layers:
-            raise ValueError("--twin-kv gives twins their own keys and values of the history: add --twin-layers N")
         if tc.init:
             from tools.init_checkpoint import load_for_training
 

@@ -362,9 +362,8 @@ class GraphBackend:
             top = flag_non_finite(x[k:], top, conf)
         else:
             si = self.sample_inputs
-            calibrate = None if self.calibration is None else (lambda c: self.calibration(c, 0))
             top, q, conf = sample_drafts(self.fast.draft_sample_logits(x[k:]), si.seen, si.generated, si.params,
-                                         si.u_draft, sampled, calibrate)
+                                         si.u_draft, sampled, self.calibration)
             si.q.copy_(q)  # the verify compares against these very distributions
             top = flag_non_finite(x[k:], top, conf)
         L += k

@@ -111,7 +111,7 @@ class ReferenceBackend:
         self.kv.advance(k)  # materialise the pending rows
         self.log.host_syncs += 1
         if sampler is not None:
-            drafts, q, conf = sampler.draft(logits, self._calibration_from(0))
+            drafts, q, conf = sampler.draft(logits, self.calibration)
             drafts = flag_non_finite(hidden[k:], drafts, logits.max(-1).values)
             return DraftResult(drafts.tolist(), conf.tolist(), probs=q)
         conf, top = torch.softmax(logits, dim=-1).max(dim=-1)
@@ -121,9 +121,6 @@ class ReferenceBackend:
 
     def _calibrated(self, conf: torch.Tensor, first_slot: int) -> torch.Tensor:
         return conf if self.calibration is None else self.calibration(conf, first_slot)
-
-    def _calibration_from(self, first_slot: int):
-        return None if self.calibration is None else (lambda conf: self.calibration(conf, first_slot))
 
     def verify_step(self, anchor: int, draft: DraftResult, sampler=None) -> VerifyResult:
         drafts = list(draft.tokens)

@@ -286,16 +286,12 @@ class Engine:
         token = object()
         self._kv_owner = token  # at the first next(): decode() resets the backend right after
         try:
-            while True:
-                if self._kv_owner is not token:
+            for chunk in chunks:
+                yield chunk
+                if self._kv_owner is not token:  # checked before decode() steps on the other's cache
                     raise DecodingError("this stream cannot continue: another generation (or logits()) used the "
                                         "engine after it started, and an Engine holds one KV cache; finish or "
                                         "close() a stream before the next one, or load a second Engine")
-                try:
-                    chunk = next(chunks)
-                except StopIteration:
-                    return
-                yield chunk
         finally:
             chunks.close()  # decode() records its timings
 

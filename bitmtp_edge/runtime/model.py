@@ -236,13 +236,13 @@ class Attention(nn.Module):
         """
         cfg = self.cfg
         b, s, _ = x.shape
-        q = self._heads(self.q_proj(x, adapter_from), cfg.num_heads, cos, sin, getattr(self, "q_norm", None))
-        k = self._heads(self.k_proj(x, adapter_from), cfg.num_kv_heads, cos, sin, getattr(self, "k_norm", None))
-        v = self._heads(self.v_proj(x, adapter_from), cfg.num_kv_heads)
         if self.twin_reads_history and kv_layer is not None:
             raise ValueError("this model's draft rows read the history through twin keys and values (mtp.twin_kv), "
                              "which need a second KV buffer that no runtime backend keeps yet: replay it with "
                              "tools.eval_acceptance, or train the twins without --twin-kv")
+        q = self._heads(self.q_proj(x, adapter_from), cfg.num_heads, cos, sin, getattr(self, "q_norm", None))
+        k = self._heads(self.k_proj(x, adapter_from), cfg.num_kv_heads, cos, sin, getattr(self, "k_norm", None))
+        v = self._heads(self.v_proj(x, adapter_from), cfg.num_kv_heads)
         if kv_layer is not None:
             k_buf, v_buf = kv_layer
             k_buf.index_copy_(1, write_slots, k[0].to(k_buf.dtype))

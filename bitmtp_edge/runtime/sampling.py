@@ -123,13 +123,13 @@ def one_hot_counts(tokens, vocab: int, dtype):
     return torch.cat([torch.zeros_like(hot[:1]), hot.cumsum(dim=0)])
 
 
-def sample_drafts(logits, seen, generated, params, uniforms, penalized: bool, calibrate=None):
+def sample_drafts(logits, seen, generated, params, uniforms, penalized: bool, calibration=None):
     """Draft-role logits [D, V] -> (drafts [D] int64, q [D, V], confidences [D]).
 
     d_j ~ q_j; with penalties q_j counts d_1..d_{j-1} as generated (sampled one row at a
     time), without them all rows are sampled at once. confidence_j = min(q_j(d_j), c_j), c_j
-    the softmax of the (penalised) logits at d_j mapped by ``calibrate`` (the artifact's
-    per-slot map from slot 0, as greedy drafts get it): temperature < 1, top-k and top-p
+    the softmax of the (penalised) logits at d_j mapped by ``calibration`` (the artifact's
+    ``ConfidenceCalibration`` from slot 0, as greedy drafts get it): temperature < 1, top-k and top-p
     sharpen q, and a confidence read from q alone let hybrid commit whole blocks unverified
     (top_k = 1: every q_j(d_j) = 1); c_j is the greedy confidence τ was chosen for. At
     temperature 0 (q one-hot) the confidence is exactly the greedy one."""
@@ -153,8 +153,8 @@ def sample_drafts(logits, seen, generated, params, uniforms, penalized: bool, ca
         q, drafts, plain = torch.cat(rows), torch.cat(picks), torch.cat(plains)
     at = drafts.unsqueeze(1)
     greedy_confidence = plain.gather(1, at).squeeze(1)
-    if calibrate is not None:
-        greedy_confidence = calibrate(greedy_confidence)
+    if calibration is not None:
+        greedy_confidence = calibration(greedy_confidence, 0)
     return drafts, q, torch.minimum(q.gather(1, at).squeeze(1), greedy_confidence)
 
 
@@ -236,12 +236,12 @@ class SamplingState:
         probs = filtered_probs(logits, *self.values[:3])
         return int(inverse_cdf(probs, self.uniforms(1).to(logits.device))[0])
 
-    def draft(self, logits: torch.Tensor, calibrate=None):
-        """Draft logits [D, V] -> (drafts [D], q [D, V], confidences [D]); ``calibrate``:
-        the artifact's confidence map from slot 0, or None (see ``sample_drafts``)."""
+    def draft(self, logits: torch.Tensor, calibration=None):
+        """Draft logits [D, V] -> (drafts [D], q [D, V], confidences [D]); ``calibration``:
+        the artifact's confidence map, or None (see ``sample_drafts``)."""
         u = self.uniforms(logits.shape[0]).to(logits.device)
         return sample_drafts(logits.to(self.seen.dtype), self.seen, self.generated, self.values, u, self.penalized,
-                             calibrate)
+                             calibration)
 
     def verify(self, logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor) -> tuple[int, int]:
         """Verify logits [D + 1, V], drafts [D], q [D, V] -> (accepted a, next token)."""
