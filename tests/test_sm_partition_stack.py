@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import types
+from dataclasses import replace
 
 import pytest
 import torch
@@ -63,6 +64,39 @@ def test_summarize_refuses_a_file_it_did_not_write(tmp_path):
 def test_bad_arguments_say_what_to_give(argv, message):
     with pytest.raises(SystemExit, match=message):
         sps.main(argv)
+
+
+def test_vary_takes_every_combination_of_the_fields_given():
+    changes = sps.parse_vary("num_stages=3,4; block_kb=64,128,256")
+    assert len(changes) == 6
+    assert {(c["num_stages"], c["block_kb"]) for c in changes} == {(s, kb) for s in (3, 4) for kb in (64, 128, 256)}
+    assert sps.vary_scheme({"block_n": 128, "num_stages": 4}) == "board, bn128 s4"
+    assert sps.parse_vary("") == []
+
+
+@pytest.mark.parametrize("text,message", [("stages=3", "'stages' is not one of"), ("num_stages=3,x", "comma-separated")])
+def test_vary_names_what_it_cannot_take(text, message):
+    with pytest.raises(SystemExit, match=message):
+        sps.parse_vary(text)
+
+
+def test_vary_needs_a_partition():
+    with pytest.raises(SystemExit, match="give --sms N"):
+        sps.main(["--sms", "0", "--vary", "num_stages=4", "--out", "o.json"])
+
+
+def test_a_variant_changes_only_the_tensor_core_launches_it_names():
+    stack = types.SimpleNamespace(shapes=MODEL_SHAPES["bitnet-2b"])
+    board = sps.configs_for(stack, "board defaults", 9, 8)
+    varied = sps.varied_configs(stack, 9, 8, {"num_stages": 5, "block_kb": 128})
+    assert all(c.kernel == tuning.MMA for c in board.values())
+    for name, cfg in board.items():
+        assert varied[name] == replace(cfg, num_stages=5, block_kb=128)
+        assert varied[name] != cfg
+    # a launch without tensor-core tiles (gemv at M = 1 on the whole GPU) is left as it is
+    gemv = sps.configs_for(stack, "board defaults", 1, 132)
+    assert sps.varied_configs(stack, 1, 132, {"num_stages": 5}) == gemv
+    assert {c.kernel for c in gemv.values()} == {tuning.GEMV}
 
 
 def test_a_generation_scheme_launches_that_generations_board_defaults():

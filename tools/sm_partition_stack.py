@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import statistics
 import sys
 import types
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,8 +46,8 @@ import triton.language as tl  # noqa: E402
 
 from kernels_ampere import tuning  # noqa: E402
 from kernels_ampere.common import programmatic_launch  # noqa: E402
-from kernels_ampere.autotune import MODEL_LAYERS, MODEL_SHAPES, GraphTimer  # noqa: E402
-from tools.kernel_stack import BOARDS, Stack, project, scheme_configs, sm_clock_mhz  # noqa: E402
+from kernels_ampere.autotune import MODEL_LAYERS, MODEL_SHAPES, GraphTimer, precompile  # noqa: E402
+from tools.kernel_stack import BOARDS, RESIDUAL_SHAPES, Stack, project, scheme_configs, sm_clock_mhz  # noqa: E402
 
 
 def enter_partition(sms: int):
@@ -133,6 +135,62 @@ def configs_for(stack: Stack, scheme: str, m: int, sms: int) -> dict:
     return {name: tuning.default_linear(max(m, 3), g, n=n, k=k, sms=sms) for name, n, k, g in stack.shapes}
 
 
+VARY_FIELDS = ("block_n", "block_kb", "num_warps", "num_stages", "split_k")
+VARY_SHORT = {"block_n": "bn", "block_kb": "kb", "num_warps": "w", "num_stages": "s", "split_k": "sk"}
+
+
+def parse_vary(text: str) -> list[dict]:
+    """``"num_stages=3,4;block_kb=64,128"`` -> every combination, as dicts of LinearConfig fields
+    ([] for an empty text). Names a field or value it cannot take in a SystemExit."""
+    axes = []
+    for part in (p.strip() for p in text.split(";") if p.strip()):
+        field, _, values = part.partition("=")
+        field = field.strip()
+        if field not in VARY_FIELDS:
+            raise SystemExit(f"sm_partition_stack: --vary {text!r}: {field!r} is not one of {', '.join(VARY_FIELDS)}")
+        try:
+            axes.append([(field, int(v)) for v in values.split(",")])
+        except ValueError:
+            raise SystemExit(f"sm_partition_stack: --vary {text!r}: {field}= takes comma-separated integers")
+    return [dict(combo) for combo in itertools.product(*axes)] if axes else []
+
+
+def vary_scheme(change: dict) -> str:
+    """The scheme name of one ``--vary`` combination: "board, bn128 kb128 s4"."""
+    return "board, " + " ".join(f"{VARY_SHORT[f]}{v}" for f, v in change.items())
+
+
+def varied_configs(stack, m: int, sms: int, change: dict) -> dict:
+    """The board defaults at width ``m`` with ``change`` applied to every ``mma`` launch (gemv and
+    ``dot`` launches have no such tiles and are left as they are)."""
+    base = configs_for(stack, "board defaults", m, sms)
+    return {name: replace(cfg, **change) if cfg.kernel == tuning.MMA else cfg for name, cfg in base.items()}
+
+
+def timed_row(stack, scheme: str, m: int, us: float, sms: int, mhz: float | None, cfgs: dict) -> dict:
+    """One result row (printed as it is made): µs per step and ternary weights per SM-clock."""
+    rate = stack.weights / (us * 1e-6 * sms * mhz * 1e6) if mhz else None
+    print(f"sms {sms} M {m:3d} {scheme:15s} {us:9.1f} us  {rate or 0:6.2f} weights/SM-clock", flush=True)
+    return {"M": m, "scheme": scheme, "us": round(us, 1), "weights_per_sm_clock": rate and round(rate, 2),
+            "configs": {k: v.__dict__ for k, v in cfgs.items()}}
+
+
+def read_rate(nbytes: int, passes: int) -> float:
+    """GB/s of a float32 sum over ``nbytes`` on the current stream: what its SMs can stream."""
+    buf = torch.rand(nbytes // 4, device="cuda")
+    buf.sum()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(passes):
+        start.record()
+        buf.sum()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    del buf
+    return nbytes / statistics.median(times) / 1e9
+
+
 def summary_markdown(runs: list[dict]) -> list[str]:
     """One table over runs (the JSON this script writes): a row per (SMs, instruction, M),
     µs and weights per SM-clock per scheme."""
@@ -213,6 +271,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tail", action="store_true", help="with --sms: time the board defaults with tail tiles too")
     ap.add_argument("--generations", default="",
                     help="comma list of W2A8 default generations timed beside the board defaults (with --sms)")
+    ap.add_argument("--vary", default="",
+                    help='with --sms: the board defaults with mma launch fields changed, every combination '
+                         '(e.g. "num_stages=3,4,5;block_kb=64,128"; fields: ' + ", ".join(VARY_FIELDS) + ")")
+    ap.add_argument("--jobs", type=int, default=0, help="with --vary: compile the variants in this many processes first")
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--out", help="JSON file to write")
     args = ap.parse_args(argv)
@@ -229,8 +291,17 @@ def main(argv=None) -> int:
     if unknown:
         raise SystemExit(f"sm_partition_stack: --generations {args.generations!r}: "
                          f"choose from {', '.join(tuning.W2A8_GENERATIONS)}")
+    changes = parse_vary(args.vary)
+    if changes and not args.sms:
+        raise SystemExit("sm_partition_stack: --vary changes the board defaults: give --sms N as well")
     if not torch.cuda.is_available():
         raise SystemExit("sm_partition_stack: needs a CUDA GPU")
+    if changes and args.jobs > 1:  # Triton's disk cache filled before the partition is entered
+        jobs = [("w2a8_linear", n, k, g, m, name in RESIDUAL_SHAPES, cfg) for m in widths for change in changes
+                for (name, n, k, g), cfg in zip(MODEL_SHAPES[args.model],
+                                                varied_configs(types.SimpleNamespace(shapes=MODEL_SHAPES[args.model]),
+                                                               m, args.sms, change).values())]
+        precompile(jobs, args.jobs)
     full_sms = tuning.sm_count(torch.device("cuda"))
     if args.sms:
         partition = enter_partition(args.sms)  # noqa: F841 (the green context lives as long as its stream)
@@ -244,7 +315,8 @@ def main(argv=None) -> int:
     stack = Stack(args.model, rotate_mb=0.0)
     schemes = ["shipped"] + (["board defaults", "board, mma from M = 1"] + [f"board, {g}" for g in generations]
                              + (["board, tail"] if args.tail else []) if args.sms else [])
-    rows = []
+    variants = {vary_scheme(c): c for c in changes}
+    rows, failed = [], []
     for m in widths:
         stack.set_width(m)
         for scheme in schemes:
@@ -253,10 +325,21 @@ def main(argv=None) -> int:
             cfgs = configs_for(stack, scheme, m, args.sms or sms)
             stack.check(cfgs)
             us = stack.time_us(timer, cfgs)
-            rate = stack.weights / (us * 1e-6 * sms * mhz * 1e6) if mhz else None
-            rows.append({"M": m, "scheme": scheme, "us": round(us, 1), "weights_per_sm_clock": rate and round(rate, 2),
-                         "configs": {k: v.__dict__ for k, v in cfgs.items()}})
-            print(f"sms {sms} M {m:3d} {scheme:15s} {us:9.1f} us  {rate:6.2f} weights/SM-clock", flush=True)
+            rows.append(timed_row(stack, scheme, m, us, sms, mhz, cfgs))
+        for scheme, change in variants.items():
+            cfgs = varied_configs(stack, m, args.sms, change)
+            try:
+                stack.check(cfgs)
+                us = stack.time_us(timer, cfgs)
+            except Exception as e:  # a tile that does not fit this GPU: reported, the sweep goes on
+                failed.append({"M": m, "scheme": scheme, "error": f"{type(e).__name__}: {e}"[:300]})
+                print(f"sms {sms} M {m:3d} {scheme}: failed: {failed[-1]['error']}", flush=True)
+                continue
+            rows.append(timed_row(stack, scheme, m, us, sms, mhz, cfgs))
+    read_gbps = read_rate(stack.packed_bytes, args.passes)
+    read_rate_per_clock = read_gbps * 1e9 / (sms * mhz * 1e6) if mhz else None
+    print(f"float32 sum over {stack.packed_bytes / 1e6:.0f} MB on this partition: {read_gbps:.0f} GB/s"
+          + (f", {read_rate_per_clock:.1f} bytes per SM-clock" if mhz else ""), flush=True)
     tflops = matmul_tflops(args.passes)
     print(f"bf16 8192^3 matmul on this partition: {tflops:.1f} TFLOP/s", flush=True)
     meta = {"device": torch.cuda.get_device_name(), "sms": sms, "sms_asked": args.sms or full_sms, "gpu_sms": full_sms,
@@ -264,6 +347,9 @@ def main(argv=None) -> int:
             "default_generation": tuning.W2A8_DEFAULT_GENERATION,
             "programmatic_launch": programmatic_launch(),  # BITMTP_PDL=0: as an Orin (sm_87) launches
             "sm_clock_mhz": mhz,
+            "read_gbps": round(read_gbps, 1),
+            "read_bytes_per_sm_clock": read_rate_per_clock and round(read_rate_per_clock, 2),
+            "failed": failed,
             "model": args.model, "bf16_matmul_tflops": round(tflops, 1), "green_context": bool(args.sms),
             "torch": torch.__version__, "date": datetime.date.today().isoformat(),
             "command": "python tools/sm_partition_stack.py " + " ".join(argv if argv is not None else sys.argv[1:])}
