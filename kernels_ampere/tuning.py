@@ -223,14 +223,27 @@ MMA_MAX_M = 32  # v3: widths in one tile of the pipelined tensor-core kernel; wi
 # M = 1 2189 vs 2025, M = 2 4053 vs 2038; 32 SMs M = 1 1231 vs 2123 (gemv wins), M = 2 2155
 # vs 1894; 64 SMs M = 2 1229 vs 944; 128 SMs M = 2 758 vs 762. Group-128 weights keep gemv
 # (their ``mma`` steps one chunk at a time; not measured at these widths).
-# "v7" (the default) = v6, except that on a GPU of few SMs (up to ``TAIL_MAX_SMS``) the folded
+# "v7" = v6, except that on a GPU of few SMs (up to ``TAIL_MAX_SMS``) the folded
 # whole-width launches of M = 33..48 take a tail tile (``tail_config``: 32 + 16 rows, each
 # decoded weight tile multiplied by both, instead of the width padded to 64). The BitNet-2B
 # stack, mma.sync (an Orin's instruction), µs per step, v6 vs v7 (session 14; sm_partition_stack
 # --tail): 8 SMs M = 33 11636 vs 9151, 40 11859 vs 9370, 48 12162 vs 9672 (M = 32 unchanged,
 # 6901 vs 6897); 16 SMs M = 33 6553 vs 5199, 40 6681 vs 5337. Larger GPUs keep v6 (not measured).
-W2A8_GENERATIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7")
-W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v7")
+# "v8" (the default) = v7, except that on a GPU of few SMs (up to ``BOARD_MAX_SMS``) the folded
+# launches of M = 1..BOARD_TILE_MAX_M take 128 weight rows over 4 warps (32 per warp: two
+# independent tensor-core tiles per warp and lane, and half the activation reads per weight of
+# 64-row programs) where those programs still cover the SMs (N >= 128 per SM; else v7's 64
+# rows), and M = 17.. keeps v7's 128 rows on 4 warps instead of 8. Measured on 8 SMs of the
+# H200 (mma.sync, no programmatic launch: an Orin's; ``sm_partition_stack.py --vary``, the
+# BitNet-2B stack in one graph, µs per step, v7 vs v8, session 16): M = 1 3543 vs 3066, 9 3911
+# vs 3218, 16 4589 vs 3294, 32 6849 vs 5239; 16 SMs M = 1 2116 vs 1952, 9 2300 vs 2059, 16 2624
+# vs 2109. Of the 48 + 48 launch variants swept (64 / 128 / 256 weight rows, 2 / 4 / 8 warps,
+# 2-5 stages, one to eight chunks per step, K in one or two slices), this one was the fastest
+# at every width measured, in two runs.
+W2A8_GENERATIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8")
+W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v8")
+BOARD_MAX_SMS = 16  # v8: the board tiles up to this many SMs (measured on 8 and 16)
+BOARD_TILE_MAX_M = 32  # v8: the widths measured with them
 TAIL_MAX_SMS = 16  # v7: tail tiles up to this many SMs (measured on 8 and 16)
 MMA_M1_MAX_SMS = 16  # v6: M = 1 on the tensor cores up to this many SMs (gemv won at 32)
 MMA_M2_MAX_SMS = 64  # v6: M = 2 likewise (even at 128)
@@ -269,8 +282,10 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     v5 slices K the same way at every M = 3..128 (as for 64-row weight tiles), so an Orin
     gets the folded whole-width tiles unsliced. v6 is v5 with M = 1 (up to 16
     SMs) and M = 2 (up to 64) on the M = 3 launch: on few SMs a launch spans many waves and
-    decoding each weight once for the width beats gemv's once per row. v7 (the default) is v6
+    decoding each weight once for the width beats gemv's once per row. v7 is v6
     with a tail tile at M = 33..48 on up to 16 SMs (32 + 16 rows instead of 64, ``tail_config``).
+    v8 (the default) is v7 with the folded launches of M <= ``BOARD_TILE_MAX_M`` on up to 16 SMs
+    in 128 weight rows over 4 warps (where N gives each SM a program at least).
     """
     chunks = _cdiv(k, 128) if k else 0
     sms = sms or 132
@@ -278,6 +293,13 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     if generation not in W2A8_GENERATIONS:
         raise ValueError(f"W2A8 kernel generation must be one of {W2A8_GENERATIONS} (BITMTP_W2A8_KERNELS), "
                          f"got {generation!r}")
+    if not weight_only and generation == "v8":
+        cfg = default_linear(m, grouped, n=n, k=k, sms=sms, generation="v7")
+        if sms > BOARD_MAX_SMS or m > BOARD_TILE_MAX_M or cfg.kernel != MMA or not cfg.fold_lanes or grouped:
+            return cfg
+        if cfg.block_n == 128 or (n and _cdiv(n, 128) >= sms):  # the programs still cover the SMs
+            return replace(cfg, block_n=128, num_warps=4)
+        return cfg
     if not weight_only and generation == "v7":
         cfg = default_linear(m, grouped, n=n, k=k, sms=sms, generation="v6")
         return tail_config(cfg, m) if sms <= TAIL_MAX_SMS and m <= 48 else cfg

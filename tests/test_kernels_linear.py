@@ -556,7 +556,7 @@ def test_untuned_defaults_follow_the_sm_count():
         default_linear(1, False, generation="v9")
 
 
-@pytest.mark.parametrize("generation", ["v1", "v2", "v3", "v4", "v5", "v6", "v7"])
+@pytest.mark.parametrize("generation", ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8"])
 @pytest.mark.parametrize("m", (1, 2, 9, 21, 70))
 def test_w2a8_defaults_of_both_generations_match_the_twin(generation, m):
     n, k = 72, 640
@@ -695,7 +695,7 @@ def test_w2a8_v6_default_runs_the_narrowest_widths_on_the_tensor_cores_of_a_smal
 
 
 def test_w2a8_v7_default_adds_tail_tiles_at_33_to_48_rows_on_a_small_gpu():
-    """v7 (the default): v6, except that M = 33..48 on up to 16 SMs run 32 + 16 rows (a tail
+    """v7: v6, except that M = 33..48 on up to 16 SMs run 32 + 16 rows (a tail
     tile) instead of the width padded to 64; every other width and larger GPUs keep v6."""
     for sms in (8, 16):
         for m in (33, 40, 48):
@@ -705,8 +705,44 @@ def test_w2a8_v7_default_adds_tail_tiles_at_33_to_48_rows_on_a_small_gpu():
     for m, sms in ((1, 8), (32, 8), (49, 8), (64, 16), (80, 8), (33, 32), (40, 132)):
         assert default_linear(m, False, n=2560, k=6912, sms=sms, generation="v7") == default_linear(
             m, False, n=2560, k=6912, sms=sms, generation="v6")
-    assert default_linear(40, False, n=2560, k=6912, sms=8) == default_linear(40, False, n=2560, k=6912, sms=8,
-                                                                              generation="v7")
+
+
+def test_w2a8_v8_default_gives_a_board_128_weight_rows_over_4_warps():
+    """v8 (the default): v7, except that the folded launches of M <= 32 on up to 16 SMs take
+    128 weight rows over 4 warps where the programs still cover the SMs (N >= 128 per SM);
+    a narrow projection on a board (the embedded model's 512 rows on 8 SMs) keeps v7's 64 rows
+    at M <= 16; larger GPUs, wider widths and group-128 weights keep v7."""
+    for sms in (8, 16):
+        for m in (1, 2, 3, 9, 16, 17, 32):
+            v7, v8 = (default_linear(m, False, n=2560, k=6912, sms=sms, generation=g) for g in ("v7", "v8"))
+            assert v7.kernel == MMA and v7.fold_lanes
+            assert v8 == replace(v7, block_n=128, num_warps=4) != v7
+    for m in (1, 9, 16):  # 512 rows: four 128-row programs would leave half of 8 SMs idle
+        assert default_linear(m, False, n=512, k=512, sms=8, generation="v8") == default_linear(
+            m, False, n=512, k=512, sms=8, generation="v7")
+        assert default_linear(m, False, n=1024, k=512, sms=8, generation="v8").block_n == 128
+    assert default_linear(24, False, n=512, k=512, sms=8, generation="v8").num_warps == 4  # 128 rows there anyway
+    for m, sms, grouped in ((1, 32, False), (9, 132, False), (33, 8, False), (80, 8, False), (9, 8, True)):
+        assert default_linear(m, grouped, n=2560, k=6912, sms=sms, generation="v8") == default_linear(
+            m, grouped, n=2560, k=6912, sms=sms, generation="v7")
+    assert default_linear(9, False, n=2560, k=6912, sms=8) == default_linear(9, False, n=2560, k=6912, sms=8,
+                                                                             generation="v8")
+
+
+@pytest.mark.parametrize("m", (1, 9, 16, 27))
+def test_w2a8_v8_board_launch_matches_the_twin(m):
+    """The v8 launch of a 2-SM GPU (two 128-row programs, the second one partial; K padded to
+    whole chunks), with the residual fused, on fresh random inputs: the twin's bits."""
+    n, k = 200, 600
+    gen = torch.Generator().manual_seed(960 + m)
+    _, packed = random_weight(n, k, gen)
+    a, a_s = random_activations(m, k, gen)
+    w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
+    res = torch.randn(m, n, generator=gen).to(DEVICE)
+    cfg = default_linear(m, False, n=n, k=k, sms=2, generation="v8")
+    assert (cfg.kernel, cfg.block_n, cfg.num_warps, cfg.fold_lanes) == (MMA, 128, 4, True)
+    assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res, config=cfg),
+                 w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res), f"{cfg}")
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 72, 640), (2, 40, 384), (1, 24, 200)])
