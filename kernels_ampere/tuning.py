@@ -229,21 +229,23 @@ MMA_MAX_M = 32  # v3: widths in one tile of the pipelined tensor-core kernel; wi
 # stack, mma.sync (an Orin's instruction), µs per step, v6 vs v7 (session 14; sm_partition_stack
 # --tail): 8 SMs M = 33 11636 vs 9151, 40 11859 vs 9370, 48 12162 vs 9672 (M = 32 unchanged,
 # 6901 vs 6897); 16 SMs M = 33 6553 vs 5199, 40 6681 vs 5337. Larger GPUs keep v6 (not measured).
-# "v8" (the default) = v7, except that on a GPU of few SMs (up to ``BOARD_MAX_SMS``) the folded
-# launches of M = 1..BOARD_TILE_MAX_M take 128 weight rows over 4 warps (32 per warp: two
-# independent tensor-core tiles per warp and lane, and half the activation reads per weight of
-# 64-row programs) where those programs still cover the SMs (N >= 128 per SM; else v7's 64
-# rows), and M = 17.. keeps v7's 128 rows on 4 warps instead of 8. Measured on 8 SMs of the
-# H200 (mma.sync, no programmatic launch: an Orin's; ``sm_partition_stack.py --vary``, the
-# BitNet-2B stack in one graph, µs per step, v7 vs v8, session 16): M = 1 3543 vs 3066, 9 3911
-# vs 3218, 16 4589 vs 3294, 32 6849 vs 5239; 16 SMs M = 1 2116 vs 1952, 9 2300 vs 2059, 16 2624
-# vs 2109. Of the 48 + 48 launch variants swept (64 / 128 / 256 weight rows, 2 / 4 / 8 warps,
-# 2-5 stages, one to eight chunks per step, K in one or two slices), this one was the fastest
-# at every width measured, in two runs.
+# "v8" (the default) = v7, except that on a GPU of few SMs (up to ``BOARD_MAX_SMS``) every folded
+# launch runs 4 warps of 32 or 64 weight rows each (two or four independent tensor-core tiles per
+# warp and lane, and fewer activation reads per weight): M = 1..64 in 128 weight rows (M = 17..64
+# kept v7's 128 rows on 8 warps; M <= 16 had 64 rows), M = 65..128 (32-row tiles of the width
+# side by side) in 256 (were 64) — where those programs still cover the SMs (else v7's launch:
+# the embedded model's 512-row projections on 8 SMs at M <= 16). Measured on 8 SMs of the H200
+# (mma.sync, no programmatic launch: an Orin's; ``sm_partition_stack.py --vary``, the BitNet-2B
+# stack in one graph, µs per step, v7 vs v8, session 16): M = 1 3543 vs 3066, 9 3911 vs 3218,
+# 16 4589 vs 3294, 32 6849 vs 5239, 33 9135 vs 7894, 40 9382 vs 8007, 48 9645 vs 8865, 64 12902
+# vs 10058, 80 18071 vs 12529; 16 SMs M = 1 2116 vs 1952, 9 2300 vs 2059, 16 2624 vs 2109; the
+# embedded model's stack on 8 SMs M = 1 122 vs 117, 32 201 vs 184. Of the launch variants swept
+# (64 / 128 / 256 weight rows, 2 / 4 / 8 warps, 2-5 stages, one to eight chunks per step, K in
+# one or two slices: 96 at M <= 32, 6 at 24-80), these were the fastest at every width measured
+# but M = 24 (a tie with v7's 8 warps, 4928 vs 4915) and M = 33..64, where 256 rows lost.
 W2A8_GENERATIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8")
 W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v8")
 BOARD_MAX_SMS = 16  # v8: the board tiles up to this many SMs (measured on 8 and 16)
-BOARD_TILE_MAX_M = 32  # v8: the widths measured with them
 TAIL_MAX_SMS = 16  # v7: tail tiles up to this many SMs (measured on 8 and 16)
 MMA_M1_MAX_SMS = 16  # v6: M = 1 on the tensor cores up to this many SMs (gemv won at 32)
 MMA_M2_MAX_SMS = 64  # v6: M = 2 likewise (even at 128)
@@ -284,8 +286,8 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     SMs) and M = 2 (up to 64) on the M = 3 launch: on few SMs a launch spans many waves and
     decoding each weight once for the width beats gemv's once per row. v7 is v6
     with a tail tile at M = 33..48 on up to 16 SMs (32 + 16 rows instead of 64, ``tail_config``).
-    v8 (the default) is v7 with the folded launches of M <= ``BOARD_TILE_MAX_M`` on up to 16 SMs
-    in 128 weight rows over 4 warps (where N gives each SM a program at least).
+    v8 (the default) is v7 with every folded launch on up to 16 SMs on 4 warps of 128 weight rows
+    (256 at M = 65..128), where those programs still give each SM one at least.
     """
     chunks = _cdiv(k, 128) if k else 0
     sms = sms or 132
@@ -295,10 +297,12 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
                          f"got {generation!r}")
     if not weight_only and generation == "v8":
         cfg = default_linear(m, grouped, n=n, k=k, sms=sms, generation="v7")
-        if sms > BOARD_MAX_SMS or m > BOARD_TILE_MAX_M or cfg.kernel != MMA or not cfg.fold_lanes or grouped:
+        if sms > BOARD_MAX_SMS or m > MMA_TILED_MAX_M or cfg.kernel != MMA or not cfg.fold_lanes or grouped:
             return cfg
-        if cfg.block_n == 128 or (n and _cdiv(n, 128) >= sms):  # the programs still cover the SMs
-            return replace(cfg, block_n=128, num_warps=4)
+        block_n = 128 if m <= TILED_MIN_M else 256  # beyond: the width's 32-row tiles side by side
+        programs = _cdiv(n, block_n) * (_cdiv(m, cfg.block_m) if m > TILED_MIN_M else 1) if n else sms
+        if cfg.block_n == block_n or programs >= sms:  # the programs still cover the SMs
+            return replace(cfg, block_n=block_n, num_warps=4)
         return cfg
     if not weight_only and generation == "v7":
         cfg = default_linear(m, grouped, n=n, k=k, sms=sms, generation="v6")

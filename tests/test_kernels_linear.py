@@ -707,40 +707,45 @@ def test_w2a8_v7_default_adds_tail_tiles_at_33_to_48_rows_on_a_small_gpu():
             m, False, n=2560, k=6912, sms=sms, generation="v6")
 
 
-def test_w2a8_v8_default_gives_a_board_128_weight_rows_over_4_warps():
-    """v8 (the default): v7, except that the folded launches of M <= 32 on up to 16 SMs take
-    128 weight rows over 4 warps where the programs still cover the SMs (N >= 128 per SM);
-    a narrow projection on a board (the embedded model's 512 rows on 8 SMs) keeps v7's 64 rows
-    at M <= 16; larger GPUs, wider widths and group-128 weights keep v7."""
+def test_w2a8_v8_default_gives_a_board_four_warps_of_wide_weight_tiles():
+    """v8 (the default): v7, except that on up to 16 SMs every folded launch runs on 4 warps of
+    128 weight rows (M <= 64; with v7's tail tile at 33..48) or 256 (M = 65..128, 32-row tiles
+    of the width), where those programs still give every SM one; a narrow projection on a board
+    (the embedded model's 512 rows on 8 SMs) keeps v7's launch at M <= 16 and 65..96; larger
+    GPUs, widths beyond 128 and group-128 weights keep v7."""
     for sms in (8, 16):
-        for m in (1, 2, 3, 9, 16, 17, 32):
+        for m in (1, 2, 3, 9, 16, 17, 32, 33, 48, 64):
             v7, v8 = (default_linear(m, False, n=2560, k=6912, sms=sms, generation=g) for g in ("v7", "v8"))
             assert v7.kernel == MMA and v7.fold_lanes
             assert v8 == replace(v7, block_n=128, num_warps=4) != v7
-    for m in (1, 9, 16):  # 512 rows: four 128-row programs would leave half of 8 SMs idle
+        for m in (65, 80, 128):
+            v7, v8 = (default_linear(m, False, n=2560, k=6912, sms=sms, generation=g) for g in ("v7", "v8"))
+            assert v7.block_m == 32 and v8 == replace(v7, block_n=256, num_warps=4) != v7
+    for m in (1, 9, 16, 80):  # four 128-row programs (six of 256 rows at M = 80) would leave 8 SMs idle
         assert default_linear(m, False, n=512, k=512, sms=8, generation="v8") == default_linear(
             m, False, n=512, k=512, sms=8, generation="v7")
-        assert default_linear(m, False, n=1024, k=512, sms=8, generation="v8").block_n == 128
+    assert default_linear(9, False, n=1024, k=512, sms=8, generation="v8").block_n == 128
     assert default_linear(24, False, n=512, k=512, sms=8, generation="v8").num_warps == 4  # 128 rows there anyway
-    for m, sms, grouped in ((1, 32, False), (9, 132, False), (33, 8, False), (80, 8, False), (9, 8, True)):
+    for m, sms, grouped in ((1, 32, False), (9, 132, False), (40, 32, False), (129, 8, False), (9, 8, True)):
         assert default_linear(m, grouped, n=2560, k=6912, sms=sms, generation="v8") == default_linear(
             m, grouped, n=2560, k=6912, sms=sms, generation="v7")
     assert default_linear(9, False, n=2560, k=6912, sms=8) == default_linear(9, False, n=2560, k=6912, sms=8,
                                                                              generation="v8")
 
 
-@pytest.mark.parametrize("m", (1, 9, 16, 27))
+@pytest.mark.parametrize("m", (1, 9, 16, 27, 40, 80))
 def test_w2a8_v8_board_launch_matches_the_twin(m):
-    """The v8 launch of a 2-SM GPU (two 128-row programs, the second one partial; K padded to
-    whole chunks), with the residual fused, on fresh random inputs: the twin's bits."""
-    n, k = 200, 600
+    """The v8 launches of a 2-SM GPU (two or more programs of 128 / 256 weight rows, the last one
+    partial; the tail tile at M = 40, 32-row tiles side by side at 80; K padded to whole chunks),
+    with the residual fused, on fresh random inputs: the twin's bits."""
+    n, k = 300, 600
     gen = torch.Generator().manual_seed(960 + m)
     _, packed = random_weight(n, k, gen)
     a, a_s = random_activations(m, k, gen)
     w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
     res = torch.randn(m, n, generator=gen).to(DEVICE)
     cfg = default_linear(m, False, n=n, k=k, sms=2, generation="v8")
-    assert (cfg.kernel, cfg.block_n, cfg.num_warps, cfg.fold_lanes) == (MMA, 128, 4, True)
+    assert (cfg.kernel, cfg.block_n, cfg.num_warps, cfg.fold_lanes) == (MMA, 128 if m <= 64 else 256, 4, True)
     assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res, config=cfg),
                  w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res), f"{cfg}")
 
