@@ -471,8 +471,12 @@ def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool =
         # tiles (at M <= 2 too: on a GPU of few SMs they beat gemv); from 17 rows the whole width
         # (or 32-row tiles) per program, 128 weight rows over 8 warps
         folded = [(64, 4, sk, 0) for sk in (1, 2, 3, 4)]
+        if m <= TILED_MIN_M:  # v8's board launch: 128 weight rows over 4 warps (two tiles per warp)
+            folded += [(128, 4, sk, 0) for sk in (1, 2)]
         if m > 16:
             folded += [(64, 4, sk, 32) for sk in (1, 2, 4)] + [(128, 8, sk, 0) for sk in (1, 2, 3, 4)]
+        if m > TILED_MIN_M:  # v8's board launch beyond: 256 weight rows over 4 warps, 32-row tiles
+            folded += [(256, 4, sk, 32) for sk in (1, 2)]
         for bn, warps, sk, bm in folded:
             sk = group_k_slices(k) if grouped else sk
             if sk > 1 and chunks / sk < 4:

@@ -101,6 +101,17 @@ def test_fallbacks_and_candidates_are_valid_configs():
         LinearConfig("cublas", 8, 64)
 
 
+def test_the_tuner_offers_a_boards_default_launches():
+    """``bitmtp tune`` on an Orin times what the board's untuned default launches (v8's four warps
+    of 128 / 256 weight rows, the tail tile at 33..48) among its candidates, so a board's table can
+    keep them where they win."""
+    for m in (1, 2, 9, 16, 27, 33, 40, 64, 80, 128):
+        for n, k in ((2560, 6912), (13824, 2560), (3840, 2560)):
+            for sms in (8, 16):
+                board = tuning.default_linear(m, False, n=n, k=k, sms=sms)
+                assert board in tuning.linear_candidates(m, n, k, False), (m, n, k, sms, board)
+
+
 def test_gpu_table_names():
     assert tuning.gpu_table_name("NVIDIA H200") == "nvidia_h200"
     assert tuning.gpu_table_name("Orin (nvgpu)") == "orin_nvgpu"
