@@ -144,7 +144,7 @@ def test_bench_cli_writes_json_table_and_plots(artifact, prompts_file, tmp_path)
 
     # provenance
     assert report["command"].startswith("bitmtp bench --artifact ") and "--policies ar,hybrid,speculative" in report["command"]
-    assert report["engine"] == {"backend": "reference", "device": "cpu", "runtime": None}
+    assert report["engine"] == {"backend": "reference", "device": "cpu", "runtime": None, "head": "16bit"}
     assert len(report["artifact"]["manifest_sha256"]) == 64 and report["artifact"]["block_size"] == 4
     assert report["posture"]["on_jetson"] is False and report["device"]
     assert report["workload"]["source"] == str(prompts_file) and len(report["workload"]["prompts"]) == 2
@@ -190,6 +190,16 @@ def test_bench_runs_on_the_embedded_model_and_its_held_out_prompts(tmp_path):
     assert all(r["decode_tok_s"] > 0 for r in report["routes"])
     for name in B.FILES:
         assert (tmp_path / "e" / name).is_file()
+
+
+def test_bench_with_the_int8_head_says_so(artifact, prompts_file, tmp_path):
+    res = invoke("bench", "--artifact", artifact, "--prompts", prompts_file, "-n", 4, "--repeats", 1,
+                 "--warmup", 0, "--policies", "ar,speculative", "--head", "int8", "--monitor", "psutil",
+                 "--out", tmp_path / "out", "--json")
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["engine"]["head"] == "int8"
+    assert "| backend | reference on cpu, int8 verify head |" in (tmp_path / "out" / "bench.md").read_text()
 
 
 def test_bench_cli_sweeps_fused_candidates(artifact, prompts_file, tmp_path):
@@ -260,7 +270,7 @@ def test_bench_drives_the_graph_backend_like_the_engine_does(model, engine):
     prompts = [B.BenchPrompt("t1 t2 t3", "test #1")]
     config = B.BenchConfig(max_new_tokens=5, warmup=1, repeats=1, monitor="none")
     data = B.run_bench(fast, prompts, B.make_routes(fast, None), config).to_dict()
-    assert data["engine"]["backend"] == backend.name
+    assert data["engine"]["backend"] == backend.name and data["engine"]["head"] == "16bit"
     assert data["engine"]["runtime"] == {"specialize": True, "graphs": False, "hoist_verify": True,
                                          "capture": "load", "kv_dtype": "torch.float32",
                                          "fused_candidates": "(3,)", "precompile": True,

@@ -41,11 +41,13 @@ def invoke(*args, input: str | None = None):
 
 
 def test_option_choices_match_the_library():
+    from bitmtp_edge.backends.fast_model import HEADS
     from bitmtp_edge.backends.graph import RuntimeOptions
     from bitmtp_edge.runtime.engine import BACKENDS
 
     assert cli.BACKEND_NAMES == BACKENDS
     assert cli.RUNTIME_NAMES == RuntimeOptions.PRESETS
+    assert cli.HEAD_NAMES == HEADS
 
 
 def test_importing_the_cli_does_not_import_torch():
@@ -144,6 +146,18 @@ def test_generate_json_parses_and_missing_artifact_is_named(artifact, tmp_path):
     assert f"Error: {tmp_path / 'missing'}: no such artifact folder" in res.output and "bitmtp-export" in res.output
     res = invoke("generate", "t1", "--artifact", artifact, "--policy", "beam")
     assert res.exit_code == 2 and "'beam' is not one of" in res.output
+
+
+def test_generate_with_the_int8_head_is_lossless(artifact):
+    runs = {}
+    for policy in ("ar", "speculative"):
+        res = invoke("generate", "t1 t2 t3", "--artifact", artifact, "-n", 8, "--policy", policy, "--head", "int8",
+                     "--json")
+        assert res.exit_code == 0, res.output
+        runs[policy] = json.loads(res.stdout)["token_ids"]
+    assert runs["speculative"] == runs["ar"]
+    res = invoke("generate", "t1", "--artifact", artifact, "--head", "fp4")
+    assert res.exit_code == 2 and "'fp4' is not one of" in res.output
 
 
 # --------------------------------------------------------------------------- chat

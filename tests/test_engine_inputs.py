@@ -98,6 +98,25 @@ def test_numpy_seeds_and_top_k_are_integers(engine):
     assert numpy.token_ids == plain.token_ids and numpy.stats.seed == 4
 
 
+# ----------------------------------------------------------------------------- the verify head
+
+
+def test_the_int8_head_decodes_losslessly_against_its_own_ar(artifact):
+    """``Engine.load(head="int8")``: the engine says which head it verifies with, and every
+    lossless policy equals that head's AR."""
+    eng = Engine.load(artifact, backend="reference", device="cpu", head="int8")
+    assert eng.head == "int8" and eng.backend.model.int8_verify
+    ar = solo(eng, PROMPT, "ar", n=24)
+    for policy in ("speculative", "fused"):
+        assert solo(eng, PROMPT, policy, n=24) == ar, policy
+
+
+@pytest.mark.parametrize("head", ["fp8", "int4", "", "INT8"])
+def test_an_unknown_head_is_named(artifact, head):
+    with pytest.raises(ValueError, match=f"unknown head {head!r}; choose one of 16bit, int8"):
+        Engine.load(artifact, backend="reference", device="cpu", head=head)
+
+
 # ----------------------------------------------------------------------------- stop strings
 
 

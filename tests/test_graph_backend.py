@@ -8,6 +8,7 @@ runs exactly as it would inside a captured graph. The GPU tests add capture and 
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import pytest
 import torch
@@ -35,6 +36,57 @@ def test_fast_backend_matches_reference(seed, policy):
     ref, out, stats, _ = both(random_model(seed), policy)
     assert out == ref
     assert stats.segment_growths >= 1
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_int8_verify_head_follows_the_reference_with_the_same_head(seed, policy):
+    """``verify_head="int8"``: every role reads the int8 head; the graph backend (the kernels'
+    twins) and the reference model after ``use_int8_verify_head`` give the same tokens under
+    every policy, and the 16-bit head is not held on the device."""
+    model = random_model(seed)
+    ref_model = copy.deepcopy(model)
+    ref_model.use_int8_verify_head()
+    bs = None if policy == "ar" else 4
+    ref, _ = run(reference_backend(ref_model, max_context=256, smallest=16), PROMPT, policy, n=40, block_size=bs,
+                 tau=0.3, min_prefix=2)
+    fast = fast_backend(model, max_context=256, smallest=16, verify_head="int8")
+    out, _ = run(fast, PROMPT, policy, n=40, block_size=bs, tau=0.3, min_prefix=2)
+    assert out == ref
+    assert fast.fast.verify_head is None and fast.fast.int8_head is fast.fast.draft_head
+
+
+def test_int8_verify_head_is_lossless_against_its_own_ar():
+    """With the int8 head in the verify role, speculative and fused equal that head's AR token for
+    token (and hybrid at tau = 1), on the graph backend."""
+    fast = fast_backend(random_model(4), max_context=256, smallest=16, verify_head="int8")
+    ar, _ = run(fast, PROMPT, "ar", n=48, block_size=None)
+    for policy, kw in (("speculative", {}), ("fused", {}), ("hybrid", {"tau": 1.0, "min_prefix": 2})):
+        out, _ = run(fast, PROMPT, policy, n=48, block_size=4, **kw)
+        assert out == ar, policy
+
+
+def test_int8_verify_logits_are_the_draft_heads():
+    """``use_int8_verify_head``: the verify logits are the int8 head's (also in the scoring shape
+    [B, S, H]), not the 16-bit head's; the fast model without the artifact's int8 head (the
+    server's FP8 draft head) quantises the 16-bit one as the exporter does."""
+    from bitmtp_edge.backends.fast_model import FastModel
+    from bitmtp_edge.backends.ops import twin_ops
+    from tests.helpers import artifact_tensors, manifest_for
+
+    model = random_model(3)
+    h = torch.randn(5, model.cfg.hidden_size, dtype=torch.float64)
+    l16 = model.verify_logits(h)
+    model.use_int8_verify_head()
+    l8 = model.verify_logits(h)
+    assert torch.equal(l8, model.draft_logits(h)) and not torch.allclose(l8, l16)
+    assert torch.equal(model.verify_logits(h.view(1, 5, -1)), l8.view(1, 5, -1))
+    plan = reference_backend(model, max_context=256).plan
+    fast = FastModel(manifest_for(model, 4, plan), artifact_tensors(model), twin_ops(True), "cpu",
+                     draft_head="fp8", verify_head="int8")
+    assert torch.equal(fast.int8_head[0], model.draft_head_int8) and fast.draft_head is not fast.int8_head
+    with pytest.raises(ValueError, match="choose one of 16bit, int8"):
+        FastModel(manifest_for(model, 4, plan), artifact_tensors(model), twin_ops(True), "cpu", verify_head="fp4")
 
 
 # What the CPU can run of each ablation preset: everything but graph capture. "m1+m2" is
@@ -210,6 +262,29 @@ def test_gpu_backend_is_exact_and_follows_the_reference(tmp_path, runtime):
         # hold is that a run ends by length or EOS and that some step committed a block
         assert len(res.token_ids) == 60 or res.stats.finish_reason == "stop"
         assert max(res.stats.accepted_histogram) >= 2
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("backend", ["ampere", "server"])
+def test_gpu_int8_head_is_lossless_and_follows_the_reference_int8_head(tmp_path, backend):
+    """``head="int8"`` on the GPU (captured graphs, D = 8, GQA group 4): speculative, fused and
+    hybrid at tau = 1 equal the int8 head's AR token for token, and every AR token is a greedy
+    choice of the float64 reference with the same int8 head."""
+    from bitmtp_edge import Engine
+    from bitmtp_edge.backends.fp8_head import fp8_supported
+
+    if backend == "server" and not fp8_supported(torch.device("cuda")):
+        pytest.skip("the server backend needs FP8 (sm_89+)")
+    model = random_model(6, vocab=256, hidden=256, heads=(8, 2))
+    art = write_test_artifact(model, tmp_path / "art", block_size=8, max_context=256, smallest=16)
+    ref = Engine.load(art, backend="reference", device="cpu", head="int8")
+    fast = Engine.load(art, backend=backend, device="cuda", head="int8")
+    assert fast.backend.fast.verify_head is None
+    ar = fast.generate(PROMPT, max_new_tokens=100, policy="ar")
+    assert_greedy_under_reference(ref, PROMPT, ar.token_ids)
+    for policy, kw in (("speculative", {}), ("fused", {}), ("hybrid", {"tau": 1.0})):
+        assert fast.generate(PROMPT, max_new_tokens=100, policy=policy, **kw).token_ids == ar.token_ids, policy
 
 
 @gpu

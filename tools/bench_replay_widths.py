@@ -215,6 +215,8 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/bitmtp_replay_widths"))
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--jobs", type=int, default=8, help="compile processes for each table's launches")
+    ap.add_argument("--head", choices=("16bit", "int8"), default="16bit",
+                    help="the verify role's head (Engine.load(head=...)): int8 reads the draft head in every role")
     ap.add_argument("--sms", type=int, default=0, help="run on this many SMs of the GPU (a green context; "
                     "0: all of them)")
     ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results")
@@ -269,7 +271,7 @@ def run(args, tables: dict[str, Path]) -> int:
         art = export(ckpt, args.work / "bitnet2b-artifact", max_context=2048)  # as bench_e2e: segment 0 = 256 history slots
     report = {"device": torch.cuda.get_device_name(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "commit": commit(), "command": " ".join([Path(sys.argv[0]).name, *args.argv]),
-              "sms": args.sms or torch.cuda.get_device_properties(0).multi_processor_count,
+              "sms": args.sms or torch.cuda.get_device_properties(0).multi_processor_count, "head": args.head,
               "green_context": bool(args.sms), "widths": widths, "tables": {}}
     args.out.mkdir(parents=True, exist_ok=True)
     eng = None
@@ -277,7 +279,7 @@ def run(args, tables: dict[str, Path]) -> int:
         use_table(folder)
         if eng is None:
             log(f"loading {art} with table {name}")
-            eng = Engine.load(art, backend="ampere", device="cuda", runtime="full")
+            eng = Engine.load(art, backend="ampere", device="cuda", runtime="full", head=args.head)
         wanted = states(eng.block_size, widths + [w for w in profiled if w not in widths])
         precompile_table(eng, sorted({state.width for state in wanted.values()}), args.jobs)
         t0 = time.perf_counter()

@@ -622,6 +622,7 @@ def describe_run(engine: Engine, posture: PowerPosture, config: BenchConfig, com
             "backend": engine.backend.name,
             "device": str(engine.device),
             "runtime": _runtime(engine),
+            "head": engine.head,
         },
         "artifact": {
             "path": str(engine.path),

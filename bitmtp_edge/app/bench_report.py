@@ -176,7 +176,7 @@ def render_markdown(report: dict) -> str:
         f"| git | {git_s} |",
         (f"| artifact | `{a['path']}` — manifest sha256 `{a['manifest_sha256'][:16]}…`, {a['family']} "
          f"{a['layers']}×{a['hidden']}, vocab {a['vocab']}, {mtp} |"),
-        f"| backend | {e['backend']} on {e['device']} |",
+        f"| backend | {e['backend']} on {e['device']}" + (", int8 verify head" if e.get("head") == "int8" else "") + " |",
         f"| posture | {_posture_line(report['posture'])} |",
         f"| monitor | {mon['source']}" + (f" every {mon['interval_s'] * 1000:.0f} ms" if mon["interval_s"] else "") + " |",
         (f"| workload | {len(w['prompts'])} prompts from {w.get('source') or 'the caller'}; up to {cfg['max_new_tokens']} "

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels_ampere.numerics import quantize_activations, rope_cos_sin
+from kernels_ampere.numerics import quantize_activations, quantize_rows_int8, rope_cos_sin
 
 from ..format.manifest import Manifest
 from ..format.tensors import (DRAFT_HEAD_INT8, DRAFT_HEAD_SCALE, DRAFT_HEAD_WEIGHT, EMBED, FINAL_NORM,
@@ -65,9 +65,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight.float() * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))
 
 
+HEADS = ("16bit", "int8")  # the verify role's head: the checkpoint's 16-bit one, or the int8 one
+
+
 class FastModel:
     def __init__(self, manifest: Manifest, tensors: dict[str, torch.Tensor], ops: Ops, device,
-                 head_dtype: torch.dtype | None = None, draft_head: str = "int8"):
+                 head_dtype: torch.dtype | None = None, draft_head: str = "int8", verify_head: str = "16bit"):
         cfg = manifest.model
         self.cfg, self.quant, self.ops, self.device = cfg, manifest.quant, ops, torch.device(device)
         dev = self.device
@@ -95,7 +98,8 @@ class FastModel:
         head = tensors[head_name(cfg.tie_word_embeddings)]
         # The verify head keeps the checkpoint's 16-bit type (bf16 stays bf16: exact).
         self.head_dtype = head_dtype or (head.dtype if head.dtype in (torch.float16, torch.bfloat16) else torch.float16)
-        self.verify_head = head.to(device=dev, dtype=self.head_dtype).contiguous()  # [V, H]
+        if verify_head not in HEADS:
+            raise ValueError(f"verify head {verify_head!r}: choose one of {', '.join(HEADS)}")
         self.draft_head = None
         self.draft_head_kind = draft_head
         if draft_head == "fp8":  # the server path: e4m3 rows quantised here from the verify head
@@ -104,6 +108,22 @@ class FastModel:
             self.draft_head = quantize_rows_fp8(head.to(dev))
         elif DRAFT_HEAD_WEIGHT in tensors and manifest.draft_head == DRAFT_HEAD_INT8:
             self.draft_head = (t(DRAFT_HEAD_WEIGHT, torch.int8).contiguous(), t(DRAFT_HEAD_SCALE))
+        # The int8 verify head (``verify_head="int8"``): the artifact's int8 draft head (else the
+        # 16-bit head quantised per row here, as the exporter does) in every role; the 16-bit
+        # head is then not kept on the device at all (656 MB of a 2B model).
+        self.verify_head_kind = verify_head
+        self.int8_head = None
+        self.verify_head = None
+        if verify_head == "int8":
+            if draft_head == "int8" and self.draft_head is not None:
+                self.int8_head = self.draft_head
+            else:
+                w, scale = quantize_rows_int8(head.float())
+                self.int8_head = (w.to(dev).contiguous(), scale.to(device=dev, dtype=torch.float32))
+            if draft_head == "int8":
+                self.draft_head = self.int8_head
+        else:
+            self.verify_head = head.to(device=dev, dtype=self.head_dtype).contiguous()  # [V, H]
 
     @contextlib.contextmanager
     def first_layers(self, n: int) -> Iterator[None]:
@@ -183,7 +203,11 @@ class FastModel:
         return rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)
 
     def verify_top1(self, x):
-        """[M, H] residual -> (top1 [M] int64, confidence [M] float32) with the 16-bit head."""
+        """[M, H] residual -> (top1 [M] int64, confidence [M] float32) with the 16-bit head (the
+        int8 one with ``verify_head="int8"``)."""
+        if self.int8_head is not None:
+            a, s = self.ops.rmsnorm_quant(x.contiguous(), self.final_norm, self.cfg.rms_norm_eps)
+            return self.ops.int8_head_argmax(a, s, *self.int8_head)
         h = self.ops.rmsnorm_cast(x, self.final_norm, self.cfg.rms_norm_eps, self.head_dtype)
         return self.ops.f16_head_argmax(h, self.verify_head)
 
@@ -200,9 +224,18 @@ class FastModel:
 
     def verify_sample_logits(self, x):
         """[M, H] residual -> [M, V] float32 logits of the head ``verify_top1`` takes the
-        argmax of (same norm, same 16-bit head), for sampling."""
+        argmax of (same norm, same head), for sampling."""
+        if self.int8_head is not None:
+            return self._int8_logits(x, self.int8_head)
         h = self.ops.rmsnorm_cast(x, self.final_norm, self.cfg.rms_norm_eps, self.head_dtype)
         return h.float() @ self.verify_head.float().t()
+
+    def _int8_logits(self, x, head):
+        """[M, H] residual -> [M, V] float32 logits of an int8 head (W8A8, the int8 product
+        accumulated in float32: exact up to 2**24, close beyond)."""
+        a, s = self.ops.rmsnorm_quant(x.contiguous(), self.final_norm, self.cfg.rms_norm_eps)
+        w, w_scale = head
+        return (a.float() @ w.float().t()) * s.float()[:, None] * w_scale[None, :]
 
     def draft_sample_logits(self, x):
         """[M, H] residual -> [M, V] float32 logits of the head ``draft_top1`` uses, for
@@ -215,11 +248,11 @@ class FastModel:
             from .fp8_head import fp8_head_logits, fp8_head_logits_reference
 
             return (fp8_head_logits_reference if self.ops.twin else fp8_head_logits)(self.normed(x), *self.draft_head)
-        a, s = self.ops.rmsnorm_quant(x.contiguous(), self.final_norm, self.cfg.rms_norm_eps)
-        w, w_scale = self.draft_head
-        return (a.float() @ w.float().t()) * s.float()[:, None] * w_scale[None, :]
+        return self._int8_logits(x, self.draft_head)
 
     def verify_logits(self, x):
         """[M, H] residual -> [M, V] float32 logits (scoring only; decoding never writes them)."""
+        if self.int8_head is not None:
+            return self._int8_logits(x, self.int8_head)
         return F.linear(self.normed(x).to(self.head_dtype), self.verify_head).float()
 

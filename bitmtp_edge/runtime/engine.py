@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from ..backends.fast_model import FastModel
+from ..backends.fast_model import HEADS, FastModel
 from ..backends.fp8_head import fp8_supported
 from ..backends.graph import GraphBackend, RuntimeOptions
 from ..backends.ops import kernel_ops, kernel_ops_available
@@ -94,12 +94,13 @@ class Engine:
         self.path, self.manifest, self.backend, self.tokenizer, self.device = path, manifest, backend, tokenizer, device
         self._chat_template: ChatTemplate | None | bool = False  # False: not read yet
         self.startup: dict = {}  # ``startup_split`` of ``Engine.load``
+        self.head = "16bit"  # the verify role's head (``Engine.load(head=...)``)
         self._kv_owner: object | None = None  # the generation whose tokens the backend's KV holds
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None, backend: str = "auto", device: str = "auto",
              dtype: torch.dtype | None = None, runtime: str | RuntimeOptions = "full",
-             progress=None) -> "Engine":
+             progress=None, head: str = "16bit") -> "Engine":
         """Load an artifact folder (default: the embedded model), verifying every checksum.
 
         ``backend``: ``reference`` (PyTorch oracle, any device), ``ampere`` (Triton kernels,
@@ -108,11 +109,17 @@ class Engine:
         of the fast backends (``generic``, ``m1``, ``m1+m2``, ``full``) or ``RuntimeOptions``.
         ``progress``: ``progress(done, total)`` while CUDA graphs are captured at load (the
         CLI passes a progress bar); the capture time is ``engine.backend.capture_s``.
+        ``head``: the verify role's head, ``16bit`` (the checkpoint's: exact) or ``int8`` (the
+        artifact's int8 draft head in every role: half the head's bytes per step and the 16-bit
+        head not loaded on the device; the greedy text differs from the 16-bit head's at
+        near-ties, about once per hundred tokens on the embedded models; docs/runtime.md).
         """
         t0 = time.perf_counter()
         folder = Path(path) if path is not None else embedded_artifact_path()
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        if head not in HEADS:
+            raise ValueError(f"unknown head {head!r}; choose one of {', '.join(HEADS)}")
         dev = _resolve_device(device)
         chosen = choose_backend(backend, dev)
         opts = runtime if isinstance(runtime, RuntimeOptions) else RuntimeOptions.preset(runtime)
@@ -145,9 +152,11 @@ class Engine:
                     except (ValueError, RuntimeError) as e:  # e.g. a code the packing never writes
                         raise ArtifactError(f"{folder / WEIGHTS}: cannot build the model ({e}); "
                                             "re-export the artifact") from None
+                    if head == "int8":
+                        model.use_int8_verify_head()
                 else:
                     fast = FastModel(manifest, tensors, kernel_ops(specialize_widths=opts.specialize), dev,
-                                     draft_head="fp8" if chosen == "server" else "int8")
+                                     draft_head="fp8" if chosen == "server" else "int8", verify_head=head)
             except BaseException:
                 checksums.result()  # raises the mismatch first
                 raise
@@ -163,6 +172,7 @@ class Engine:
             runtime_backend = GraphBackend(fast, manifest.kv, mask_id, manifest.mtp.block_size if manifest.mtp else None,
                                            opts, name=chosen, progress=progress, calibration=calibration)
         engine = cls(folder, manifest, runtime_backend, tokenizer, dev)
+        engine.head = head
         engine.startup = startup_split(runtime_backend, time.perf_counter() - t0, parts)
         return engine
 

@@ -335,6 +335,7 @@ class TernaryLM(nn.Module):
         # The int8 draft head (runtime only, filled from the artifact or by attach_draft_head).
         self.register_buffer("draft_head_int8", None, persistent=False)
         self.register_buffer("draft_head_scale", None, persistent=False)
+        self.int8_verify = False  # ``use_int8_verify_head``: the verify role reads the int8 head too
         self.mask_slot_embedding: nn.Parameter | None = None  # [D, H] with mask-row adapters or twins
 
     def projections(self, layers=None) -> list[nn.Module]:
@@ -429,7 +430,10 @@ class TernaryLM(nn.Module):
         return self.model.norm(x)
 
     def verify_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., H] -> [..., V] float32 logits with the exact (checkpoint-precision) head."""
+        """[..., H] -> [..., V] float32 logits with the exact (checkpoint-precision) head, or
+        the int8 head after ``use_int8_verify_head``."""
+        if self.int8_verify:
+            return self._int8_logits(hidden.reshape(-1, hidden.shape[-1])).reshape(*hidden.shape[:-1], -1)
         w = self.head_weight
         return F.linear(hidden.to(w.dtype) if w.dtype != hidden.dtype else hidden, w).float()
 
@@ -437,9 +441,23 @@ class TernaryLM(nn.Module):
         """[M, H] -> [M, V] float32 logits of the int8 draft head (W8A8, per-row scales)."""
         if self.draft_head_int8 is None:
             return self.verify_logits(hidden)
+        return self._int8_logits(hidden)
+
+    def _int8_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         h_int, h_scale = quantize_activations(hidden)
         acc = int_matmul(h_int, self.draft_head_int8)
         return (acc.double() * h_scale.double().unsqueeze(1) * self.draft_head_scale.double()).float()
+
+    def use_int8_verify_head(self) -> None:
+        """Every role reads the int8 head (the artifact's draft head, else quantised here from the
+        16-bit one): AR, verify and scoring then take the argmax of the same W8A8 logits the
+        drafts come from. Half the head's bytes per step — on a Jetson, where an AR step of a 2B
+        model streams its 16-bit head (656 MB) as well as its ternary stack (521 MB), about a
+        quarter of the step — for a greedy text that differs from the 16-bit head's at near-ties
+        (docs/runtime.md, "The int8 head"). Decoding stays lossless against this head's own AR."""
+        if self.draft_head_int8 is None:
+            self.attach_draft_head()
+        self.int8_verify = True
 
     def attach_draft_head(self, w_int8: torch.Tensor | None = None, scale: torch.Tensor | None = None) -> None:
         """Install the int8 draft head (given, or quantised here from the verify head)."""
