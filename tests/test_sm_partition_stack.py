@@ -93,6 +93,12 @@ def test_a_variant_changes_only_the_tensor_core_launches_it_names():
     for name, cfg in board.items():
         assert varied[name] == replace(cfg, num_stages=5, block_kb=128)
         assert varied[name] != cfg
+    # --vary-only: the named projections alone
+    down = sps.varied_configs(stack, 9, 8, {"split_k": 2}, only=("w2 (down)",))
+    assert down["w2 (down)"] == replace(board["w2 (down)"], split_k=2)
+    assert all(down[name] == board[name] for name in board if name != "w2 (down)")
+    with pytest.raises(SystemExit, match="projections are wqkv, wo, "):
+        sps.main(["--sms", "8", "--vary", "split_k=2", "--vary-only", "down", "--out", "o.json"])
     # a launch without tensor-core tiles (gemv at M = 1 on the whole GPU) is left as it is
     gemv = sps.configs_for(stack, "board defaults", 1, 132)
     assert sps.varied_configs(stack, 1, 132, {"num_stages": 5}) == gemv

@@ -160,11 +160,13 @@ def vary_scheme(change: dict) -> str:
     return "board, " + " ".join(f"{VARY_SHORT[f]}{v}" for f, v in change.items())
 
 
-def varied_configs(stack, m: int, sms: int, change: dict) -> dict:
+def varied_configs(stack, m: int, sms: int, change: dict, only: tuple[str, ...] = ()) -> dict:
     """The board defaults at width ``m`` with ``change`` applied to every ``mma`` launch (gemv and
-    ``dot`` launches have no such tiles and are left as they are)."""
+    ``dot`` launches have no such tiles and are left as they are); ``only``: to these projections
+    alone (names of ``MODEL_SHAPES``), the others keep the defaults."""
     base = configs_for(stack, "board defaults", m, sms)
-    return {name: replace(cfg, **change) if cfg.kernel == tuning.MMA else cfg for name, cfg in base.items()}
+    return {name: replace(cfg, **change) if cfg.kernel == tuning.MMA and (not only or name in only) else cfg
+            for name, cfg in base.items()}
 
 
 def timed_row(stack, scheme: str, m: int, us: float, sms: int, mhz: float | None, cfgs: dict) -> dict:
@@ -274,6 +276,9 @@ def main(argv=None) -> int:
     ap.add_argument("--vary", default="",
                     help='with --sms: the board defaults with mma launch fields changed, every combination '
                          '(e.g. "num_stages=3,4,5;block_kb=64,128"; fields: ' + ", ".join(VARY_FIELDS) + ")")
+    ap.add_argument("--vary-only", default="",
+                    help="with --vary: change only these projections (comma list of the model's shape names, "
+                         "e.g. \"wo,w2 (down)\")")
     ap.add_argument("--jobs", type=int, default=0, help="with --vary: compile the variants in this many processes first")
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--out", help="JSON file to write")
@@ -292,6 +297,11 @@ def main(argv=None) -> int:
         raise SystemExit(f"sm_partition_stack: --generations {args.generations!r}: "
                          f"choose from {', '.join(tuning.W2A8_GENERATIONS)}")
     changes = parse_vary(args.vary)
+    only = tuple(n.strip() for n in args.vary_only.split(",") if n.strip())
+    names = [name for name, *_ in MODEL_SHAPES[args.model]]
+    if [n for n in only if n not in names]:
+        raise SystemExit(f"sm_partition_stack: --vary-only {args.vary_only!r}: {args.model}'s projections are "
+                         f"{', '.join(names)}")
     if changes and not args.sms:
         raise SystemExit("sm_partition_stack: --vary changes the board defaults: give --sms N as well")
     if not torch.cuda.is_available():
@@ -300,7 +310,7 @@ def main(argv=None) -> int:
         jobs = [("w2a8_linear", n, k, g, m, name in RESIDUAL_SHAPES, cfg) for m in widths for change in changes
                 for (name, n, k, g), cfg in zip(MODEL_SHAPES[args.model],
                                                 varied_configs(types.SimpleNamespace(shapes=MODEL_SHAPES[args.model]),
-                                                               m, args.sms, change).values())]
+                                                               m, args.sms, change, only).values())]
         precompile(jobs, args.jobs)
     full_sms = tuning.sm_count(torch.device("cuda"))
     if args.sms:
@@ -315,7 +325,7 @@ def main(argv=None) -> int:
     stack = Stack(args.model, rotate_mb=0.0)
     schemes = ["shipped"] + (["board defaults", "board, mma from M = 1"] + [f"board, {g}" for g in generations]
                              + (["board, tail"] if args.tail else []) if args.sms else [])
-    variants = {vary_scheme(c): c for c in changes}
+    variants = {vary_scheme(c) + (f" on {', '.join(only)}" if only else ""): c for c in changes}
     rows, failed = [], []
     for m in widths:
         stack.set_width(m)
@@ -327,7 +337,7 @@ def main(argv=None) -> int:
             us = stack.time_us(timer, cfgs)
             rows.append(timed_row(stack, scheme, m, us, sms, mhz, cfgs))
         for scheme, change in variants.items():
-            cfgs = varied_configs(stack, m, args.sms, change)
+            cfgs = varied_configs(stack, m, args.sms, change, only)
             try:
                 stack.check(cfgs)
                 us = stack.time_us(timer, cfgs)
