@@ -242,10 +242,16 @@ MMA_MAX_M = 32  # v3: widths in one tile of the pipelined tensor-core kernel; wi
 # embedded model's stack on 8 SMs M = 1 122 vs 117, 32 201 vs 184. Of the launch variants swept
 # (64 / 128 / 256 weight rows, 2 / 4 / 8 warps, 2-5 stages, one to eight chunks per step, K in
 # one or two slices: 96 at M <= 32, 6 at 24-80), these were the fastest at every width measured
-# but M = 24 (a tie with v7's 8 warps, 4928 vs 4915) and M = 33..64, where 256 rows lost.
+# but M = 24 (a tie with v7's 8 warps, 4928 vs 4915) and M = 33..64, where 256 rows lost. At
+# M <= 16 a projection with few 128-row programs (the 2B O and down projections: 20) has K sliced
+# until every SM has three (``BOARD_PROGRAMS_PER_SM``; 8 SMs: 2 slices, 16 SMs: 3): swept per
+# projection (``--vary-only``), the 2B stack at M = 1 / 9 / 16 on 8 SMs 3066 / 3216 / 3307 →
+# 3000 / 3168 / 3221 µs, on 16 SMs 1960 / 2073 / 2131 → 1733 / 1847 / 1910; slicing the QKV
+# projection's 30 programs on 8 SMs was 2-3% slower.
 W2A8_GENERATIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8")
 W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v8")
 BOARD_MAX_SMS = 16  # v8: the board tiles up to this many SMs (measured on 8 and 16)
+BOARD_PROGRAMS_PER_SM = 3  # v8 at M <= 16: K sliced until the 128-row programs give each SM this many
 TAIL_MAX_SMS = 16  # v7: tail tiles up to this many SMs (measured on 8 and 16)
 MMA_M1_MAX_SMS = 16  # v6: M = 1 on the tensor cores up to this many SMs (gemv won at 32)
 MMA_M2_MAX_SMS = 64  # v6: M = 2 likewise (even at 128)
@@ -301,9 +307,14 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
             return cfg
         block_n = 128 if m <= TILED_MIN_M else 256  # beyond: the width's 32-row tiles side by side
         programs = _cdiv(n, block_n) * (_cdiv(m, cfg.block_m) if m > TILED_MIN_M else 1) if n else sms
-        if cfg.block_n == block_n or programs >= sms:  # the programs still cover the SMs
-            return replace(cfg, block_n=block_n, num_warps=4)
-        return cfg
+        if not (cfg.block_n == block_n or programs >= sms):  # too few programs to cover the SMs
+            return cfg
+        split = 1
+        if m <= MMA_MAX_M // 2 and chunks:  # K slices until every SM has BOARD_PROGRAMS_PER_SM programs
+            while (programs * split < BOARD_PROGRAMS_PER_SM * sms and split < 4
+                   and chunks // (split + 1) >= 5):  # five chunks per slice at least, as everywhere
+                split += 1
+        return replace(cfg, block_n=block_n, num_warps=4, split_k=max(split, cfg.split_k))
     if not weight_only and generation == "v7":
         cfg = default_linear(m, grouped, n=n, k=k, sms=sms, generation="v6")
         return tail_config(cfg, m) if sms <= TAIL_MAX_SMS and m <= 48 else cfg
@@ -472,7 +483,7 @@ def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool =
         # (or 32-row tiles) per program, 128 weight rows over 8 warps
         folded = [(64, 4, sk, 0) for sk in (1, 2, 3, 4)]
         if m <= TILED_MIN_M:  # v8's board launch: 128 weight rows over 4 warps (two tiles per warp)
-            folded += [(128, 4, sk, 0) for sk in (1, 2)]
+            folded += [(128, 4, sk, 0) for sk in (1, 2, 3)]
         if m > 16:
             folded += [(64, 4, sk, 32) for sk in (1, 2, 4)] + [(128, 8, sk, 0) for sk in (1, 2, 3, 4)]
         if m > TILED_MIN_M:  # v8's board launch beyond: 256 weight rows over 4 warps, 32-row tiles

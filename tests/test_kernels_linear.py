@@ -713,11 +713,15 @@ def test_w2a8_v8_default_gives_a_board_four_warps_of_wide_weight_tiles():
     of the width), where those programs still give every SM one; a narrow projection on a board
     (the embedded model's 512 rows on 8 SMs) keeps v7's launch at M <= 16 and 65..96; larger
     GPUs, widths beyond 128 and group-128 weights keep v7."""
-    for sms in (8, 16):
+    for sms, slices in ((8, 2), (16, 3)):
         for m in (1, 2, 3, 9, 16, 17, 32, 33, 48, 64):
             v7, v8 = (default_linear(m, False, n=2560, k=6912, sms=sms, generation=g) for g in ("v7", "v8"))
-            assert v7.kernel == MMA and v7.fold_lanes
-            assert v8 == replace(v7, block_n=128, num_warps=4) != v7
+            assert v7.kernel == MMA and v7.fold_lanes and v7.split_k == 1
+            # M <= 16: the 20 programs of 2560 rows sliced until each SM has three
+            assert v8 == replace(v7, block_n=128, num_warps=4, split_k=slices if m <= 16 else 1) != v7
+    for m in (1, 9, 16):  # 108 programs of gate+up and 30 of QKV give 8 SMs three each already
+        for n in (13824, 3840):
+            assert default_linear(m, False, n=n, k=2560, sms=8, generation="v8").split_k == 1
         for m in (65, 80, 128):
             v7, v8 = (default_linear(m, False, n=2560, k=6912, sms=sms, generation=g) for g in ("v7", "v8"))
             assert v7.block_m == 32 and v8 == replace(v7, block_n=256, num_warps=4) != v7
@@ -731,6 +735,23 @@ def test_w2a8_v8_default_gives_a_board_four_warps_of_wide_weight_tiles():
             m, grouped, n=2560, k=6912, sms=sms, generation="v7")
     assert default_linear(9, False, n=2560, k=6912, sms=8) == default_linear(9, False, n=2560, k=6912, sms=8,
                                                                              generation="v8")
+
+
+@pytest.mark.parametrize("m", (1, 9, 16))
+def test_w2a8_v8_board_launch_with_k_slices_matches_the_twin(m):
+    """The v8 launch of a 2-SM GPU for 256 rows: two 128-row programs, K sliced until each SM
+    would have three, which ten chunks allow only twice (five chunks per slice at least); with
+    the residual fused and the slices summed by the reduction launch: the twin's bits."""
+    n, k = 256, 1280
+    gen = torch.Generator().manual_seed(980 + m)
+    _, packed = random_weight(n, k, gen)
+    a, a_s = random_activations(m, k, gen)
+    w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
+    res = torch.randn(m, n, generator=gen).to(DEVICE)
+    cfg = default_linear(m, False, n=n, k=k, sms=2, generation="v8")
+    assert (cfg.kernel, cfg.block_n, cfg.num_warps, cfg.split_k) == (MMA, 128, 4, 2)
+    assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res, config=cfg),
+                 w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res), f"{cfg}")
 
 
 @pytest.mark.parametrize("m", (1, 9, 16, 27, 40, 80))
