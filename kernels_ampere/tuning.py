@@ -243,15 +243,22 @@ MMA_MAX_M = 32  # v3: widths in one tile of the pipelined tensor-core kernel; wi
 # (64 / 128 / 256 weight rows, 2 / 4 / 8 warps, 2-5 stages, one to eight chunks per step, K in
 # one or two slices: 96 at M <= 32, 6 at 24-80), these were the fastest at every width measured
 # but M = 24 (a tie with v7's 8 warps, 4928 vs 4915) and M = 33..64, where 256 rows lost. At
-# M <= 16 a projection with few 128-row programs (the 2B O and down projections: 20) has K sliced
-# until every SM has three (``BOARD_PROGRAMS_PER_SM``; 8 SMs: 2 slices, 16 SMs: 3): swept per
-# projection (``--vary-only``), the 2B stack at M = 1 / 9 / 16 on 8 SMs 3066 / 3216 / 3307 →
-# 3000 / 3168 / 3221 µs, on 16 SMs 1960 / 2073 / 2131 → 1733 / 1847 / 1910; slicing the QKV
-# projection's 30 programs on 8 SMs was 2-3% slower.
+# M <= 16 a projection whose 128-row programs leave their last wave part empty (``wave_fill``
+# below 0.9: the 2B O and down projections' 20 programs, 0.83 on 8 SMs and 0.63 on 16) has K
+# sliced until it is full (8 SMs: 2 slices, 16 SMs: 3): swept per projection (``--vary-only``),
+# the 2B stack at M = 1 / 9 / 16 on 8 SMs 3066 / 3216 / 3307 → 3000 / 3168 / 3221 µs, on 16 SMs
+# 1960 / 2073 / 2131 → 1733 / 1847 / 1910; slicing the QKV projection's 30 programs (fill 0.94)
+# was 1-3% slower on 8 and on 16 SMs.
 W2A8_GENERATIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8")
 W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v8")
 BOARD_MAX_SMS = 16  # v8: the board tiles up to this many SMs (measured on 8 and 16)
-BOARD_PROGRAMS_PER_SM = 3  # v8 at M <= 16: K sliced until the 128-row programs give each SM this many
+BOARD_WAVE_FILL = 0.9  # v8 at M <= 16: K sliced until the programs fill their waves this well
+
+
+def wave_fill(programs: int, sms: int) -> float:
+    """How full the waves of ``programs`` equal programs over ``sms`` SMs are: 1.0 when every SM
+    runs as many; 20 programs on 8 SMs 0.83 (the last wave half empty), on 16 SMs 0.625."""
+    return programs / (sms * _cdiv(programs, sms))
 TAIL_MAX_SMS = 16  # v7: tail tiles up to this many SMs (measured on 8 and 16)
 MMA_M1_MAX_SMS = 16  # v6: M = 1 on the tensor cores up to this many SMs (gemv won at 32)
 MMA_M2_MAX_SMS = 64  # v6: M = 2 likewise (even at 128)
@@ -310,8 +317,8 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
         if not (cfg.block_n == block_n or programs >= sms):  # too few programs to cover the SMs
             return cfg
         split = 1
-        if m <= MMA_MAX_M // 2 and chunks:  # K slices until every SM has BOARD_PROGRAMS_PER_SM programs
-            while (programs * split < BOARD_PROGRAMS_PER_SM * sms and split < 4
+        if m <= MMA_MAX_M // 2 and chunks:  # K slices until the last wave of programs is nearly full
+            while (wave_fill(programs * split, sms) < BOARD_WAVE_FILL and split < 4
                    and chunks // (split + 1) >= 5):  # five chunks per slice at least, as everywhere
                 split += 1
         return replace(cfg, block_n=block_n, num_warps=4, split_k=max(split, cfg.split_k))

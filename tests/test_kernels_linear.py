@@ -20,7 +20,8 @@ from kernels_ampere import pack_ternary  # noqa: E402
 from kernels_ampere.numerics import int_matmul, quantize_activations  # noqa: E402
 from kernels_ampere.packing import packed_width  # noqa: E402
 from kernels_ampere.tuning import (DOT, GEMV, LANES, MMA, ROWS, LinearConfig, default_linear,  # noqa: E402
-                                   find_config, group_k_slices, linear_candidates, linear_key, record, tail_config)
+                                   find_config, group_k_slices, linear_candidates, linear_key, record, tail_config,
+                                   wave_fill)
 from kernels_ampere.w2a16 import w2a16_linear, w2a16_linear_reference  # noqa: E402
 from kernels_ampere.w2a8 import w2a8_linear, w2a8_linear_reference  # noqa: E402
 from tests.helpers import DEVICE, ON_GPU, needs_gpu  # noqa: E402
@@ -717,14 +718,16 @@ def test_w2a8_v8_default_gives_a_board_four_warps_of_wide_weight_tiles():
         for m in (1, 2, 3, 9, 16, 17, 32, 33, 48, 64):
             v7, v8 = (default_linear(m, False, n=2560, k=6912, sms=sms, generation=g) for g in ("v7", "v8"))
             assert v7.kernel == MMA and v7.fold_lanes and v7.split_k == 1
-            # M <= 16: the 20 programs of 2560 rows sliced until each SM has three
+            # M <= 16: the 20 programs of 2560 rows sliced until their last wave is nearly full
             assert v8 == replace(v7, block_n=128, num_warps=4, split_k=slices if m <= 16 else 1) != v7
-    for m in (1, 9, 16):  # 108 programs of gate+up and 30 of QKV give 8 SMs three each already
-        for n in (13824, 3840):
-            assert default_linear(m, False, n=n, k=2560, sms=8, generation="v8").split_k == 1
         for m in (65, 80, 128):
             v7, v8 = (default_linear(m, False, n=2560, k=6912, sms=sms, generation=g) for g in ("v7", "v8"))
             assert v7.block_m == 32 and v8 == replace(v7, block_n=256, num_warps=4) != v7
+    for m in (1, 9, 16):  # 108 programs of gate+up and 30 of QKV fill their last waves (>= 0.9)
+        for n in (13824, 3840):
+            for sms in (8, 16):
+                assert default_linear(m, False, n=n, k=2560, sms=sms, generation="v8").split_k == 1
+    assert wave_fill(20, 8) == 20 / 24 and wave_fill(30, 16) == 30 / 32 and wave_fill(40, 8) == 1
     for m in (1, 9, 16, 80):  # four 128-row programs (six of 256 rows at M = 80) would leave 8 SMs idle
         assert default_linear(m, False, n=512, k=512, sms=8, generation="v8") == default_linear(
             m, False, n=512, k=512, sms=8, generation="v7")
@@ -739,17 +742,17 @@ def test_w2a8_v8_default_gives_a_board_four_warps_of_wide_weight_tiles():
 
 @pytest.mark.parametrize("m", (1, 9, 16))
 def test_w2a8_v8_board_launch_with_k_slices_matches_the_twin(m):
-    """The v8 launch of a 2-SM GPU for 256 rows: two 128-row programs, K sliced until each SM
-    would have three, which ten chunks allow only twice (five chunks per slice at least); with
-    the residual fused and the slices summed by the reduction launch: the twin's bits."""
-    n, k = 256, 1280
+    """The v8 launch of a 4-SM GPU for 640 rows: five 128-row programs (the last one partial) fill
+    their waves to 0.625, so K (15 chunks) is sliced in three (15 programs, 0.94); with the
+    residual fused and the slices summed by the reduction launch: the twin's bits."""
+    n, k = 600, 1920
     gen = torch.Generator().manual_seed(980 + m)
     _, packed = random_weight(n, k, gen)
     a, a_s = random_activations(m, k, gen)
     w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
     res = torch.randn(m, n, generator=gen).to(DEVICE)
-    cfg = default_linear(m, False, n=n, k=k, sms=2, generation="v8")
-    assert (cfg.kernel, cfg.block_n, cfg.num_warps, cfg.split_k) == (MMA, 128, 4, 2)
+    cfg = default_linear(m, False, n=n, k=k, sms=4, generation="v8")
+    assert (cfg.kernel, cfg.block_n, cfg.num_warps, cfg.split_k) == (MMA, 128, 4, 3)
     assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res, config=cfg),
                  w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res), f"{cfg}")
 
