@@ -740,36 +740,25 @@ def test_w2a8_v8_default_gives_a_board_four_warps_of_wide_weight_tiles():
                                                                              generation="v8")
 
 
-@pytest.mark.parametrize("m", (1, 9, 16))
-def test_w2a8_v8_board_launch_with_k_slices_matches_the_twin(m):
-    """The v8 launch of a 4-SM GPU for 640 rows: five 128-row programs (the last one partial) fill
-    their waves to 0.625, so K (15 chunks) is sliced in three (15 programs, 0.94); with the
-    residual fused and the slices summed by the reduction launch: the twin's bits."""
-    n, k = 600, 1920
-    gen = torch.Generator().manual_seed(980 + m)
+# (M, SMs, N, K, block_n, K slices) of v8 launches: on 2 SMs two or three programs of 128 / 256 weight
+# rows (the last one partial; the tail tile at M = 40, 32-row tiles side by side at 80; K padded to
+# whole chunks); on 4 SMs five 128-row programs fill their waves to 0.625, so K (15 chunks) is
+# sliced in three (15 programs, 0.94), the slices summed by the reduction launch
+V8_LAUNCHES = [(1, 2, 300, 600, 128, 1), (9, 2, 300, 600, 128, 1), (16, 2, 300, 600, 128, 1),
+               (27, 2, 300, 600, 128, 1), (40, 2, 300, 600, 128, 1), (80, 2, 300, 600, 256, 1),
+               (1, 4, 600, 1920, 128, 3), (9, 4, 600, 1920, 128, 3), (16, 4, 600, 1920, 128, 3)]
+
+
+@pytest.mark.parametrize("m,sms,n,k,block_n,slices", V8_LAUNCHES)
+def test_w2a8_v8_board_launch_matches_the_twin(m, sms, n, k, block_n, slices):
+    """The v8 launches of small GPUs, with the residual fused, on fresh random inputs: the twin's bits."""
+    gen = torch.Generator().manual_seed(960 + m + sms)
     _, packed = random_weight(n, k, gen)
     a, a_s = random_activations(m, k, gen)
     w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
     res = torch.randn(m, n, generator=gen).to(DEVICE)
-    cfg = default_linear(m, False, n=n, k=k, sms=4, generation="v8")
-    assert (cfg.kernel, cfg.block_n, cfg.num_warps, cfg.split_k) == (MMA, 128, 4, 3)
-    assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res, config=cfg),
-                 w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res), f"{cfg}")
-
-
-@pytest.mark.parametrize("m", (1, 9, 16, 27, 40, 80))
-def test_w2a8_v8_board_launch_matches_the_twin(m):
-    """The v8 launches of a 2-SM GPU (two or more programs of 128 / 256 weight rows, the last one
-    partial; the tail tile at M = 40, 32-row tiles side by side at 80; K padded to whole chunks),
-    with the residual fused, on fresh random inputs: the twin's bits."""
-    n, k = 300, 600
-    gen = torch.Generator().manual_seed(960 + m)
-    _, packed = random_weight(n, k, gen)
-    a, a_s = random_activations(m, k, gen)
-    w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
-    res = torch.randn(m, n, generator=gen).to(DEVICE)
-    cfg = default_linear(m, False, n=n, k=k, sms=2, generation="v8")
-    assert (cfg.kernel, cfg.block_n, cfg.num_warps, cfg.fold_lanes) == (MMA, 128 if m <= 64 else 256, 4, True)
+    cfg = default_linear(m, False, n=n, k=k, sms=sms, generation="v8")
+    assert (cfg.kernel, cfg.block_n, cfg.num_warps, cfg.fold_lanes, cfg.split_k) == (MMA, block_n, 4, True, slices)
     assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res, config=cfg),
                  w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res), f"{cfg}")
 
