@@ -253,18 +253,18 @@ W2A8_GENERATIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8")
 W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v8")
 BOARD_MAX_SMS = 16  # v8: the board tiles up to this many SMs (measured on 8 and 16)
 BOARD_WAVE_FILL = 0.9  # v8 at M <= 16: K sliced until the programs fill their waves this well
-
-
-def wave_fill(programs: int, sms: int) -> float:
-    """How full the waves of ``programs`` equal programs over ``sms`` SMs are: 1.0 when every SM
-    runs as many; 20 programs on 8 SMs 0.83 (the last wave half empty), on 16 SMs 0.625."""
-    return programs / (sms * _cdiv(programs, sms))
 TAIL_MAX_SMS = 16  # v7: tail tiles up to this many SMs (measured on 8 and 16)
 MMA_M1_MAX_SMS = 16  # v6: M = 1 on the tensor cores up to this many SMs (gemv won at 32)
 MMA_M2_MAX_SMS = 64  # v6: M = 2 likewise (even at 128)
 MMA_TILED_MAX_M = 128  # v4: widths on 16-row ``mma`` tiles; wider ones as v3
 TILED_MIN_M = 64  # v3: wider widths on 32-row ``mma`` tiles with K sliced by the tiles' count
 WIDE_BLOCK_M = 16
+
+
+def wave_fill(programs: int, sms: int) -> float:
+    """How full the waves of ``programs`` equal programs over ``sms`` SMs are: 1.0 when every SM
+    runs as many; 20 programs on 8 SMs 0.83 (the last wave half empty), on 16 SMs 0.625."""
+    return programs / (sms * _cdiv(programs, sms))
 
 
 def group_k_slices(k: int) -> int:
@@ -300,7 +300,8 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     decoding each weight once for the width beats gemv's once per row. v7 is v6
     with a tail tile at M = 33..48 on up to 16 SMs (32 + 16 rows instead of 64, ``tail_config``).
     v8 (the default) is v7 with every folded launch on up to 16 SMs on 4 warps of 128 weight rows
-    (256 at M = 65..128), where those programs still give each SM one at least.
+    (256 at M = 65..128), where those programs still give each SM one at least, and at M <= 16 K
+    sliced until they fill their waves to ``BOARD_WAVE_FILL``.
     """
     chunks = _cdiv(k, 128) if k else 0
     sms = sms or 132
