@@ -229,6 +229,7 @@ def test_serve_answers_json_lines_on_stdin(artifact):
     assert done["done"] is True and done["text"] == "".join(d["delta"] for d in deltas)
     assert done["stats"]["verifier_call_rate"] == 1.0
     assert by_id[3][0]["info"]["block_size"] == 4 and by_id[3][0]["info"]["backend"] == "reference"
+    assert by_id[3][0]["info"]["head"] == "16bit"
     assert "non-empty string" in by_id[4][0]["error"]
     assert "unknown policy 'beam'" in by_id[5][0]["error"]
     assert "unknown key(s) beam_width" in by_id[6][0]["error"]

@@ -81,7 +81,7 @@ def warm_up(engine: Engine) -> None:
 def info(engine: Engine) -> dict:
     m = engine.manifest
     return {"artifact": str(engine.path), "backend": engine.backend.name, "device": str(engine.device),
-            "family": m.model.family, "layers": m.model.num_layers, "vocab": m.model.vocab_size,
+            "head": engine.head, "family": m.model.family, "layers": m.model.num_layers, "vocab": m.model.vocab_size,
             "block_size": engine.block_size, "max_context": engine.backend.max_context}
 
 
