@@ -94,7 +94,6 @@ class Engine:
         self.path, self.manifest, self.backend, self.tokenizer, self.device = path, manifest, backend, tokenizer, device
         self._chat_template: ChatTemplate | None | bool = False  # False: not read yet
         self.startup: dict = {}  # ``startup_split`` of ``Engine.load``
-        self.head = "16bit"  # the verify role's head (``Engine.load(head=...)``)
         self._kv_owner: object | None = None  # the generation whose tokens the backend's KV holds
 
     @classmethod
@@ -172,11 +171,18 @@ class Engine:
             runtime_backend = GraphBackend(fast, manifest.kv, mask_id, manifest.mtp.block_size if manifest.mtp else None,
                                            opts, name=chosen, progress=progress, calibration=calibration)
         engine = cls(folder, manifest, runtime_backend, tokenizer, dev)
-        engine.head = head
         engine.startup = startup_split(runtime_backend, time.perf_counter() - t0, parts)
         return engine
 
     # -- properties ------------------------------------------------------------------------
+    @property
+    def head(self) -> str:
+        """The verify role's head, as the backend holds it: ``16bit`` or ``int8`` (``Engine.load(head=...)``)."""
+        fast = getattr(self.backend, "fast", None)
+        if fast is not None:
+            return fast.verify_head_kind
+        return "int8" if getattr(getattr(self.backend, "model", None), "int8_verify", False) else "16bit"
+
     @property
     def block_size(self) -> int | None:
         return self.manifest.mtp.block_size if self.manifest.mtp else None
