@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bitmtp_edge import Engine  # noqa: E402
+from bitmtp_edge.backends.fast_model import HEADS  # noqa: E402
 from bitmtp_edge.backends.fused_graph import fused_width  # noqa: E402
 from bitmtp_edge.runtime.replay import ReplayState  # noqa: E402
 from kernels_ampere import tuning  # noqa: E402
@@ -215,7 +216,7 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/bitmtp_replay_widths"))
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--jobs", type=int, default=8, help="compile processes for each table's launches")
-    ap.add_argument("--head", choices=("16bit", "int8"), default="16bit",
+    ap.add_argument("--head", choices=HEADS, default="16bit",
                     help="the verify role's head (Engine.load(head=...)): int8 reads the draft head in every role")
     ap.add_argument("--sms", type=int, default=0, help="run on this many SMs of the GPU (a green context; "
                     "0: all of them)")

@@ -201,7 +201,7 @@ def project(rows: list[dict], model: str = "bitnet-2b") -> list[str]:
 
 GENERATIONS = ("v1", "v2", "v5", "v6", "v7", "v8")  # v1: gemv / dot, v2: lanes / mma, v5: gemv / folded mma,
 # v6: v5 with folded mma at M <= 2 on a GPU of few SMs; v7: v6 with a tail tile at M = 33..48;
-# v8 (the default): v7 with 128 weight rows over 4 warps at M <= 32 on a GPU of few SMs
+# v8 (the default): v7 with 4 warps of 128 / 256 weight rows (and K slices by wave fill) on a GPU of few SMs
 
 
 def default_configs(m: int, n: int, k: int, sms: int) -> list[tuple[str, LinearConfig]]:

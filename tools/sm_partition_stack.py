@@ -100,20 +100,25 @@ def graph_sms_reached(capture_stream, programs: int = 1 << 16) -> int:
     return int(torch.unique(ids).numel())
 
 
-def matmul_tflops(passes: int) -> float:
-    """A bf16 8192³ matmul on the current stream, eager (median of ``passes``)."""
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    a @ b
+def median_seconds(fn, passes: int) -> float:
+    """Seconds of ``fn()`` on the current stream, eager: one warm-up run, then the median of ``passes``."""
+    fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(passes):
         start.record()
-        a @ b
+        fn()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e-3)
-    return 2 * 8192 ** 3 / statistics.median(times) / 1e12
+    return statistics.median(times)
+
+
+def matmul_tflops(passes: int) -> float:
+    """A bf16 8192³ matmul on the current stream, eager (median of ``passes``)."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    return 2 * 8192 ** 3 / median_seconds(lambda: a @ b, passes) / 1e12
 
 
 def configs_for(stack: Stack, scheme: str, m: int, sms: int) -> dict:
@@ -180,17 +185,7 @@ def timed_row(stack, scheme: str, m: int, us: float, sms: int, mhz: float | None
 def read_rate(nbytes: int, passes: int) -> float:
     """GB/s of a float32 sum over ``nbytes`` on the current stream: what its SMs can stream."""
     buf = torch.rand(nbytes // 4, device="cuda")
-    buf.sum()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(passes):
-        start.record()
-        buf.sum()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3)
-    del buf
-    return nbytes / statistics.median(times) / 1e9
+    return nbytes / median_seconds(buf.sum, passes) / 1e9
 
 
 def summary_markdown(runs: list[dict]) -> list[str]:
@@ -298,19 +293,18 @@ def main(argv=None) -> int:
                          f"choose from {', '.join(tuning.W2A8_GENERATIONS)}")
     changes = parse_vary(args.vary)
     only = tuple(n.strip() for n in args.vary_only.split(",") if n.strip())
-    names = [name for name, *_ in MODEL_SHAPES[args.model]]
-    if [n for n in only if n not in names]:
+    shapes = {name: (n, k, g) for name, n, k, g in MODEL_SHAPES[args.model]}
+    if [n for n in only if n not in shapes]:
         raise SystemExit(f"sm_partition_stack: --vary-only {args.vary_only!r}: {args.model}'s projections are "
-                         f"{', '.join(names)}")
+                         f"{', '.join(shapes)}")
     if changes and not args.sms:
         raise SystemExit("sm_partition_stack: --vary changes the board defaults: give --sms N as well")
     if not torch.cuda.is_available():
         raise SystemExit("sm_partition_stack: needs a CUDA GPU")
     if changes and args.jobs > 1:  # Triton's disk cache filled before the partition is entered
-        jobs = [("w2a8_linear", n, k, g, m, name in RESIDUAL_SHAPES, cfg) for m in widths for change in changes
-                for (name, n, k, g), cfg in zip(MODEL_SHAPES[args.model],
-                                                varied_configs(types.SimpleNamespace(shapes=MODEL_SHAPES[args.model]),
-                                                               m, args.sms, change, only).values())]
+        model_shapes = types.SimpleNamespace(shapes=MODEL_SHAPES[args.model])  # no GPU tensors yet
+        jobs = [("w2a8_linear", *shapes[name], m, name in RESIDUAL_SHAPES, cfg) for m in widths for change in changes
+                for name, cfg in varied_configs(model_shapes, m, args.sms, change, only).items()]
         precompile(jobs, args.jobs)
     full_sms = tuning.sm_count(torch.device("cuda"))
     if args.sms:

@@ -111,19 +111,21 @@ class FastModel:
         # The int8 verify head (``verify_head="int8"``): the artifact's int8 draft head (else the
         # 16-bit head quantised per row here, as the exporter does) in every role; the 16-bit
         # head is then not kept on the device at all (656 MB of a 2B model).
-        self.verify_head_kind = verify_head
-        self.int8_head = None
-        self.verify_head = None
-        if verify_head == "int8":
-            if draft_head == "int8" and self.draft_head is not None:
-                self.int8_head = self.draft_head
-            else:
-                w, scale = quantize_rows_int8(head.float())
-                self.int8_head = (w.to(dev).contiguous(), scale.to(device=dev, dtype=torch.float32))
-            if draft_head == "int8":
-                self.draft_head = self.int8_head
-        else:
+        self.int8_head = self.verify_head = None
+        if verify_head == "16bit":
             self.verify_head = head.to(device=dev, dtype=self.head_dtype).contiguous()  # [V, H]
+        elif draft_head == "int8" and self.draft_head is not None:
+            self.int8_head = self.draft_head
+        else:
+            w, scale = quantize_rows_int8(head.float())
+            self.int8_head = (w.to(dev).contiguous(), scale.to(device=dev, dtype=torch.float32))
+            if draft_head == "int8":  # no int8 draft head in the artifact: the drafts read this one too
+                self.draft_head = self.int8_head
+
+    @property
+    def verify_head_kind(self) -> str:
+        """``HEADS``: which head the verify role reads."""
+        return "16bit" if self.int8_head is None else "int8"
 
     @contextlib.contextmanager
     def first_layers(self, n: int) -> Iterator[None]:
@@ -206,10 +208,14 @@ class FastModel:
         """[M, H] residual -> (top1 [M] int64, confidence [M] float32) with the 16-bit head (the
         int8 one with ``verify_head="int8"``)."""
         if self.int8_head is not None:
-            a, s = self.ops.rmsnorm_quant(x.contiguous(), self.final_norm, self.cfg.rms_norm_eps)
-            return self.ops.int8_head_argmax(a, s, *self.int8_head)
+            return self._int8_top1(x, self.int8_head)
         h = self.ops.rmsnorm_cast(x, self.final_norm, self.cfg.rms_norm_eps, self.head_dtype)
         return self.ops.f16_head_argmax(h, self.verify_head)
+
+    def _int8_top1(self, x, head):
+        """[M, H] residual -> (top1, confidence) of an int8 head (W8A8, the fused kernel)."""
+        a, s = self.ops.rmsnorm_quant(x.contiguous(), self.final_norm, self.cfg.rms_norm_eps)
+        return self.ops.int8_head_argmax(a, s, *head)
 
     def draft_top1(self, x):
         """[M, H] residual -> (top1, confidence) with the int8 draft head (verify head if none)."""
@@ -219,8 +225,7 @@ class FastModel:
             from .fp8_head import fp8_head_argmax
 
             return fp8_head_argmax(self.normed(x), *self.draft_head, twin=self.ops.twin)
-        a, s = self.ops.rmsnorm_quant(x.contiguous(), self.final_norm, self.cfg.rms_norm_eps)
-        return self.ops.int8_head_argmax(a, s, *self.draft_head)
+        return self._int8_top1(x, self.draft_head)
 
     def verify_sample_logits(self, x):
         """[M, H] residual -> [M, V] float32 logits of the head ``verify_top1`` takes the

@@ -623,7 +623,8 @@ class GraphBackend:
         fields = {"triton": triton.__version__, "torch": torch.__version__,
                   "gpu": torch.cuda.get_device_name(self.device) if cuda else str(self.device),
                   "capability": list(torch.cuda.get_device_capability(self.device)) if cuda else None,
-                  "model": repr(self.fast.cfg), "quant": repr(self.fast.quant), "head": (str(self.fast.head_dtype), self.fast.verify_head_kind),
+                  "model": repr(self.fast.cfg), "quant": repr(self.fast.quant),
+                  "head": (str(self.fast.head_dtype), self.fast.verify_head_kind),
                   "draft_head": (self.fast.draft_head_kind, self.fast.draft_head is not None),
                   "plan": repr(self.plan), "options": repr(options), "block_size": self.block_size,
                   "states": [str(s) for s in states]}
