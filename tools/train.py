@@ -88,6 +88,9 @@ PRESETS: dict[str, dict] = {
     "tiny": dict(hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32),
     "small": dict(hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64),
     "base27m": dict(hidden_size=512, intermediate_size=1408, num_layers=8, num_heads=8, num_kv_heads=2, head_dim=64),
+    # base27m 1.5x wider at the same depth (2.1x the parameters): the capacity step of issue 14's
+    # scale round; packed with its embeddings it stays well inside the 60 MB package limit
+    "base56m": dict(hidden_size=768, intermediate_size=2048, num_layers=8, num_heads=12, num_kv_heads=4, head_dim=64),
 }
 MAX_BLOCK = 16  # windows are sampled as if D were this large, so every run sees the same data
 PLAN_POLL_EVERY = 25
