@@ -17,7 +17,7 @@ from tests.test_corpus_tokenizer import write_tree
 from tools.blocks import BlockLayout, build_rows, clean_mask, sample_anchors
 from tools.corpus import CorpusOptions, SourceRoot, build
 from tools.hf_checkpoint import load_latent_model, load_runtime_model, read_checkpoint
-from tools.train import TrainConfig, Trainer
+from tools.train import PRESETS, TrainConfig, Trainer
 
 
 @pytest.fixture(scope="module")
@@ -365,3 +365,13 @@ def test_eval_task_devices_name_every_gpu_by_index():
     assert task_devices("cpu") == ["cpu"]
     with pytest.raises(ValueError, match="--device cuda"):
         task_devices("cuda", gpus=0)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_presets_projections_take_whole_128_chunks(name):
+    """The packed W2A8 format reads K in 128-wide chunks: every projection's input width
+    (hidden for q/k/v/gate/up, heads x head_dim for o, intermediate for down) is a multiple."""
+    p = PRESETS[name]
+    for k in (p["hidden_size"], p["num_heads"] * p["head_dim"], p["intermediate_size"]):
+        assert k % 128 == 0, (name, k)
+    assert p["num_heads"] % p["num_kv_heads"] == 0

@@ -7,6 +7,7 @@ resumed as a mixed state."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -303,6 +304,24 @@ def test_a_diverged_run_writes_no_final_checkpoint_and_fails(data, tmp_path):  #
     assert log["summary"]["stop_reason"] == "diverged"
     weights = load_file(str(run / "latest" / "model.safetensors"))
     assert all(torch.isfinite(t).all() for t in weights.values())  # the last save is a good one
+
+
+def test_one_non_finite_batch_is_skipped_not_trained_on(data, tmp_path):  # noqa: F811
+    """A 56M D = 8 run lost every weight to one NaN gradient at step 925 (its loss smooth until
+    then): the update of such a batch is now skipped and counted, and the run goes on."""
+    run = tmp_path / "run"
+    trainer = Trainer(tiny(data, run, max_steps=8), log=lambda m: None)
+    poison = trainer.model.model.embed_tokens.register_forward_hook(
+        lambda mod, args, out: out * float("nan") if trainer.step == 3 else out)
+    summary = trainer.run()
+    poison.remove()
+    assert summary["stop_reason"] == "max_steps" and summary["steps"] == 8
+    assert summary["skipped_steps"] == 1
+    log = json.loads((run / "train_log.json").read_text())
+    losses = {h["step"]: h["loss"] for h in log["history"]}
+    assert all(math.isfinite(losses[s]) for s in (3, 5, 8))  # before and after the bad batch
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert (run / "compact").is_dir()
 
 
 def test_blocks_zero_with_an_mtp_weight_is_refused(data, tmp_path):  # noqa: F811

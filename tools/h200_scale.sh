@@ -29,6 +29,7 @@ SEQ=${SEQ:-512}
 BATCH=${BATCH:-64}
 BLOCKS=${BLOCKS:-40}
 STEPS=${STEPS:-2778}           # sft-27m's and d8's (round 1): the same budget at the new size
+LR=${LR:-3e-3}                 # round 1's peak (both runs of a pair take the same)
 EVAL_PROMPTS=${EVAL_PROMPTS:-40}
 MAX_NEW=${MAX_NEW:-128}
 NTP_WINDOWS=${NTP_WINDOWS:-128}
@@ -38,7 +39,7 @@ CORPUS_ARGS=${CORPUS_ARGS:-}
 RELEASE_DATA=tools/checkpoints/data   # the release test split and held-out prompts
 D8=tools/checkpoints/bitmtp-d8-27m
 SFT=tools/checkpoints/sft-27m
-RUNS="sft$TAG d8s$TAG"
+RUNS=${RUNS:-"sft$TAG d8s$TAG"}  # one of them alone when the other is already trained
 mkdir -p "$R/eval" "$OUT"
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 (nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no GPU") | tee "$R/device.txt"
@@ -72,7 +73,7 @@ train() {  # train RUN ARGS...: start or resume RUN, stopping TAIL_S before the 
   local resume=""; [ -f "$R/$run/resume.pt" ] && resume="--resume"
   python -m tools.train --data "$R/data" --out "$R/$run" --preset "$PRESET" --seq-len "$SEQ" \
     --batch-size "$BATCH" --max-steps "$STEPS" --time-budget-s $(( $(left) - TAIL_S )) \
-    --save-every-s "$SAVE_S" $resume "$@" >> "$R/$run.log" 2>&1
+    --lr "$LR" --save-every-s "$SAVE_S" $resume "$@" >> "$R/$run.log" 2>&1
 }
 PIDS=""
 for run in $RUNS; do
