@@ -251,3 +251,18 @@ def test_every_candidate_count_keeps_the_first_rows_causal():
         backend.prefill([5, 6, 7, 8])
         outs.append(backend.fused_rows(9, [], [10, 11, 12, 13], list(range(c)), 4)[:5])
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("candidates", [1, 3])
+def test_a_fused_step_after_a_draft_step_has_a_fused_hits_width(candidates):
+    """After a draft step the fused pass verifies d_1..d_{D-1} with the anchor reopened at its
+    own slot: D + c·D rows, a hit's width. Verifying d_D too took one row more (17 at D = 8,
+    c = 1), past a 16-row tile: 1.31x the pass on a board proxy. Still AR's output."""
+    model, d = random_model(4), 4
+    backend = reference_backend(model, max_context=256, smallest=16, block_size=d)
+    out, stats = run(backend, PROMPTS[0], "fused", n=40, block_size=d, candidates=candidates)
+    ar, _ = run(reference_backend(model, max_context=256), PROMPTS[0], "ar", n=40, block_size=None)
+    assert out == ar
+    assert stats.draft_calls >= 2  # misses happened: fused passes right after draft steps
+    widths = {s.width for s in backend.log.states if s.role == "fused"}
+    assert widths == {d + min(candidates, d) * d}

@@ -13,8 +13,8 @@ Parts (all on the same GPU, same process, so every ratio is measured in one run)
   when none is given): AR vs confidence / speculative / hybrid / fused (and hybrid with fused
   passes) on held-out code prompts,
   Generic vs Full, tok/s, tokens per iteration and per forward pass, speedup over AR;
-* fused on the 2B shape: the replay cost of every fused width (c = 1..D + 1, after a draft
-  step and after a fused hit), and a **projection**: the trained model's measured step
+* fused on the 2B shape: the replay cost of every fused width (c = 1..D, one layout after a
+  draft step and after a fused hit), and a **projection**: the trained model's measured step
   sequences (every draft / verify / fused step it ran, so its acceptance and hit/miss
   histogram) priced at the 2B shape's replay costs plus the per-step overhead measured by
   its AR decode — labelled projected.
@@ -170,15 +170,16 @@ def timed_generate(eng: Engine, prompt, policy: str, n: int, repeats: int, **kw)
 
 
 def fused_replay_times(eng: Engine, segment: int, base_len: int, repeats: int = 50) -> list[dict]:
-    """µs per replay of every fused width (c = 1..D + 1, both variants) at one segment; the
-    widths not captured at load are captured here (their inputs are whatever the buffers
-    hold: the cost of a replay does not depend on the token values)."""
+    """µs per replay of every fused width (c = 1..D; D causal rows, after a hit and after a
+    draft step alike) at one segment; the widths not captured at load are captured here
+    (their inputs are whatever the buffers hold: the cost of a replay does not depend on the
+    token values)."""
     b, d = eng.backend, eng.block_size
     from bitmtp_edge.backends.fused_graph import fused_width
 
     b.static.history_len.fill_(base_len)
     b.kv.length = base_len  # warm-up runs before capture keep the history they see
-    widths = sorted({fused_width(d, n, c) for c in range(1, d + 2) for n in (d + 1, d)})
+    widths = sorted({fused_width(d, d, c) for c in range(1, d + 1)})
     for w in widths:
         state = ReplayState(w, segment, "fused")
         if state not in b.graphs:
@@ -194,9 +195,7 @@ def fused_replay_times(eng: Engine, segment: int, base_len: int, repeats: int = 
             graph.replay()
 
         one()
-        causal = d + 1 if (w - d - 1) % d == 0 else d
-        rows.append({"width": w, "causal": causal, "candidates": (w - causal) // d,
-                     "after": "draft step" if causal == d + 1 else "fused hit",
+        rows.append({"width": w, "causal": d, "candidates": w // d - 1, "after": "hit or draft step",
                      "us": 1000 * (cuda_ms(one, repeats) - t_reset)})
     b.reset()
     return rows

@@ -6,7 +6,7 @@ holding ``<gpu>.json``; ``shipped`` = ``kernels_ampere/tuned``) the replay state
 asked widths are captured again with that table's launches and timed as ``bench_e2e.py``
 times them (history length reset before every replay, the reset's own time subtracted):
 width 1 = the AR replay, every other width = the fused state of that width (D = 8: 16, 24,
-32, 40 after a fused hit, 17, 25, 33, 41 after a draft step), ``dM`` = the draft step of width
+32, 40, after a fused hit and after a draft step alike), ``dM`` = the draft step of width
 M (D + 1 .. 2D), ``v9`` = the verify (D + 1; ``states``). ``--profile`` widths are then
 replayed under ``torch.profiler``: the kernels of one replay grouped by name, GPU µs each
 (kernel durations overlap under programmatic launch, so their sum can exceed the replay: a
@@ -89,10 +89,10 @@ def use_table(folder: Path) -> None:
 
 def states(block: int, labels: list[str]) -> dict[str, ReplayState]:
     """The replay state of each ``--widths`` label: ``1`` = the AR replay, a fused width (D = 8:
-    16, 24, .. after a hit, 17, 25, .. after a draft step) = that fused state, ``dM`` = the draft
+    16, 24, .., D causal rows and c blocks) = that fused state, ``dM`` = the draft
     step of width M (D + 1 .. 2D: k pending rows and D masks), ``vM`` = the verify of width M
     (D + 1)."""
-    fused = {fused_width(block, n, c) for c in range(1, block + 2) for n in (block + 1, block)}
+    fused = {fused_width(block, block, c) for c in range(1, block + 1)}
     out = {}
     for label in labels:
         role, digits = {"d": ("draft", label[1:]), "v": ("verify", label[1:])}.get(label[:1], ("", label))

@@ -1,11 +1,16 @@
 """The fused verify + draft step as a replayable graph body (``runtime/masks.fused_step_mask``).
 
-Two variants per candidate count c, told apart by their causal rows n:
+One layout per candidate count c, D causal rows then c blocks of D (width D + c·D):
 
-* **after a draft step** (n = D + 1): ``[anchor, d_1..d_D]`` from the draft graph's hoisted
-  verifier inputs, the anchor recomputed at its own slot L − 1, as a verify does;
-* **after a fused hit** (n = D): ``[v, e_1..e_{D-1}]``, the tokens the last fused graph left
-  in ``causal``: v pending at slot L, its D − 1 drafts after it.
+* **after a fused hit**: ``[v, e_1..e_{D-1}]``, the tokens the last fused graph left in
+  ``causal``: v pending at slot L, its D − 1 drafts after it;
+* **after a draft step**: ``[anchor, d_1..d_{D-1}]``, staged in ``causal`` by the backend
+  (``GraphBackend._reopen_anchor``): the anchor, which the draft step materialised, pending
+  again at its own slot, and the first D − 1 of its D drafts. Verifying d_D too would take
+  D + 1 causal rows, one row past the hit's width (17 at D = 8, c = 1: past a 16-row tile).
+
+(The kernels and their twins also take the anchor as history, ``pending`` = 0 with D + 1
+causal rows, the layout a fused step after a draft step had before; tested, not replayed.)
 
 Everything happens on the device: the candidate set C (``decoding_rules.candidate_lengths``
 of the drafts' confidences), the rows' tokens, positions, slots and attention spans, the
@@ -50,7 +55,7 @@ class FusedInputs:
     def allocate(cls, block_size: int, device) -> "FusedInputs":
         d = block_size
         head_rows = {(n, c): torch.tensor(head_row_list(n, c, d), dtype=torch.long, device=device)
-                     for n in (d, d + 1) for c in range(1, n + 1)}
+                     for n in (d,) for c in range(1, n + 1)}
         return cls(causal=torch.zeros(d, dtype=torch.long, device=device),
                    conf=torch.zeros(max(d - 1, 0), dtype=torch.float32, device=device),
                    readback=torch.zeros(3 + (d + 1) + 2 * (d - 1) + 2 * d, dtype=torch.float64, device=device),
@@ -84,16 +89,15 @@ def fused_width(block_size: int, causal: int, count: int) -> int:
 def fused_body(fast, k_cache, v_cache, capacity: int, history_len: torch.Tensor, attn_rows: torch.Tensor,
                tokens: torch.Tensor, confidences: torch.Tensor, drafts: torch.Tensor, mask_id: int,
                io: FusedInputs, count: int, pending_out: torch.Tensor, calibration=None) -> None:
-    """One fused step over ``tokens`` = the causal rows [anchor, d_1..d_m] (n = m + 1 rows) with
-    the drafts' ``confidences`` [m]; n = D + 1 means the anchor is history (slot L − 1), n = D
-    that it is pending (slot L). ``drafts`` [m]: d_1..d_m as the host should read them back
-    (``NON_FINITE_TOKEN`` where a draft row was not finite; ``tokens`` hold them clamped).
+    """One fused step over ``tokens`` = the causal rows [anchor, d_1..d_{D-1}] (n = D rows, the
+    anchor pending at slot L) with the drafts' ``confidences`` [D - 1]. ``drafts`` [D - 1]:
+    d_1..d_{D-1} as the verify compares them (``tokens[1:]``: clamped, as the host staged them).
     Reads and writes static tensors only. The bookkeeping runs as three kernels
     (``fused_kernels.py``) on the Triton ops, as their torch twins below on the twin ops.
     ``calibration`` (``runtime.calibration``): maps the next drafts' confidences (slots 1..D-1
     of a's block) as the draft step's are mapped."""
-    n, d = tokens.shape[0], io.causal.shape[0]
-    pending = 1 if n == d else 0
+    n, d, pending = tokens.shape[0], io.causal.shape[0], 1
+    assert n == d, f"{n} causal rows: the graph's fused step has D = {d} (the anchor pending)"
     sl = FusedInputs.slices(d)
     kernels = not fast.ops.twin
     if kernels:

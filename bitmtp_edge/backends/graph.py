@@ -31,8 +31,8 @@ pure functions of ``runtime/sampling.py`` on the head logits: drafts d_j ~ q_j (
 the device for the verify) and speculative sampling in the verify, with the same readback.
 
 **Fused verify + draft** (policy ``fused``, ``fused_graph.py``): a verify that carries the
-draft blocks of the c likeliest acceptance lengths. Its states are (D + 1 + c·D, σ, fused)
-after a draft step and (D + c·D, σ, fused) after a fused hit; their blocks live in a
+draft blocks of the c likeliest acceptance lengths. Its states are (D + c·D, σ, fused),
+after a fused hit and after a draft step alike (``_reopen_anchor``); their blocks live in a
 workspace widened to (D + 1)·D slots. Every decode step attends over that same view with
 row spans (``_step_view``): a row is then the same attention computation in an AR step, a
 verify and a fused step (tests/test_row_invariance.py). The wide view costs the other roles
@@ -305,8 +305,8 @@ class GraphBackend:
                 out.append(ReplayState(d + 1, seg, "verify"))
                 out += [ReplayState(k + d, seg, "draft") for k in range(1, d + 1)]
             if self.static.fused is not None:
-                for c in self.opts.fused_candidates:
-                    out += [ReplayState(fused_width(d, n, c), seg, "fused") for n in (d + 1, d)]
+                # one layout after a draft step and after a hit (_reopen_anchor): D causal rows
+                out += [ReplayState(fused_width(d, d, c), seg, "fused") for c in self.opts.fused_candidates]
         return out
 
     # -- graph bodies: everything below reads and writes static tensors only ------------------
@@ -393,24 +393,20 @@ class GraphBackend:
         st.readback[1:2].copy_(verifier)
         st.pending[:1].copy_(verifier.clamp_min(0))
 
-    def _fused_body(self, seg: int, causal: int, count: int) -> None:
-        """``causal`` = D + 1: [anchor, d_1..d_D] as the draft graph hoisted them; D: what the
-        last fused graph left."""
-        st, d = self.static, self.block_size
-        if causal == d + 1:  # the drafts as the draft graph read them back (NaN rows flagged)
-            tokens, conf, drafts = st.verify_tokens, st.readback[2 + d:], st.readback[2:2 + d]
-        else:
-            tokens, conf = st.fused.causal, st.fused.conf
-            drafts = tokens[1:]
+    def _fused_body(self, seg: int, count: int) -> None:
+        """[v, e_1..e_{D-1}] as the last fused graph left them, or [anchor, d_1..d_{D-1}] as
+        ``_reopen_anchor`` staged them after a draft step: the anchor pending at slot L."""
+        st = self.static
         kv = self._step_view(seg)
-        fused_body(self.fast, kv.k, kv.v, kv.capacity, st.history_len, st.attn_rows, tokens, conf, drafts,
-                   self.mask_token_id, st.fused, count, st.pending[:1], self.calibration)
+        fused_body(self.fast, kv.k, kv.v, kv.capacity, st.history_len, st.attn_rows, st.fused.causal, st.fused.conf,
+                   st.fused.causal[1:], self.mask_token_id, st.fused, count, st.pending[:1], self.calibration)
 
     def _body(self, state: ReplayState, sampled: bool | None = None):
         d = self.block_size or 0
         if state.role == "fused":
-            causal = d + 1 if (state.width - d - 1) % d == 0 else d
-            return lambda: self._fused_body(state.segment, causal, (state.width - causal) // d)
+            if state.width % d:
+                raise ValueError(f"fused width {state.width}: D causal rows plus whole blocks of D={d}")
+            return lambda: self._fused_body(state.segment, state.width // d - 1)
         if state.role == "verify" and state.width == 1:
             return lambda: self._ar_body(state.segment, sampled)
         if state.role == "verify":
@@ -755,30 +751,49 @@ class GraphBackend:
         if len(pending) > 1:
             raise ValueError(f"the graph backend fuses right after a draft step (no pending tokens) or after a "
                              f"fused hit (pending [v]); got {len(pending)} pending tokens")
-        k = len(pending)
-        causal = d + 1 - k  # [anchor, d_1..d_D] or [v, e_1..e_{D-1}]
-        # Copy in: nothing when the draft graph (hoisted) or the last fused graph left them.
-        if k == 0 and not (self.staged.drafts is draft and self.opts.hoist_verify):
-            self._check_drafts(draft, causal - 1)
-            self._upload(st.verify_tokens, [anchor] + list(draft.tokens))
-            st.readback[2 + d:].copy_(torch.tensor(draft.confidences, dtype=torch.float64))
-        elif k == 1 and not (self.staged.fused_drafts is draft and self.staged.verifier_token == pending[0]):
-            self._check_drafts(draft, causal - 1)
+        drafts_on_device = False
+        if not pending:  # right after a draft step: the anchor pending again, d_1..d_{D-1}
+            drafts_on_device = self._reopen_anchor(anchor, draft)
+        elif not (self.staged.fused_drafts is draft and self.staged.verifier_token == pending[0]):
+            self._check_drafts(draft, d - 1)
             self._upload(st.fused.causal, [pending[0]] + list(draft.tokens))
             st.fused.conf.copy_(torch.tensor(draft.confidences, dtype=torch.float32))
         self._reserve(self.kv.length + d)  # the causal rows end at slot L + D - 1
-        self._replay(ReplayState(fused_width(d, causal, candidates), self.kv.segment, "fused"))
-        values = self._slice_out(st.fused.readback)  # everything the host needs: one transfer
+        self._replay(ReplayState(fused_width(d, d, candidates), self.kv.segment, "fused"))
         sl = FusedInputs.slices(d)
+        if drafts_on_device:  # the draft step's D drafts (flagged) come back with this step's values
+            st.fused.readback[sl["held_tokens"]].copy_(st.readback[2:2 + d])
+            st.fused.readback[sl["held_conf"]].copy_(st.readback[2 + d:2 + 2 * d])
+        values = self._slice_out(st.fused.readback)  # everything the host needs: one transfer
         accepted, verifier, hit = int(values[0]), int(values[1]), values[2] != 0
         chosen = [int(j) for j in values[sl["candidates"]] if j >= 0]
         # a draft step's lazy drafts come back with this read
         draft.deliver([int(t) for t in values[sl["held_tokens"]]], values[sl["held_conf"]])
-        self.kv.advance(k + accepted)
+        self.kv.advance(1 + accepted)  # the pending anchor or v, and d_1..d_a
         nxt = DraftResult([int(t) for t in values[sl["next_tokens"]]], values[sl["next_conf"]]) if hit else None
         # pending[:1] holds v for a draft step after a miss; static.fused the drafts after a hit
         self.staged = Staged(verifier_token=verifier, fused_drafts=nxt)
         return FusedResult(accepted, verifier, chosen, nxt)
+
+    def _reopen_anchor(self, anchor: int, draft: DraftResult):
+        """After a draft step a fused step verifies d_1..d_{D-1} in the layout of a fused hit:
+        the anchor pending at its own slot (its KV row, which the draft step wrote, is
+        recomputed there bit for bit), D causal rows, width D + c·D. Verifying d_D as well
+        would take one row more (D + 1 + c·D): past a 16-row tile at c = 1 and a 32-row one at
+        c = 3, which cost a board proxy 1.31x and the H200 1.14x the pass (docs/decoding.md,
+        "Fused steps after a draft step"). True when the draft graph's outputs are still on the
+        device (the host has not read them: they come back with the fused step's read)."""
+        d, st = self.block_size, self.static
+        self.kv.rewind(1)
+        st.history_len.sub_(1)
+        if self.staged.drafts is draft and self.opts.hoist_verify:
+            st.fused.causal.copy_(st.verify_tokens[:d])  # [anchor, clamped d_1..d_{D-1}]
+            st.fused.conf.copy_(st.readback[2 + d:2 + 2 * d - 1])
+            return True
+        self._check_drafts(draft, d)
+        self._upload(st.fused.causal, [anchor] + list(draft.tokens[:d - 1]))
+        st.fused.conf.copy_(torch.tensor(draft.confidences[:d - 1], dtype=torch.float32))
+        return False
 
     @staticmethod
     def _check_drafts(draft: DraftResult, expected: int) -> None:

@@ -154,8 +154,10 @@ class ReferenceBackend:
 
     def fused_step(self, anchor: int, pending: list[int], draft: DraftResult, candidates: int,
                    block_size: int) -> FusedResult:
-        drafts, d = list(draft.tokens), block_size
-        chosen = candidate_lengths(torch.tensor(draft.confidences, dtype=torch.float32), candidates).tolist()
+        drafts, confidences, d = list(draft.tokens), list(draft.confidences), block_size
+        if not pending:  # after a draft step: d_1..d_{D-1}, a fused hit's width (graph.py, _reopen_anchor)
+            drafts, confidences = drafts[:d - 1], confidences[:d - 1]
+        chosen = candidate_lengths(torch.tensor(confidences, dtype=torch.float32), candidates).tolist()
         hidden = self.fused_rows(anchor, pending, drafts, chosen, d)
         self.log.host_syncs += 1
         k = len(pending)

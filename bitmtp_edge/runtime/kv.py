@@ -134,6 +134,12 @@ class KVStore:
         assert 0 <= n and self.length + n <= self.capacity, (self.length, n, self.capacity)
         self.length += n
 
+    def rewind(self, n: int) -> None:
+        """Move the boundary back over the last ``n`` rows: they are recomputed at their slots
+        by the next step (a fused step reopening its anchor after a draft step)."""
+        assert 0 <= n <= self.length, (self.length, n)
+        self.length -= n
+
     def history(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The materialised history K, V: [layers, Hkv, L, hd] each (views)."""
         return self.k[:, :, : self.length], self.v[:, :, : self.length]
