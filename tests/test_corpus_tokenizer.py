@@ -101,6 +101,18 @@ def test_rebuild_gives_same_hash(corpus, tmp_path):
     assert (tmp_path / "tokenizer.json").read_text() == (corpus[1] / "tokenizer.json").read_text()
 
 
+def test_compare_says_whether_a_rebuilt_corpus_is_the_release_file_set(corpus, capsys):
+    """What the device scripts print after rebuilding the corpus from the device's packages."""
+    _, out, index = corpus
+    with pytest.raises(SystemExit) as e:
+        corpus_lib.main(["compare", str(out), "--to", str(out)])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"corpus sha256 {index.corpus_sha256[:12]} == release"
+    with pytest.raises(SystemExit):
+        corpus_lib.main(["compare", str(out)])  # the release corpus, by default
+    assert "!= release 7bfe480be53c (other file set)" in capsys.readouterr().out
+
+
 def test_shards_hold_documents_separated_by_eos(corpus):
     root, out, index = corpus
     tok = load_tokenizer(out)

@@ -355,6 +355,17 @@ def main(argv: list[str] | None = None) -> None:
             raise click.ClickException(str(e)) from None
         click.echo(json.dumps({k: index.to_dict()[k] for k in ("corpus_sha256", "files", "tokens", "build_s")}))
 
+    @cli.command("compare")
+    @click.argument("built", type=click.Path(exists=True, file_okay=False))
+    @click.option("--to", "reference", default=str(Path(__file__).resolve().parent / "checkpoints" / "data"),
+                  show_default="tools/checkpoints/data",
+                  type=click.Path(exists=True, file_okay=False), help="the corpus to compare with (the release's)")
+    def compare_cmd(built, reference):
+        """Whether BUILT holds the same file set as the release corpus (a device rebuilds it from
+        its own site-packages: another Python or package set gives another corpus)."""
+        a, b = (json.loads((Path(d) / "corpus.json").read_text())["corpus_sha256"] for d in (built, reference))
+        click.echo(f"corpus sha256 {a[:12]} " + ("== release" if a == b else f"!= release {b[:12]} (other file set)"))
+
     cli.main(args=argv, prog_name="python -m tools.corpus", standalone_mode=True)
 
 

@@ -179,12 +179,7 @@ fi
 if [ ! -f "$R/data/corpus.json" ]; then
   python -m tools.corpus build --out "$R/data" --tokenizer "$D8" $CORPUS_ARGS 2>&1 | tee "$R/corpus.log" || exit 1
 fi
-python - "$R/data/corpus.json" <<'EOF' | tee -a "$R/corpus.log"
-import json, sys
-built = json.load(open(sys.argv[1]))["corpus_sha256"]
-release = json.load(open("tools/checkpoints/data/corpus.json"))["corpus_sha256"]
-print("corpus sha256", built[:12], "== release" if built == release else f"!= release {release[:12]} (other file set)")
-EOF
+python -m tools.corpus compare "$R/data" | tee -a "$R/corpus.log"
 echo "corpus ready after $(( $(date +%s) - T0 ))s"
 
 COMMON="--data $R/data --seq-len $SEQ --batch-size $BATCH --block-size 8 --blocks $BLOCKS --device $DEVICE

@@ -49,12 +49,7 @@ EVAL_DEVICE=$([ "$GPUS" -gt 0 ] && echo cuda || echo cpu)
 if [ ! -f "$R/data/corpus.json" ]; then
   # the release tokenizer: the held-out split every model here is scored on is the release one
   python -m tools.corpus build --out "$R/data" --tokenizer "$D8" $CORPUS_ARGS > "$R/corpus.log" 2>&1 || { tail "$R/corpus.log"; exit 1; }
-  python - "$R/data/corpus.json" <<'EOF' | tee -a "$R/corpus.log"
-import json, sys
-built = json.load(open(sys.argv[1]))["corpus_sha256"]
-release = json.load(open("tools/checkpoints/data/corpus.json"))["corpus_sha256"]
-print("corpus sha256", built[:12], "== release" if built == release else f"!= release {release[:12]} (other file set)")
-EOF
+  python -m tools.corpus compare "$R/data" | tee -a "$R/corpus.log"
   echo "corpus built after $(( $(date +%s) - T0 ))s"
 fi
 
