@@ -160,6 +160,27 @@ def test_generate_with_the_int8_head_is_lossless(artifact):
     assert res.exit_code == 2 and "'fp4' is not one of" in res.output
 
 
+def test_generate_with_candidates_captures_that_fused_state_at_load(artifact, monkeypatch):
+    """``--candidates 1`` (the board's route) used to capture its fused graphs at the first
+    fused step, mid-generation: the load was told only the default c."""
+    from bitmtp_edge.backends.graph import RuntimeOptions
+    from bitmtp_edge.runtime.engine import Engine
+
+    seen = []
+    load = Engine.load.__func__
+
+    def spy(cls, *args, runtime="full", **kw):
+        seen.append(runtime)
+        return load(cls, *args, runtime=runtime, **kw)
+
+    monkeypatch.setattr(Engine, "load", classmethod(spy))
+    res = invoke("generate", "t1 t2 t3", "--artifact", artifact, "-n", 6, "--policy", "fused", "-c", 1, "--json")
+    assert res.exit_code == 0, res.output
+    res = invoke("generate", "t1 t2 t3", "--artifact", artifact, "-n", 6, "--json")
+    assert res.exit_code == 0, res.output
+    assert seen == [RuntimeOptions.preset("full", fused_candidates=(1,)), "full"]
+
+
 # --------------------------------------------------------------------------- chat
 
 

@@ -59,16 +59,21 @@ def _command_line(ctx: click.Context) -> str:
     return command_line(["bitmtp", *ctx.meta.get(ARGV_KEY, sys.argv[1:])])
 
 
-def _load_engine(artifact, backend, device, runtime: str = "full", head: str = "16bit"):
+def _load_engine(artifact, backend, device, runtime: str = "full", head: str = "16bit", candidates=()):
+    """``candidates``: the fused candidate counts asked for; a graph backend captures their
+    replay states at load (else the first fused step of another c than the default captures
+    its own, a stall mid-generation)."""
+    from ..backends.graph import RuntimeOptions
     from ..backends.precompile import PrecompileError
     from ..format.manifest import ArtifactError
     from ..runtime.engine import Engine
 
     from .live import CaptureProgress
 
+    options = RuntimeOptions.preset(runtime, fused_candidates=tuple(sorted(set(candidates)))) if candidates else runtime
     bar = CaptureProgress()
     try:
-        eng = Engine.load(artifact, backend=backend, device=device, runtime=runtime, progress=bar, head=head)
+        eng = Engine.load(artifact, backend=backend, device=device, runtime=options, progress=bar, head=head)
     except PrecompileError as e:  # a kernel that does not compile here: not the artifact's fault
         raise click.ClickException(str(e)) from None
     except (ArtifactError, ValueError) as e:
@@ -163,7 +168,7 @@ def generate(prompt, artifact, backend, device, head, policy, max_new_tokens, ta
     """Complete PROMPT with the chosen decoding policy."""
     from ..runtime.decoding import DecodingError
 
-    eng = _load_engine(artifact, backend, device, head=head)
+    eng = _load_engine(artifact, backend, device, head=head, candidates=(candidates,) if candidates else ())
     policy = policy_for(eng, policy)
     try:
         res = eng.generate(prompt, max_new_tokens=max_new_tokens, policy=policy, tau=tau,
@@ -327,7 +332,7 @@ def bench(ctx, artifact, backend, device, head, runtime, prompts_file, num_promp
     if not posture.on_jetson and not quiet:
         click.echo("note: not a Jetson: power-mode and clock checks skipped", err=True)
 
-    eng = _load_engine(artifact, backend, device, runtime, head)
+    eng = _load_engine(artifact, backend, device, runtime, head, candidates)
     sizes = B.CPU_DEFAULTS if eng.device.type == "cpu" else B.GPU_DEFAULTS
     num_prompts = sizes["num_prompts"] if num_prompts is None else num_prompts
     max_new_tokens = sizes["max_new_tokens"] if max_new_tokens is None else max_new_tokens
