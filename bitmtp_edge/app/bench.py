@@ -180,7 +180,8 @@ def make_routes(engine: Engine, policies: Sequence[str] | None, taus: Sequence[f
     counts = tuple(dict.fromkeys(candidates))
     for c in counts:
         if mtp is not None and not 1 <= c <= mtp.block_size + 1:
-            raise BenchError(f"--candidates {c}: c must be in 1..{mtp.block_size + 1} (D + 1 = every acceptance length)")
+            raise BenchError(f"--candidates {c}: c must be in 1..{mtp.block_size + 1} "
+                             "(from D on, every acceptance length)")
     routes: list[Route] = []
     for policy in sorted(dict.fromkeys(policies), key=lambda p: p != "ar"):
         if policy == "fused" and counts:

@@ -103,7 +103,7 @@ class DecodeOptions:
         _check_int("candidates", self.candidates)
         if self.block_size is not None and not 1 <= self.candidates <= self.block_size + 1:
             raise DecodingError(f"candidates (draft blocks per fused pass) must be in 1..{self.block_size + 1} "
-                                f"(D + 1 = every acceptance length), got {self.candidates}")
+                                f"(from D on, every acceptance length), got {self.candidates}")
 
 
 def _check_int(name: str, value) -> None:
