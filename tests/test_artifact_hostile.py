@@ -300,7 +300,7 @@ def _nan_model(which: str):
 
 
 @pytest.mark.parametrize("which", ["norm", "scale"])
-@pytest.mark.parametrize("policy", ["ar", "confidence", "speculative", "hybrid"])
+@pytest.mark.parametrize("policy", ["ar", "confidence", "speculative", "hybrid", "fused"])
 def test_nan_steps_stop_generation_with_an_error_on_the_reference_backend(which, policy):
     backend = reference_backend(_nan_model(which), block_size=BLOCK)
     opts = DecodeOptions(policy=policy, max_new_tokens=N_NEW, block_size=BLOCK, tau=0.5, min_prefix=2)
@@ -312,7 +312,7 @@ def test_nan_steps_stop_generation_with_an_error_on_the_reference_backend(which,
     assert emitted == [] and stats.finish_reason == "non_finite"
 
 
-@pytest.mark.parametrize("policy", ["ar", "speculative", "hybrid"])
+@pytest.mark.parametrize("policy", ["ar", "speculative", "hybrid", "fused"])
 def test_nan_steps_stop_generation_on_the_graph_backend_without_extra_syncs(policy):
     model = _nan_model("norm")
     backend = fast_backend(model, block_size=BLOCK)
@@ -324,7 +324,7 @@ def test_nan_steps_stop_generation_on_the_graph_backend_without_extra_syncs(poli
     healthy = fast_backend(random_model(seed=5), block_size=BLOCK)
     stats = DecodeStats()
     list(decode(healthy, PROMPT, opts, stats))
-    reads = {"ar": stats.iterations, "speculative": stats.iterations,
+    reads = {"ar": stats.iterations, "speculative": stats.iterations, "fused": stats.iterations,
              "hybrid": stats.draft_calls + stats.verifier_calls}[policy]
     assert stats.new_tokens == N_NEW and stats.host_syncs == reads
 

@@ -44,6 +44,24 @@ def test_fused_graph_body_matches_the_reference_and_reads_once_per_iteration(see
     assert widths == {(1 + d, "draft"), (fused_width(d, d, candidates), "fused")}
 
 
+def test_a_draft_steps_drafts_come_back_whole_with_the_fused_steps_read():
+    """After a draft step the fused pass verifies d_1..d_{D-1} only; the host still gets all D
+    drafts and confidences of the draft step (the hybrid/flag checks read them), in the same
+    single read, and they are the reference backend's."""
+    model, d = random_model(7), 4
+    ref = reference_backend(model, max_context=64, smallest=16, block_size=d)
+    fast = fast_backend(model, max_context=64, smallest=16, block_size=d)
+    for b in (ref, fast):
+        b.prefill(PROMPT[:-1])
+    want, got = ref.draft_step(PROMPT[-1:], d), fast.draft_step(PROMPT[-1:], d)
+    assert not got.loaded  # lazy: nothing read yet
+    syncs = fast.log.host_syncs
+    fast.fused_step(PROMPT[-1], [], got, 2, d)
+    assert fast.log.host_syncs == syncs + 1 and got.loaded
+    assert got.tokens == want.tokens and len(got.confidences) == d
+    torch.testing.assert_close(torch.tensor(got.confidences), torch.tensor(want.confidences), rtol=0, atol=1e-5)
+
+
 def test_fused_graph_body_at_block_size_eight():
     model = random_model(2)
     ref, _, out, stats, _ = both(model, "fused", n=30, block_size=8, candidates=3)

@@ -761,9 +761,8 @@ class GraphBackend:
         self._reserve(self.kv.length + d)  # the causal rows end at slot L + D - 1
         self._replay(ReplayState(fused_width(d, d, candidates), self.kv.segment, "fused"))
         sl = FusedInputs.slices(d)
-        if drafts_on_device:  # the draft step's D drafts (flagged) come back with this step's values
-            st.fused.readback[sl["held_tokens"]].copy_(st.readback[2:2 + d])
-            st.fused.readback[sl["held_conf"]].copy_(st.readback[2 + d:2 + 2 * d])
+        if drafts_on_device:  # the draft step's D drafts (flagged) and confidences come back with this read
+            st.fused.readback[sl["held_tokens"].start:sl["held_conf"].stop].copy_(st.readback[2:2 + 2 * d])
         values = self._slice_out(st.fused.readback)  # everything the host needs: one transfer
         accepted, verifier, hit = int(values[0]), int(values[1]), values[2] != 0
         chosen = [int(j) for j in values[sl["candidates"]] if j >= 0]
