@@ -54,8 +54,8 @@ class FusedInputs:
     @classmethod
     def allocate(cls, block_size: int, device) -> "FusedInputs":
         d = block_size
-        head_rows = {(n, c): torch.tensor(head_row_list(n, c, d), dtype=torch.long, device=device)
-                     for n in (d,) for c in range(1, n + 1)}
+        head_rows = {(d, c): torch.tensor(head_row_list(d, c, d), dtype=torch.long, device=device)
+                     for c in range(1, d + 1)}
         return cls(causal=torch.zeros(d, dtype=torch.long, device=device),
                    conf=torch.zeros(max(d - 1, 0), dtype=torch.float32, device=device),
                    readback=torch.zeros(3 + (d + 1) + 2 * (d - 1) + 2 * d, dtype=torch.float64, device=device),
