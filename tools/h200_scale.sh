@@ -11,7 +11,9 @@
 # builds what is missing (corpus), resumes every run that has a resume.pt and is not finished
 # (`tools.train --resume`), stops each one TAIL_S before BUDGET with its state saved, and
 # evaluates once both have reached STEPS. Between calls the device keeps $R only while the
-# machine stays warm: send the next call straight after the last one returns.
+# machine stays warm: send the next call straight after the last one returns (a machine given
+# back loses $R, and a 56M run's resume state, ~680 MB with the optimiser's, cannot travel in
+# carry or come back through $OUT). RUNS names one run alone, e.g. when the other finished.
 #
 #   BUDGET=580 bash tools/h200_scale.sh 2>&1 | tee $OUT/session.log     # on the device, repo root, per call
 #   BUDGET=200 PRESET=tiny SEQ=64 BATCH=8 BLOCKS=4 STEPS=40 EVAL_PROMPTS=2 MAX_NEW=8 \
