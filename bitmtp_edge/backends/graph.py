@@ -774,7 +774,7 @@ class GraphBackend:
         self.staged = Staged(verifier_token=verifier, fused_drafts=nxt)
         return FusedResult(accepted, verifier, chosen, nxt)
 
-    def _reopen_anchor(self, anchor: int, draft: DraftResult):
+    def _reopen_anchor(self, anchor: int, draft: DraftResult) -> bool:
         """After a draft step a fused step verifies d_1..d_{D-1} in the layout of a fused hit:
         the anchor pending at its own slot (its KV row, which the draft step wrote, is
         recomputed there bit for bit), D causal rows, width D + c·D. Verifying d_D as well
