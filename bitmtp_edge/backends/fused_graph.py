@@ -87,17 +87,16 @@ def fused_width(block_size: int, causal: int, count: int) -> int:
 
 
 def fused_body(fast, k_cache, v_cache, capacity: int, history_len: torch.Tensor, attn_rows: torch.Tensor,
-               tokens: torch.Tensor, confidences: torch.Tensor, drafts: torch.Tensor, mask_id: int,
-               io: FusedInputs, count: int, pending_out: torch.Tensor, calibration=None) -> None:
-    """One fused step over ``tokens`` = the causal rows [anchor, d_1..d_{D-1}] (n = D rows, the
-    anchor pending at slot L) with the drafts' ``confidences`` [D - 1]. ``drafts`` [D - 1]:
-    d_1..d_{D-1} as the verify compares them (``tokens[1:]``: clamped, as the host staged them).
+               mask_id: int, io: FusedInputs, count: int, pending_out: torch.Tensor, calibration=None) -> None:
+    """One fused step over ``io.causal`` = the causal rows [anchor, d_1..d_{D-1}] (D rows, the
+    anchor pending at slot L; drafts clamped, as staged) with the drafts' confidences ``io.conf``.
     Reads and writes static tensors only. The bookkeeping runs as three kernels
     (``fused_kernels.py``) on the Triton ops, as their torch twins below on the twin ops.
     ``calibration`` (``runtime.calibration``): maps the next drafts' confidences (slots 1..D-1
     of a's block) as the draft step's are mapped."""
-    n, d, pending = tokens.shape[0], io.causal.shape[0], 1
-    assert n == d, f"{n} causal rows: the graph's fused step has D = {d} (the anchor pending)"
+    tokens, confidences = io.causal, io.conf
+    n = d = tokens.shape[0]
+    pending = 1
     sl = FusedInputs.slices(d)
     kernels = not fast.ops.twin
     if kernels:
@@ -113,7 +112,7 @@ def fused_body(fast, k_cache, v_cache, capacity: int, history_len: torch.Tensor,
     top, conf = fast.verify_top1(rows)  # verify rows: the AR greedy token of each; the rest: drafts
     wanted = torch.empty(d - 1, dtype=torch.long, device=x.device)
     accept = fk.fused_accept if kernels else fused_accept_reference
-    accept(x, top[:n], conf[:n], tokens, chosen, drafts, confidences, history_len, io.readback, wanted, io.causal,
+    accept(x, top[:n], conf[:n], tokens, chosen, tokens[1:], confidences, history_len, io.readback, wanted, io.causal,
            pending_out, d, pending, sl)
     next_conf = conf[n:]
     if calibration is not None:  # rows 1..D-1 of each block: slots 1..D-1

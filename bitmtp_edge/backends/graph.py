@@ -398,8 +398,8 @@ class GraphBackend:
         ``_reopen_anchor`` staged them after a draft step: the anchor pending at slot L."""
         st = self.static
         kv = self._step_view(seg)
-        fused_body(self.fast, kv.k, kv.v, kv.capacity, st.history_len, st.attn_rows, st.fused.causal, st.fused.conf,
-                   st.fused.causal[1:], self.mask_token_id, st.fused, count, st.pending[:1], self.calibration)
+        fused_body(self.fast, kv.k, kv.v, kv.capacity, st.history_len, st.attn_rows, self.mask_token_id, st.fused,
+                   count, st.pending[:1], self.calibration)
 
     def _body(self, state: ReplayState, sampled: bool | None = None):
         d = self.block_size or 0
