@@ -846,10 +846,11 @@ def test_engine_reports_the_startup_split(tmp_path):
 
     art = write_test_artifact(random_model(0, layers=1), tmp_path / "art", block_size=3, max_context=64)
     split = Engine.load(art, backend="reference", device="cpu").startup
-    assert set(split) == {"total_s", "load_s", "precompile_s", "capture_s", "kernels_precompiled", "compile_wait_s",
-                          "load_parts"}
+    assert set(split) == {"total_s", "load_s", "precompile_s", "capture_s", "step_costs_s", "kernels_precompiled",
+                          "compile_wait_s", "load_parts"}
     assert split["total_s"] > 0 and split["load_s"] == split["total_s"]  # no graphs, no pass on the reference
-    assert split["precompile_s"] == split["capture_s"] == 0.0 and split["kernels_precompiled"] == 0
+    assert split["precompile_s"] == split["capture_s"] == split["step_costs_s"] == 0.0
+    assert split["kernels_precompiled"] == 0
     parts = split["load_parts"]  # the checksums ran beside reading and building
     assert set(parts) == {"read_s", "build_s", "checksums_s", "checksums_wait_s"}
     assert all(v >= 0 for v in parts.values()) and parts["checksums_s"] > 0

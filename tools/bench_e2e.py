@@ -31,6 +31,7 @@ import signal
 import statistics
 import sys
 import time
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -41,6 +42,8 @@ sys.path.insert(0, str(ROOT))
 
 from bitmtp_edge import Engine  # noqa: E402
 from bitmtp_edge.backends.base import DraftResult  # noqa: E402
+from bitmtp_edge.backends.graph import RuntimeOptions  # noqa: E402
+from bitmtp_edge.format.config import AUTO_CANDIDATES  # noqa: E402
 from bitmtp_edge.runtime.decoding import DEFAULT_CANDIDATES, DecodeOptions, DecodeStats, decode  # noqa: E402
 from bitmtp_edge.runtime.replay import ReplayState  # noqa: E402
 from tools.provenance import commit  # noqa: E402
@@ -166,6 +169,7 @@ def timed_generate(eng: Engine, prompt, policy: str, n: int, repeats: int, **kw)
             "tokens_per_iteration": s.tokens_per_iteration, "iterations": s.iterations,
             "forward_passes": s.forward_passes, "tokens_per_forward": s.tokens_per_forward,
             "verifier_calls": s.verifier_calls, "host_syncs": s.host_syncs, "token_ids": out,
+            "fused_candidates": dict(s.fused_candidates),
             "steps": [[st.width, st.role] for st in eng.backend.log.states]}
 
 
@@ -267,6 +271,7 @@ def part_2b(work: Path, args, progress) -> dict:
         row = {"startup_s": startup, "kernels_compiled": compiled, "startup_split": split,
                "kernel_cache": "warm" if compiled == 0 else f"cold ({compiled} compiled)",
                "capture_s": b.capture_s, "graphs": len(b.graphs),
+               "step_costs": b.step_costs,  # timed at load for policy fused's choice of c (None: eager)
                "kv_bytes": b.kv_bytes, "graph_pool_bytes": b.graph_pool_bytes,
                "workspace_bytes": b.kv.workspace * eng.manifest.kv.bytes_per_slot,
                "peak_mem_bytes": torch.cuda.max_memory_allocated()}
@@ -371,15 +376,19 @@ def part_trained(args) -> dict:
     routes = {"ar": ("ar", {}), "confidence": ("confidence", {}), "speculative": ("speculative", {}),
               "hybrid": ("hybrid", {})}
     routes.update({f"fused c={c}": ("fused", {"candidates": c}) for c in counts})
+    routes["fused auto"] = ("fused", {})  # c per pass from the costs timed at load (runtime/candidates.py)
     c_hybrid = DEFAULT_CANDIDATES if DEFAULT_CANDIDATES in counts else counts[-1]
     routes[f"hybrid+fused c={c_hybrid}"] = ("hybrid", {"candidates": c_hybrid, "hybrid_fused": True})
     for art in args.artifact:
         res = {}
         for name in args.trained_configs.split(","):
-            eng = Engine.load(art, backend=args.backend, device="cuda", runtime=name)
+            runtime = RuntimeOptions.preset(name, fused_candidates=tuple(sorted(set(counts) | set(AUTO_CANDIDATES))))
+            eng = Engine.load(art, backend=args.backend, device="cuda", runtime=runtime)
             prompts = held_out_prompts(eng, args.prompts)
             per = {}
             for route, (policy, kw) in routes.items():
+                if route == "fused auto" and eng.candidate_chooser is None:
+                    continue  # nothing timed at load (eager runtime): c would be the default
                 rows = [timed_generate(eng, p, policy, args.tokens, args.repeats, **kw) for p in prompts]
                 tokens, passes = sum(r["tokens"] for r in rows), sum(r["forward_passes"] for r in rows)
                 per[route] = {"tok_s": statistics.mean(r["tok_s"] for r in rows),
@@ -391,9 +400,12 @@ def part_trained(args) -> dict:
                                                                     for r in rows),
                               "steps": [r["steps"] for r in rows], "tokens": [r["tokens"] for r in rows],
                               "_ids": [r["token_ids"] for r in rows]}
+                if route == "fused auto":
+                    per[route]["fused_candidates"] = dict(sum((Counter(r["fused_candidates"]) for r in rows), Counter()))
+                    per[route]["chooser"] = eng.candidate_chooser.to_dict()
             per["prompts"] = [p[:60] for p in prompts]
             ar_ids = per["ar"].pop("_ids")
-            for policy in [r for r in routes if r != "ar"]:
+            for policy in [r for r in routes if r != "ar" and r in per]:
                 ids = per[policy].pop("_ids")
                 per[policy]["unequal_prompts"] = [i for i, (a, b) in enumerate(zip(ar_ids, ids)) if a != b]
                 per[policy]["speedup"] = per[policy]["tok_s"] / per["ar"]["tok_s"]
@@ -473,6 +485,13 @@ def markdown(report: dict) -> str:
                              f"{p.get('host_syncs_per_iteration', 0.0):.2f} | "
                              f"{p.get('speedup', 1.0):.2f} | {equal} | {p.get('agreement_with_ar', 1.0):.3f} |")
         lines.append("")
+        for name, per in res.items():
+            auto = per.get("fused auto")
+            if auto and "chooser" in auto:
+                ch = auto["chooser"]
+                lines += [f"{name}, fused auto: passes per c {auto['fused_candidates']}; costs timed at load "
+                          f"(µs) fused {ch['fused_us']}, draft {ch['draft_us']}; projected µs per token at the end "
+                          f"{ch['projected_us_per_token']} (`runtime/candidates.py`).", ""]
     for name, c in report.get("2b", {}).get("configs", {}).items():
         if not c.get("fused_replay_us"):
             continue

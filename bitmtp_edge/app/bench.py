@@ -131,7 +131,7 @@ class Route:
     policy: str
     tau: float | None = None  # confidence, hybrid
     min_prefix: int | None = None  # hybrid
-    candidates: int | None = None  # fused: draft blocks per pass (None: the default)
+    candidates: int | None = None  # fused: draft blocks per pass (None: chosen per pass, else the default)
 
     @property
     def name(self) -> str:
@@ -257,6 +257,7 @@ class RunRecord:
             "decode_tok_s": s.decode_tokens_per_s, "tokens_per_iteration": s.tokens_per_iteration,
             "verifier_calls": s.verifier_calls, "verifier_call_rate": s.verifier_call_rate,
             "forward_passes": s.forward_passes, "tokens_per_forward": s.tokens_per_forward,
+            "fused_candidates": {str(k): v for k, v in sorted(s.fused_candidates.items())},
             "prefill_s": s.prefill_s, "decode_s": s.decode_s, "finish_reason": s.finish_reason,
             "accepted_histogram": {str(k): v for k, v in sorted(s.accepted_histogram.items())},
             "decode_window": [self.decode_start - t0, self.decode_end - t0],
@@ -499,9 +500,12 @@ def summarize_route(route: Route, measured: Sequence[RunRecord], ar: Route | Non
                 ratios.append(v / median(base))
         speedup = median(ratios) if ratios else None
     hist: dict[int, int] = {}
+    per_c: dict[int, int] = {}  # fused passes per candidate count (several when c is chosen per pass)
     for r in runs:
         for k, v in r.stats.accepted_histogram.items():
             hist[k] = hist.get(k, 0) + v
+        for c, v in r.stats.fused_candidates.items():
+            per_c[c] = per_c.get(c, 0) + v
     windows = [r.window for r in runs if r.window is not None]
     temps: dict[str, float] = {}
     clocks: dict[str, list[float]] = {}
@@ -528,6 +532,7 @@ def summarize_route(route: Route, measured: Sequence[RunRecord], ar: Route | Non
         "tokens_per_forward": tokens / passes if passes else None,
         "prefill_s": _med([r.stats.prefill_s for r in runs]),
         "accepted_histogram": {str(k): hist[k] for k in sorted(hist)},
+        "fused_candidates": {str(c): per_c[c] for c in sorted(per_c)},
         "avg_power_w": _med([w.avg_power_w for w in windows]),
         "peak_power_w": _max([w.peak_power_w for w in windows]),
         "energy_j": _med([w.energy_j for w in windows]),

@@ -160,7 +160,8 @@ def main() -> None:
 @decoding_options
 @click.option("--candidates", "-c", type=click.IntRange(min=1), default=None,
               help="Policy fused: draft blocks per pass (the c likeliest acceptance lengths; 1..D + 1) "
-                   f"[default: {DEFAULT_CANDIDATES}].")
+                   "[default: chosen per pass from the step costs timed at load (graph backends), "
+                   f"else {DEFAULT_CANDIDATES}].")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, stats).")
 def generate(prompt, artifact, backend, device, head, policy, max_new_tokens, tau, min_prefix, temperature, top_p, top_k,
@@ -283,7 +284,8 @@ def _parse_policies(ctx, param, value):
               help=tau_help + " Repeat to sweep.")
 @click.option("--min-prefix", "-m", multiple=True, type=click.IntRange(min=1), help=m_help + " Repeat to sweep.")
 @click.option("--candidates", "-c", multiple=True, type=click.IntRange(min=1),
-              help=f"Policy fused: draft blocks per pass [default: {DEFAULT_CANDIDATES}]. Repeat to sweep.")
+              help="Policy fused: draft blocks per pass [default: chosen per pass from the step costs timed at "
+                   f"load (graph backends), else {DEFAULT_CANDIDATES}]. Repeat to sweep.")
 @click.option("--block-size", "-D", type=click.IntRange(min=2), default=None,
               help="Must be the D the model was trained for [default: the artifact's].")
 @click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=None,

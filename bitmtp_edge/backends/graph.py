@@ -64,7 +64,7 @@ from pathlib import Path
 
 import torch
 
-from ..format.config import DEFAULT_CANDIDATES
+from ..format.config import AUTO_CANDIDATES
 from ..format.segments import KVPlan
 from ..runtime.calibration import ConfidenceCalibration
 from ..runtime.kv import KVStore
@@ -101,8 +101,10 @@ class RuntimeOptions:
     hoist_verify: bool = True  # M3
     capture: str = "load"  # "load" (all states up front) or "lazy" (per state, first use)
     kv_dtype: torch.dtype = torch.float16
-    # candidate counts c whose fused states are captured at load (others: at first use)
-    fused_candidates: tuple[int, ...] = (DEFAULT_CANDIDATES,)
+    # candidate counts c whose fused states are captured at load (others: at first use); with
+    # more than one, the load times them and policy fused picks c per pass among them
+    # (``runtime/candidates.py``) unless a generation fixes c
+    fused_candidates: tuple[int, ...] = AUTO_CANDIDATES
     # Compile every Triton kernel the states at load launch, in parallel, before capturing
     # them (``precompile.py``); BITMTP_PRECOMPILE=0 turns it off, =N sets N threads. On by
     # default: on the H200 (2B shape) a cold start took 9.3-9.7 s with it (over 33 s without),
@@ -127,6 +129,18 @@ class RuntimeOptions:
             raise ValueError(f"unknown runtime configuration {name!r}; choose one of {', '.join(flags)}")
         s, g, h = flags[name]
         return cls(specialize=s, graphs=g, hoist_verify=h, **kw)
+
+
+def _cuda_ms(fn, repeats: int, device) -> float:
+    """Mean ms of ``fn`` over ``repeats`` calls, by CUDA events around all of them."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize(device)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    return start.elapsed_time(end) / repeats
 
 
 def accept_on_device(block: torch.Tensor, greedy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -275,8 +289,13 @@ class GraphBackend:
         self._variants: dict[str, list] | None = None  # state label -> the kernel variants the pass saw it launch
         self._warmed_up: list[str] | None = None  # the states a warm marker's load captured after a warm-up
         self.graph_pool_bytes = 0
+        # µs per replay measured at load: {"draft": the draft step after a miss, "fused": {c: µs}}
+        self.step_costs: dict | None = None
+        self.step_costs_s = 0.0
         if options.graphs and options.capture == "load":
             self.capture_all(progress)
+            if self.static.fused is not None and len(set(options.fused_candidates)) > 1:
+                self.step_costs = self.time_fused_states()
 
     # -- geometry --------------------------------------------------------------------------
     @property
@@ -306,7 +325,8 @@ class GraphBackend:
                 out += [ReplayState(k + d, seg, "draft") for k in range(1, d + 1)]
             if self.static.fused is not None:
                 # one layout after a draft step and after a hit (_reopen_anchor): D causal rows
-                out += [ReplayState(fused_width(d, d, c), seg, "fused") for c in self.opts.fused_candidates]
+                widths = sorted({fused_width(d, d, c) for c in self.opts.fused_candidates})  # c > D: D blocks
+                out += [ReplayState(w, seg, "fused") for w in widths]
         return out
 
     # -- graph bodies: everything below reads and writes static tensors only ------------------
@@ -527,6 +547,35 @@ class GraphBackend:
                 job.abort()
             raise
         self.capture_s = time.perf_counter() - t0
+
+    def time_fused_states(self, replays: int = 5, history: int = 64) -> dict:
+        """µs per replay of segment 0's fused states and of its draft step after a miss (width
+        1 + D), at history length ``history`` (capped by the segment): what policy fused prices
+        its candidate counts with on this GPU (``runtime/candidates.py``). Each replay moves the
+        device's history length, so it is reset before every replay (the reset alone timed and
+        subtracted); before any generation nothing else of the graphs' writes is read, and the
+        backend is reset after."""
+        t0 = time.perf_counter()
+        d, st = self.block_size, self.static
+        length = min(history, self.plan.segments[0].capacity // 2)
+        reset = lambda: st.history_len.fill_(length)  # noqa: E731
+        wanted = {"draft": ReplayState(1 + d, 0, "draft")}
+        wanted.update({c: ReplayState(fused_width(d, d, c), 0, "fused") for c in sorted(set(self.opts.fused_candidates))})
+        us = {}
+        try:
+            for key, state in wanted.items():
+                graph = self.graphs[state]
+
+                def one(graph=graph):
+                    reset()
+                    graph.replay()
+
+                one()  # the first replay after capture pays for what the capture left cold
+                us[key] = 1000 * (_cuda_ms(one, replays, self.device) - _cuda_ms(reset, replays, self.device))
+        finally:
+            self.reset()
+        self.step_costs_s = time.perf_counter() - t0
+        return {"draft": us.pop("draft"), "fused": us, "history": length}
 
     def _warm_up_plan(self, states: list[ReplayState]) -> dict[str, int]:
         """Warm-up runs before capturing each state at load (``_capture``). Two where capture

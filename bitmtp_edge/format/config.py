@@ -112,6 +112,9 @@ DEFAULT_MIN_PREFIX = 3
 # (tools/results/fused_candidates.md): the smallest c whose tokens per forward pass beat
 # speculative's by 1.2x.
 DEFAULT_CANDIDATES = 3
+# The candidate counts a graph backend captures and times at load, so that policy fused picks
+# c per pass on the device (``runtime/candidates.py``); DEFAULT_CANDIDATES where nothing was timed.
+AUTO_CANDIDATES = (1, 2, 3)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from typing import Callable, Iterator
 
 from ..backends.base import NON_FINITE_TOKEN, Backend, DraftResult
 from ..format.config import DEFAULT_CANDIDATES, DEFAULT_MIN_PREFIX, DEFAULT_TAU, MTPConfig
+from .candidates import CandidateChooser
 from .decoding_rules import accepted_prefix, confident_prefix  # noqa: F401  (re-exported)
 from .policies import POLICIES
 from .sampling import SamplingParams, SamplingState
@@ -60,14 +61,20 @@ class DecodeOptions:
     # finish_reason "cancelled" (a server's client went away). Must be cheap, never block.
     should_stop: Callable[[], bool] | None = field(default=None, compare=False)
     sampling: SamplingParams | None = None  # None or plain greedy: argmax, the original path
+    # Policy fused: picks c per pass from the device's step costs and the acceptance seen so
+    # far (``runtime/candidates.py``), in place of ``candidates``; the engine passes its own
+    # when a generation does not fix c and its backend measured the costs.
+    chooser: CandidateChooser | None = field(default=None, compare=False)
 
     @classmethod
     def for_model(cls, mtp: MTPConfig | None, policy: str, max_new_tokens: int, *, tau: float | None = None,
                   min_prefix: int | None = None, stop_token_ids: frozenset[int] = frozenset(),
                   should_stop: Callable[[], bool] | None = None, candidates: int | None = None,
-                  sampling: SamplingParams | None = None) -> "DecodeOptions":
+                  sampling: SamplingParams | None = None,
+                  chooser: CandidateChooser | None = None) -> "DecodeOptions":
         """The options for a model with this MTP block (None: AR-only): τ and m default to the
-        model's, the block size is the model's D."""
+        model's, the block size is the model's D. ``chooser`` picks c for policy fused when
+        ``candidates`` is None (else c is ``candidates`` or the default)."""
         return cls(
             policy=policy, max_new_tokens=max_new_tokens,
             block_size=mtp.block_size if mtp else None,
@@ -75,6 +82,7 @@ class DecodeOptions:
             min_prefix=min_prefix if min_prefix is not None else (mtp.min_prefix if mtp else 1),
             stop_token_ids=stop_token_ids, should_stop=should_stop, sampling=sampling,
             candidates=candidates if candidates is not None else DEFAULT_CANDIDATES,
+            chooser=chooser if candidates is None and policy == "fused" and mtp is not None else None,
         )
 
     def __post_init__(self) -> None:
@@ -101,6 +109,8 @@ class DecodeOptions:
         if self.block_size is not None and not 1 <= self.min_prefix <= self.block_size:
             raise DecodingError(f"min_prefix must be in 1..{self.block_size}, got {self.min_prefix}")
         _check_int("candidates", self.candidates)
+        if self.chooser is not None and self.policy != "fused":
+            raise DecodingError(f"a candidate chooser picks c for policy 'fused' only, not {self.policy!r}")
         if self.block_size is not None and not 1 <= self.candidates <= self.block_size + 1:
             raise DecodingError(f"candidates (draft blocks per fused pass) must be in 1..{self.block_size + 1} "
                                 f"(from D on, every acceptance length), got {self.candidates}")
@@ -120,6 +130,7 @@ class DecodeStats:
     verifier_calls: int = 0
     draft_calls: int = 0
     fused_calls: int = 0
+    fused_candidates: dict[int, int] = field(default_factory=dict)  # c -> fused passes that carried c blocks
     forward_passes: int = 0  # every draft, verify, fused and AR step the backend ran (prefill excluded)
     accepted_histogram: dict[int, int] = field(default_factory=dict)
     prefill_s: float = 0.0
@@ -151,7 +162,9 @@ class DecodeStats:
             "iterations": self.iterations, "tokens_per_iteration": self.tokens_per_iteration,
             "decode_tokens_per_s": self.decode_tokens_per_s, "verifier_calls": self.verifier_calls,
             "verifier_call_rate": self.verifier_call_rate, "draft_calls": self.draft_calls,
-            "fused_calls": self.fused_calls, "forward_passes": self.forward_passes,
+            "fused_calls": self.fused_calls,
+            "fused_candidates": {str(k): v for k, v in sorted(self.fused_candidates.items())},
+            "forward_passes": self.forward_passes,
             "tokens_per_forward": self.tokens_per_forward,
             "accepted_histogram": {str(k): v for k, v in sorted(self.accepted_histogram.items())},
             "prefill_s": self.prefill_s, "decode_s": self.decode_s, "host_syncs": self.host_syncs,
@@ -282,6 +295,7 @@ def _iterate_fused(backend: Backend, state: _LoopState, opts: DecodeOptions, sta
     pass's acceptance length was not among its candidates (or at the start). Hybrid commits a
     confident prefix (h ≥ m) of the drafts unverified instead, as it does with a draft step's."""
     anchor, pending, draft = state.pending[-1], state.pending, state.draft
+    from_hit = draft is not None  # the drafts are rows of the last pass's candidate block
     if draft is None:
         draft = backend.draft_step(pending, opts.block_size)  # materialises the pending rows
         stats.draft_calls += 1
@@ -292,7 +306,12 @@ def _iterate_fused(backend: Backend, state: _LoopState, opts: DecodeOptions, sta
         if h >= opts.min_prefix:
             state.pending, state.draft = pending + draft.tokens[:h], None
             return _flag_confidences(draft, draft.tokens[:h])
-    res = backend.fused_step(anchor, pending, draft, opts.candidates, opts.block_size)
+    chooser = opts.chooser
+    count = chooser.current if chooser is not None else opts.candidates
+    res = backend.fused_step(anchor, pending, draft, count, opts.block_size)
+    if chooser is not None:  # the D - 1 drafts the pass verified (a graph draft step's arrive with its read)
+        chooser.observe(from_hit, draft.confidences[:opts.block_size - 1], res.accepted)
+    stats.fused_candidates[count] = stats.fused_candidates.get(count, 0) + 1
     stats.fused_calls += 1
     stats.verifier_calls += 1
     stats.forward_passes += 1

@@ -27,6 +27,7 @@ from ..backends.reference import ReferenceBackend
 from ..format.manifest import WEIGHTS, ArtifactError, Manifest, load_tensors, read_manifest, verify_files
 from ..format.validate import artifact_file, check_finite, check_kv_fits, check_weights_header
 from .calibration import ConfidenceCalibration
+from .candidates import CandidateChooser
 from .decoding import DecodeOptions, DecodeStats, DecodingError, check_prompt_fits, decode
 from .chat_template import ChatTemplate, ChatTemplateError, load_chat_template
 from .detokenize import TextStream
@@ -51,13 +52,23 @@ class GenerationResult:
 def startup_split(backend, total_s: float, load_parts: dict | None = None) -> dict:
     """Where a load's seconds went: reading and building the model (``load_s``), the kernel
     precompile pass (``precompile_s``), capturing the graphs (``capture_s``); ``load_parts``
-    splits ``load_s`` (``Engine.load``)."""
+    splits ``load_s`` (``Engine.load``); ``step_costs_s``: timing the fused states at load."""
     precompile_s, capture_s = getattr(backend, "precompile_s", 0.0), getattr(backend, "capture_s", 0.0)
+    costs_s = getattr(backend, "step_costs_s", 0.0)
     report = getattr(backend, "precompile_report", None)
-    return {"total_s": total_s, "load_s": max(total_s - precompile_s - capture_s, 0.0), "precompile_s": precompile_s,
-            "capture_s": capture_s, "kernels_precompiled": report.compiled if report is not None else 0,
+    return {"total_s": total_s, "load_s": max(total_s - precompile_s - capture_s - costs_s, 0.0),
+            "precompile_s": precompile_s, "capture_s": capture_s,
+            "step_costs_s": costs_s,  # timing the fused states for the choice of c (``runtime/candidates.py``)
+            "kernels_precompiled": report.compiled if report is not None else 0,
             # waiting for compiles, inside precompile_s, or inside capture_s when capture overlaps them
             "compile_wait_s": getattr(backend, "compile_wait_s", 0.0), "load_parts": dict(load_parts or {})}
+
+
+def _chooser_for(backend, manifest: Manifest) -> CandidateChooser | None:
+    costs = getattr(backend, "step_costs", None)
+    if not costs or manifest.mtp is None:
+        return None
+    return CandidateChooser(costs["fused"], costs["draft"], lengths=manifest.mtp.block_size)
 
 
 def _timed(fn, *args) -> float:
@@ -95,6 +106,10 @@ class Engine:
         self._chat_template: ChatTemplate | None | bool = False  # False: not read yet
         self.startup: dict = {}  # ``startup_split`` of ``Engine.load``
         self._kv_owner: object | None = None  # the generation whose tokens the backend's KV holds
+        # Policy fused without a fixed c: picks c per pass from the step costs the backend timed
+        # at load and the acceptance seen so far (``runtime/candidates.py``); None where nothing
+        # was timed (the reference backend, eager or lazily captured graphs): c = DEFAULT_CANDIDATES.
+        self.candidate_chooser = _chooser_for(backend, manifest)
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None, backend: str = "auto", device: str = "auto",
@@ -245,7 +260,8 @@ class Engine:
             raise DecodingError(f"block_size={block_size}: {self.path} is AR-only and has no MTP block")
         return DecodeOptions.for_model(mtp, policy, max_new_tokens, tau=tau, min_prefix=min_prefix,
                                        stop_token_ids=self.eos_token_ids, should_stop=should_stop,
-                                       candidates=candidates, sampling=_near_zero_is_greedy(sampling))
+                                       candidates=candidates, sampling=_near_zero_is_greedy(sampling),
+                                       chooser=self.candidate_chooser)
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, (bytes, bytearray, memoryview)):
@@ -284,7 +300,8 @@ class Engine:
         """Yield each iteration's committed token ids. Arguments are checked when this is
         called, before anything runs. ``should_stop()`` is polled once per iteration; True
         ends the generation (``finish_reason`` "cancelled"). ``candidates``: draft blocks per
-        fused pass (policy ``fused``; default ``format.config.DEFAULT_CANDIDATES``).
+        fused pass (policy ``fused``; default: chosen per pass from the step costs timed at load,
+        ``engine.candidate_chooser``, else ``format.config.DEFAULT_CANDIDATES``).
 
         Sampling: ``sampling=SamplingParams(...)`` or its fields as keywords
         (``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``frequency_penalty``,
