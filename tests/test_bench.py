@@ -273,7 +273,7 @@ def test_bench_drives_the_graph_backend_like_the_engine_does(model, engine):
     assert data["engine"]["backend"] == backend.name and data["engine"]["head"] == "16bit"
     assert data["engine"]["runtime"] == {"specialize": True, "graphs": False, "hoist_verify": True,
                                          "capture": "load", "kv_dtype": "torch.float32",
-                                         "fused_candidates": "(1, 2, 3)", "precompile": True,
+                                         "fused_candidates": "(1, 3)", "precompile": True,
                                          "precompile_mode": "threads", "precompile_overlap": True,
                                          "precompile_timeout_s": 600.0, "precompile_workers": 0}
     ref = B.run_bench(engine, prompts, B.make_routes(engine, None), config).to_dict()

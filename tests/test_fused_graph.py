@@ -128,7 +128,7 @@ def test_gpu_fused_equals_ar_token_for_token(tmp_path, runtime):
     art = write_test_artifact(model, tmp_path / "art", block_size=8, max_context=256, smallest=16)
     eng = Engine.load(art, backend="ampere", device="cuda", runtime=runtime)
     ar = eng.generate(PROMPT, max_new_tokens=100, policy="ar")
-    for c in (1, 3, 9):  # 1..3 are captured at load (AUTO_CANDIDATES), 9 at first use
+    for c in (1, 3, 9):  # 1 and 3 are captured at load (AUTO_CANDIDATES), 9 at first use
         res = eng.generate(PROMPT, max_new_tokens=100, policy="fused", candidates=c)
         assert res.token_ids == ar.token_ids, c
         if runtime == "full":  # Generic prepares the verify rows on the host: it reads the drafts first

@@ -113,8 +113,13 @@ DEFAULT_MIN_PREFIX = 3
 # speculative's by 1.2x.
 DEFAULT_CANDIDATES = 3
 # The candidate counts a graph backend captures and times at load, so that policy fused picks
-# c per pass on the device (``runtime/candidates.py``); DEFAULT_CANDIDATES where nothing was timed.
-AUTO_CANDIDATES = (1, 2, 3)
+# c among them on the device (``runtime/candidates.py``); DEFAULT_CANDIDATES where nothing was
+# timed. The two regimes: a step the W2A8 bytes set (a 2B model on a board: c = 1) and one
+# launch latency sets (a small model on the H200: c = 3). c = 2 is left out: its width 24 costs
+# nearly what c = 3's 32 does (H200 2B 1565 vs 1647 µs, 8 SMs 7170 vs 7802) and hits less, and
+# each captured width adds its kernels to a cold start (the 2B shape's 7.9 s went to 10.1 s
+# with c = 1..3 captured).
+AUTO_CANDIDATES = (1, 3)
 
 
 @dataclass(frozen=True)

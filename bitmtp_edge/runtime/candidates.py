@@ -1,152 +1,122 @@
-"""How many draft blocks a fused pass carries: c chosen from this device's step costs and the
-model's acceptance as decoding observes it (``policy="fused"`` without ``candidates``).
+"""How many draft blocks a fused pass carries: c chosen on the device, from the step costs
+timed at load and the tokens each c commits as decoding measures them (``policy="fused"``
+without ``candidates``).
 
 A fused pass of c candidates is D + c·D rows wide. More candidates make a hit (the accepted
 length among them, so the next drafts ride along) likelier, and every miss costs a draft step
-before the next fused pass. Which c is fastest depends on both sides: on the H200 a 27M model's
-step is launch-bound and the width nearly free (c = 3 won, ×2.79 against ×2.57 for c = 1), while
-a 2B model's width-32 pass costs 1.18× its width-16 one on the whole H200 and 1.56× on 8 SMs
-(an Orin NX's count), where c = 1 projects 3.21× AR against c = 3's 2.28×
-(``tools/results/board_projection``). So the runtime prices it instead of fixing it:
+before the next fused pass. Which c is fastest depends on the device and the model: on the H200
+a 27M model's step is launch-bound and the width nearly free (c = 3 won, ×2.79 against ×2.57
+for c = 1), while a 2B model's width-32 pass costs 1.18× its width-16 one on the whole H200 and
+1.57× on 8 SMs (an Orin NX's count), where c = 1 projects 3.21× AR against c = 3's 2.28×
+(``tools/results/board_projection``). So the runtime measures it instead of fixing it:
 
 * **costs**: the graph backend times its captured fused states (one per c) and the draft
-  step after a miss at load (``GraphBackend.step_costs``), on this GPU, at its SM count;
-* **acceptance**: after every fused pass, the rank of the accepted length a among the lengths
-  ordered as the step orders its candidates (most probable first,
-  ``decoding_rules.candidate_lengths``). A pass with c candidates hits iff that rank < c, so
-  one pass tells what every c would have done, whichever c ran it. Passes whose drafts came
-  from a hit (a candidate block's rows) and from a draft step (after a miss) are counted
-  apart: they draft differently well, and c sets how often each kind comes.
+  step that follows a miss, once at load (``GraphBackend.time_fused_states``), on this GPU;
+* **tokens**: per c, the fused passes run with it, their misses and the tokens they
+  committed (a + 1 each). Then
 
-With those, each c is a two-state chain (the next drafts from a hit or from a draft step);
-its stationary mix gives the µs per committed token:
+      µs per token (c) = (passes · cost(c) + misses · cost(draft)) / tokens
 
-    π_F = (1 − h_H) / (1 − h_H + h_F)          (share of passes whose drafts a draft step made)
-    µs/token = (cost(c) + draft_cost · (π_H (1 − h_H) + π_F (1 − h_F))) / (π_H T_H + π_F T_F)
+  is what c has cost so far, priced at the device's own step costs (timing every pass on the
+  host would read the clock of a queue the host runs ahead of).
 
-with h_s = P(rank < c | s) and T_s the mean tokens a pass of kind s commits (a + 1). The
-chooser starts from the cheapest prior guess (ranks uniform), re-chooses every few passes,
-and keeps its counts across generations (an engine serves one model), halving them now and
-then so that it follows a change of workload. Any c is lossless: only speed depends on it.
+Why measured and not predicted: what c sets is which passes hit, and the passes after a hit
+draft from a block anchored at a draft, those after a miss from a fresh draft step — on the
+embedded model 4.1 against 4.7 tokens per pass with c = 3 running, and c = 1 committed 5.1 per
+fused pass where a two-state model of c = 3's own passes predicted 4.4: a hit at the likeliest
+length is followed by easier text than a hit at the third likeliest. Only running c says what
+c does.
+
+So the chooser measures every c in turn for a block of passes, then runs the cheapest and, once
+every ``REVISIT`` blocks, measures one of the others again for a block (the workload may
+change). Its counts live as long as the engine (one model), halved when they grow old. Any c
+is lossless: only the speed depends on the choice.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Sequence
-
-HIT, DRAFTED = "hit", "drafted"  # where a fused pass's drafts came from
-
-
-def acceptance_rank(confidences: Sequence[float], accepted: int) -> int:
-    """The position of ``accepted`` among the acceptance lengths 0..m ordered by estimated
-    probability, most probable first — the order the fused step picks its candidates in
-    (``decoding_rules.acceptance_probabilities`` / ``candidate_lengths``: ties to the shorter
-    length, a NaN probability first), in Python floats: a statistic, so the float32 rounding
-    of the device's product does not matter here."""
-    reach, probs = 1.0, []
-    for c in confidences:
-        probs.append(reach * (1.0 - c))
-        reach *= c
-    probs.append(reach)
-    if not 0 <= accepted < len(probs):
-        raise ValueError(f"accepted length {accepted} outside 0..{len(probs) - 1}")
-    key = [2.0 if math.isnan(p) else p for p in probs]
-    target = key[accepted]
-    return sum(1 for j, p in enumerate(key) if p > target or (p == target and j < accepted))
+from dataclasses import dataclass
 
 
 @dataclass
-class _Tally:
-    passes: float = 0.0
-    tokens: float = 0.0  # sum of a + 1 over the passes
-    ranks: list[float] = field(default_factory=list)  # passes whose accepted length had rank r
+class CandidateRecord:
+    """What the fused passes run with one c have done."""
 
-    def add(self, rank: int, tokens: int) -> None:
-        if rank >= len(self.ranks):
-            self.ranks.extend([0.0] * (rank + 1 - len(self.ranks)))
-        self.ranks[rank] += 1
-        self.passes += 1
-        self.tokens += tokens
+    passes: float = 0.0
+    misses: float = 0.0  # passes whose accepted length was not a candidate: a draft step followed
+    tokens: float = 0.0  # committed, a + 1 per pass
 
     def halve(self) -> None:
-        self.passes, self.tokens = self.passes / 2, self.tokens / 2
-        self.ranks = [r / 2 for r in self.ranks]
+        self.passes, self.misses, self.tokens = self.passes / 2, self.misses / 2, self.tokens / 2
 
 
 class CandidateChooser:
     """Picks c for the next fused pass; see the module docstring.
 
-    ``fused_us``: µs of a fused pass per candidate count c (the captured ones);
-    ``draft_us``: µs of the draft step that follows a miss; ``lengths``: how many acceptance
-    lengths a fused pass ranks (D: it verifies D − 1 drafts)."""
+    ``fused_us``: µs of a fused pass per candidate count c (the states timed at load);
+    ``draft_us``: µs of the draft step that follows a miss."""
 
-    PRIOR = 4.0  # pseudo-passes of the uniform-rank prior in each kind's estimates
-    FIRST_CHOICE = 16  # passes observed before the first data-driven choice ...
-    EVERY = 16  # ... and between later ones
-    KEEP = 4096  # passes remembered before the counts are halved
+    BLOCK = 16  # passes per measuring block
+    REVISIT = 32  # blocks of the cheapest c between two measuring blocks of another
+    KEEP = 2048  # passes of one c remembered before its counts are halved
 
-    def __init__(self, fused_us: dict[int, float], draft_us: float, lengths: int):
+    def __init__(self, fused_us: dict[int, float], draft_us: float):
         if not fused_us:
             raise ValueError("no fused pass costs to choose from")
         if any(not (math.isfinite(v) and v > 0) for v in [*fused_us.values(), draft_us]):
             raise ValueError(f"step costs must be positive and finite, got fused {fused_us}, draft {draft_us}")
-        if lengths < 1:
-            raise ValueError(f"lengths must be >= 1, got {lengths}")
-        self.fused_us = dict(sorted(fused_us.items()))
-        self.draft_us, self.lengths = float(draft_us), lengths
-        self.tallies = {HIT: _Tally(), DRAFTED: _Tally()}
-        self._since = 0
-        self.current = self._argmin()
-        self.choices = 1  # how many times c was (re)chosen, the prior's included
+        self.fused_us = {int(c): float(v) for c, v in sorted(fused_us.items())}
+        self.draft_us = float(draft_us)
+        self.records = {c: CandidateRecord() for c in self.fused_us}
+        self._unmeasured = list(self.fused_us)  # measured in turn first, fewest candidates first
+        self.current = self._unmeasured.pop(0)
+        self._left = self.BLOCK  # passes left in the current block
+        self._blocks = 0  # blocks of the cheapest c since the last measuring block of another
+        self._revisit = 0  # which of the others is measured next
 
-    def observe(self, from_hit: bool, confidences: Sequence[float], accepted: int) -> None:
-        """One fused pass: its drafts came from a hit (else from a draft step), their
-        confidences (the D − 1 the pass verified) and the accepted length a."""
-        self.tallies[HIT if from_hit else DRAFTED].add(acceptance_rank(confidences, accepted), accepted + 1)
-        self._since += 1
-        seen = sum(t.passes for t in self.tallies.values())
-        if seen > self.KEEP:
-            for t in self.tallies.values():
-                t.halve()
-        if self._since >= (self.FIRST_CHOICE if self.choices == 1 else self.EVERY):
-            self._since = 0
-            self.current = self._argmin()
-            self.choices += 1
+    def observe(self, count: int, accepted: int, hit: bool) -> None:
+        """One fused pass, run with ``count`` candidates: its accepted length, and whether it
+        was a hit (else a draft step precedes the next pass)."""
+        rec = self.records[count]
+        rec.passes += 1
+        rec.misses += not hit
+        rec.tokens += accepted + 1
+        if rec.passes > self.KEEP:
+            rec.halve()
+        self._left -= 1
+        if self._left <= 0:
+            self._left = self.BLOCK
+            self.current = self._next()
 
-    def hit_rate(self, kind: str, count: int) -> float:
-        """P(rank < c) for passes of ``kind``, shrunk toward the uniform prior c / lengths."""
-        t = self.tallies[kind]
-        hits = sum(t.ranks[:count])
-        return (hits + self.PRIOR * min(count, self.lengths) / self.lengths) / (t.passes + self.PRIOR)
-
-    def tokens_per_pass(self, kind: str) -> float:
-        """Mean a + 1 for passes of ``kind``, shrunk toward both kinds' mean (1 without data)."""
-        both = sum(t.passes for t in self.tallies.values())
-        pooled = sum(t.tokens for t in self.tallies.values()) / both if both else 1.0
-        t = self.tallies[kind]
-        return (t.tokens + self.PRIOR * pooled) / (t.passes + self.PRIOR)
+    def _next(self) -> int:
+        if self._unmeasured:
+            return self._unmeasured.pop(0)
+        best = self.cheapest()
+        others = [c for c in self.fused_us if c != best]
+        self._blocks += 1
+        if others and self._blocks > self.REVISIT:
+            self._blocks = 0
+            self._revisit += 1
+            return others[self._revisit % len(others)]
+        return best
 
     def us_per_token(self, count: int) -> float:
-        """The projected µs per committed token with c = ``count`` (module docstring)."""
-        h_hit, h_drafted = self.hit_rate(HIT, count), self.hit_rate(DRAFTED, count)
-        leave = (1.0 - h_hit) + h_drafted
-        share_drafted = (1.0 - h_hit) / leave if leave > 0 else 0.0
-        share_hit = 1.0 - share_drafted
-        misses = share_hit * (1.0 - h_hit) + share_drafted * (1.0 - h_drafted)
-        tokens = share_hit * self.tokens_per_pass(HIT) + share_drafted * self.tokens_per_pass(DRAFTED)
-        return (self.fused_us[count] + misses * self.draft_us) / tokens
+        """µs per committed token of the passes run with c = ``count`` (inf before any)."""
+        rec = self.records[count]
+        if rec.tokens <= 0:
+            return math.inf
+        return (rec.passes * self.fused_us[count] + rec.misses * self.draft_us) / rec.tokens
 
-    def _argmin(self) -> int:
+    def cheapest(self) -> int:
         return min(self.fused_us, key=lambda c: (self.us_per_token(c), c))  # ties: fewer candidates
 
     def to_dict(self) -> dict:
         """What the choice rests on, for reports (``bitmtp bench``, ``tools/bench_e2e.py``)."""
-        return {"current": self.current, "choices": self.choices,
+        return {"current": self.current, "cheapest": self.cheapest(),
                 "fused_us": {str(c): round(v, 1) for c, v in self.fused_us.items()},
                 "draft_us": round(self.draft_us, 1),
-                "passes": {k: round(t.passes, 1) for k, t in self.tallies.items()},
-                "tallies": {k: {"passes": t.passes, "tokens": t.tokens, "ranks": list(t.ranks)}
-                            for k, t in self.tallies.items()},
-                "projected_us_per_token": {str(c): round(self.us_per_token(c), 2) for c in self.fused_us}}
+                "records": {str(c): {"passes": r.passes, "misses": r.misses, "tokens": r.tokens}
+                            for c, r in self.records.items()},
+                "us_per_token": {str(c): (round(v, 2) if math.isfinite(v) else None)
+                                 for c in self.fused_us for v in [self.us_per_token(c)]}}

@@ -61,9 +61,9 @@ class DecodeOptions:
     # finish_reason "cancelled" (a server's client went away). Must be cheap, never block.
     should_stop: Callable[[], bool] | None = field(default=None, compare=False)
     sampling: SamplingParams | None = None  # None or plain greedy: argmax, the original path
-    # Policy fused: picks c per pass from the device's step costs and the acceptance seen so
+    # Policy fused: picks c per pass from the device's step costs and what each c committed so
     # far (``runtime/candidates.py``), in place of ``candidates``; the engine passes its own
-    # when a generation does not fix c and its backend measured the costs.
+    # when a generation does not fix c and its backend timed the costs.
     chooser: CandidateChooser | None = field(default=None, compare=False)
 
     @classmethod
@@ -295,7 +295,6 @@ def _iterate_fused(backend: Backend, state: _LoopState, opts: DecodeOptions, sta
     pass's acceptance length was not among its candidates (or at the start). Hybrid commits a
     confident prefix (h ≥ m) of the drafts unverified instead, as it does with a draft step's."""
     anchor, pending, draft = state.pending[-1], state.pending, state.draft
-    from_hit = draft is not None  # the drafts are rows of the last pass's candidate block
     if draft is None:
         draft = backend.draft_step(pending, opts.block_size)  # materialises the pending rows
         stats.draft_calls += 1
@@ -309,8 +308,8 @@ def _iterate_fused(backend: Backend, state: _LoopState, opts: DecodeOptions, sta
     chooser = opts.chooser
     count = chooser.current if chooser is not None else opts.candidates
     res = backend.fused_step(anchor, pending, draft, count, opts.block_size)
-    if chooser is not None:  # the D - 1 drafts the pass verified (a graph draft step's arrive with its read)
-        chooser.observe(from_hit, draft.confidences[:opts.block_size - 1], res.accepted)
+    if chooser is not None:
+        chooser.observe(count, res.accepted, hit=res.next_draft is not None)
     stats.fused_candidates[count] = stats.fused_candidates.get(count, 0) + 1
     stats.fused_calls += 1
     stats.verifier_calls += 1

@@ -68,7 +68,7 @@ def _chooser_for(backend, manifest: Manifest) -> CandidateChooser | None:
     costs = getattr(backend, "step_costs", None)
     if not costs or manifest.mtp is None:
         return None
-    return CandidateChooser(costs["fused"], costs["draft"], lengths=manifest.mtp.block_size)
+    return CandidateChooser(costs["fused"], costs["draft"])
 
 
 def _timed(fn, *args) -> float:
@@ -107,7 +107,7 @@ class Engine:
         self.startup: dict = {}  # ``startup_split`` of ``Engine.load``
         self._kv_owner: object | None = None  # the generation whose tokens the backend's KV holds
         # Policy fused without a fixed c: picks c per pass from the step costs the backend timed
-        # at load and the acceptance seen so far (``runtime/candidates.py``); None where nothing
+        # at load and what each c committed so far (``runtime/candidates.py``); None where nothing
         # was timed (the reference backend, eager or lazily captured graphs): c = DEFAULT_CANDIDATES.
         self.candidate_chooser = _chooser_for(backend, manifest)
 
