@@ -115,6 +115,12 @@ def test_routes_put_ar_first_and_sweep_tau_and_m(engine):
     assert [(r.name, r.candidates) for r in fused] == [("ar", None), ("fused c=1", 1), ("fused c=3", 3)]
     with pytest.raises(B.BenchError, match=r"--candidates 6: c must be in 1\.\.5"):
         B.make_routes(engine, ("fused",), candidates=(6,))
+    # an engine that timed its fused states at load chooses c itself: the route says so
+    from types import SimpleNamespace
+
+    chooser = SimpleNamespace(manifest=engine.manifest, path=engine.path, candidate_chooser=object())
+    (auto,) = B.make_routes(chooser, ("fused",))
+    assert (auto.name, auto.candidates, auto.to_dict()["candidates"]) == ("fused c=auto", None, "auto")
 
 
 def test_an_ar_only_model_benchmarks_ar_alone():

@@ -32,6 +32,7 @@ Writes ``startup.json`` and ``startup.md`` under ``--out`` (default ``tools/resu
 
 from __future__ import annotations
 
+import dataclasses
 import argparse
 import json
 import os
@@ -75,7 +76,7 @@ def cache_entries(folder: Path) -> int:
 
 # -- one load, in its own process ------------------------------------------------------------------
 
-def child(artifact: Path, workers: int, tokens: int) -> dict:
+def child(artifact: Path, workers: int, tokens: int, fused_candidates: tuple[int, ...] | None = None) -> dict:
     """Load ``artifact`` (ampere, Full), count the compiles of each phase, decode a little.
     Without CUDA (a dry run of this script's plumbing) the reference backend loads instead."""
     import torch
@@ -111,6 +112,8 @@ def child(artifact: Path, workers: int, tokens: int) -> dict:
     before = cache_entries(cache)
     launchers_before = len(list(cache.glob("*/__triton_launcher*")))
     opts = RuntimeOptions(precompile_workers=workers) if workers else RuntimeOptions()
+    if fused_candidates:  # the fused states captured (and timed) at load; default AUTO_CANDIDATES
+        opts = dataclasses.replace(opts, fused_candidates=fused_candidates)
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     sync()
@@ -154,14 +157,14 @@ def child(artifact: Path, workers: int, tokens: int) -> dict:
     return out
 
 
-def run_child(artifact: Path, mode: str, cache: Path, tokens: int, timeout_s: float) -> dict:
+def run_child(artifact: Path, mode: str, cache: Path, tokens: int, timeout_s: float, fused: str = "") -> dict:
     _, mode_env, workers, _, decode = MODES[mode]
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache), PYTHONUNBUFFERED="1", **mode_env)
     for name in ("BITMTP_PRECOMPILE_MODE", "BITMTP_PRECOMPILE_OVERLAP"):  # the defaults unless the mode sets them
         if name not in mode_env:
             env.pop(name, None)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(artifact), "--workers", str(workers),
-           "--tokens", str(tokens if decode else 0)]
+           "--tokens", str(tokens if decode else 0)] + (["--fused-candidates", fused] if fused else [])
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
@@ -279,11 +282,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results")
     ap.add_argument("--before", type=Path, help="only add this startup.json (a BEFORE checkout's run on the same "
                     "artifact) to the report already in --out, and compare the tokens; loads nothing")
+    ap.add_argument("--fused-candidates", default="",
+                    help="comma-separated c whose fused states each load captures (default: the runtime's, AUTO_CANDIDATES)")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.workers, args.tokens)), flush=True)
+        fused = tuple(int(c) for c in args.fused_candidates.split(",") if c.strip())
+        print(json.dumps(child(args.child, args.workers, args.tokens, fused or None)), flush=True)
         return
     if args.before:
         print(markdown(attach_before(args.out, args.before)))
@@ -335,7 +341,7 @@ def main() -> None:
         caches[mode] = caches[reuse] if reuse != "fresh" else Path(tempfile.mkdtemp(prefix=f"triton-{mode}-",
                                                                                     dir=args.work))
         log(f"{mode}: loading ({MODES[mode][0]}, cache {caches[mode]})")
-        r = run_child(artifact, mode, caches[mode], args.tokens, timeout)
+        r = run_child(artifact, mode, caches[mode], args.tokens, timeout, args.fused_candidates)
         report["runs"][mode] = r
         if "error" in r:
             log(f"{mode}: {r['error']}\n{r.get('stderr_tail', '')}")

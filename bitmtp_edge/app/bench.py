@@ -131,7 +131,8 @@ class Route:
     policy: str
     tau: float | None = None  # confidence, hybrid
     min_prefix: int | None = None  # hybrid
-    candidates: int | None = None  # fused: draft blocks per pass (None: chosen per pass, else the default)
+    candidates: int | None = None  # fused: draft blocks per pass (None: the engine's, see ``auto``)
+    auto: bool = False  # fused without c on an engine that chooses c per pass (``runtime/candidates.py``)
 
     @property
     def name(self) -> str:
@@ -140,13 +141,13 @@ class Route:
             parts.append(f"τ={self.tau:g}")
         if self.min_prefix is not None:
             parts.append(f"m={self.min_prefix}")
-        if self.candidates is not None:
-            parts.append(f"c={self.candidates}")
+        if self.candidates is not None or self.auto:
+            parts.append(f"c={'auto' if self.auto else self.candidates}")
         return " ".join(parts)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "policy": self.policy, "tau": self.tau, "min_prefix": self.min_prefix,
-                "candidates": self.candidates}
+                "candidates": "auto" if self.auto else self.candidates}
 
 
 def make_routes(engine: Engine, policies: Sequence[str] | None, taus: Sequence[float] = (),
@@ -186,7 +187,9 @@ def make_routes(engine: Engine, policies: Sequence[str] | None, taus: Sequence[f
     for policy in sorted(dict.fromkeys(policies), key=lambda p: p != "ar"):
         if policy == "fused" and counts:
             routes.extend(Route(policy, candidates=c) for c in counts)
-        elif policy in ("ar", "speculative", "fused"):  # no τ or m: they always verify
+        elif policy == "fused":
+            routes.append(Route(policy, auto=getattr(engine, "candidate_chooser", None) is not None))
+        elif policy in ("ar", "speculative"):  # no τ or m: they always verify
             routes.append(Route(policy))
         elif policy == "confidence":
             routes.extend(Route(policy, tau=t) for t in taus)
