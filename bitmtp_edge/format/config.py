@@ -117,8 +117,8 @@ DEFAULT_CANDIDATES = 3
 # timed. The two regimes: a step the W2A8 bytes set (a 2B model on a board: c = 1) and one
 # launch latency sets (a small model on the H200: c = 3). c = 2 is left out: its width 24 costs
 # nearly what c = 3's 32 does (H200 2B 1565 vs 1647 µs, 8 SMs 7170 vs 7802) and hits less, and
-# each captured width adds its kernels to a cold start (the 2B shape's 7.9 s went to 10.1 s
-# with c = 1..3 captured).
+# each captured width adds kernel variants and graphs to a cold start (c = 1 beside c = 3 on
+# the 2B shape: 2 variants, 4 graphs; tools/results/session18/README.md).
 AUTO_CANDIDATES = (1, 3)
 
 

@@ -18,7 +18,8 @@ Policies: ``ar`` (one token per width-1 verify step), ``confidence`` (commit max
 ``speculative`` (always verify: lossless), ``hybrid`` (commit h if h ≥ m, else verify),
 ``fused`` (lossless like speculative, one forward pass per iteration: each verify carries
 the draft blocks of the c most probable acceptance lengths, so when the real a is among
-them the next drafts are already there; otherwise the next iteration drafts first).
+them the next drafts are already there; otherwise the next iteration drafts first; c fixed,
+or picked per pass on the device by ``runtime/candidates.py``).
 The same loop drives every backend.
 """
 
