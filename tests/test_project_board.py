@@ -40,6 +40,19 @@ def test_routes_are_priced_pass_by_pass_and_compared_with_ar(tmp_path):
     assert "v9 priced as d9" in text and "not priced: no replay of d12" in text and "| speculative | 4 | 5 |" in text
 
 
+def test_the_automatic_c_is_the_cheapest_measured_one_of_auto_candidates():
+    report = steps_report()
+    per = report["trained"]["D=8:model"]["full"]
+    per["fused c=1"] = {"tokens": [7], "steps": [[[9, "draft"], [16, "fused"], [9, "draft"], [16, "fused"]]]}
+    per["fused c=3"] = {"tokens": [7], "steps": [[[9, "draft"], [32, "fused"], [32, "fused"]]]}  # hits more
+    narrow = pb.project(report, {"1": 100.0, "d9": 110.0, "16": 120.0, "32": 300.0}, {})
+    assert narrow["auto"]["c"] == 1 and narrow["auto"]["us_per_token"] == pytest.approx(460.0 / 7)
+    flat = pb.project(report, {"1": 100.0, "d9": 110.0, "16": 120.0, "32": 121.0}, {})
+    assert flat["auto"]["c"] == 3 and flat["auto"]["us_per_token"] == pytest.approx(352.0 / 7)
+    del per["fused c=1"]  # a c of AUTO_CANDIDATES not measured: no answer rather than a guess
+    assert pb.project(report, {"1": 100.0, "d9": 110.0, "32": 121.0}, {})["auto"] is None
+
+
 def test_a_measured_label_is_never_replaced_by_its_proxy():
     result = pb.project(steps_report(), {"1": 100.0, "d9": 110.0, "v9": 90.0}, {"v9": "d9"})
     assert result["routes"]["speculative"]["us"] == 2 * 110.0 + 2 * 90.0 and result["proxies"] == {}

@@ -97,7 +97,22 @@ def project(steps_report: dict, replay_us: dict[str, float], proxies: dict[str, 
     for entry in routes.values():
         if ar and "tok_s" in ar and "tok_s" in entry:
             entry["vs_ar"] = entry["tok_s"] / ar["tok_s"]
-    return {"cost_us": cost, "proxies": {k: v for k, v in proxies.items() if k not in replay_us}, "routes": routes}
+    return {"cost_us": cost, "proxies": {k: v for k, v in proxies.items() if k not in replay_us}, "routes": routes,
+            "auto": auto_choice(routes)}
+
+
+def auto_choice(routes: dict) -> dict | None:
+    """Where policy fused without a fixed c settles at these costs: the c of ``AUTO_CANDIDATES``
+    whose measured route costs the fewest µs per token (``runtime/candidates.py`` measures the
+    same quantity while it decodes). The trained report's own ``fused auto`` route is the c its
+    GPU chose, so it is not what a board would run: it is priced above as measured, not used here."""
+    from bitmtp_edge.format.config import AUTO_CANDIDATES
+
+    priced = {c: routes[f"fused c={c}"] for c in AUTO_CANDIDATES if "us_per_token" in routes.get(f"fused c={c}", {})}
+    if len(priced) < len(AUTO_CANDIDATES):
+        return None
+    c = min(priced, key=lambda k: (priced[k]["us_per_token"], k))
+    return {"c": c, "us_per_token": priced[c]["us_per_token"], "vs_ar": priced[c].get("vs_ar")}
 
 
 def markdown(report: dict) -> str:
@@ -120,6 +135,12 @@ def markdown(report: dict) -> str:
         else:
             lines.append(f"| {route} | {e['passes']} | {e['tokens']} | {e['us_per_token']:.0f} | {e['tok_s']:.0f} | "
                          f"{e.get('vs_ar', float('nan')):.2f}× | {steps} |")
+    auto = report.get("auto")
+    if auto:
+        lines += ["", f"Policy fused without a fixed c (`runtime/candidates.py`) would settle on **c = {auto['c']}** "
+                  f"at these costs ({auto['us_per_token']:.0f} µs per token"
+                  + (f", {auto['vs_ar']:.2f}× AR" if auto.get("vs_ar") else "") + "), after measuring each c for a "
+                  "block of passes; a `fused auto` row above is the c the steps' own GPU chose, priced here."]
     return "\n".join(lines) + "\n"
 
 
