@@ -150,7 +150,8 @@ def test_bench_cli_writes_json_table_and_plots(artifact, prompts_file, tmp_path)
 
     # provenance
     assert report["command"].startswith("bitmtp bench --artifact ") and "--policies ar,hybrid,speculative" in report["command"]
-    assert report["engine"] == {"backend": "reference", "device": "cpu", "runtime": None, "head": "16bit"}
+    assert report["engine"] == {"backend": "reference", "device": "cpu", "runtime": None, "head": "16bit",
+                                "candidate_chooser": None}  # nothing timed at load on the reference backend
     assert len(report["artifact"]["manifest_sha256"]) == 64 and report["artifact"]["block_size"] == 4
     assert report["posture"]["on_jetson"] is False and report["device"]
     assert report["workload"]["source"] == str(prompts_file) and len(report["workload"]["prompts"]) == 2
@@ -391,3 +392,29 @@ def test_bench_errors_name_the_file_option_and_fix(artifact, tmp_path):
 
     res = invoke("bench", "--artifact", artifact, "--monitor", "tegrastats", "-n", 2, "--out", tmp_path / "o")
     assert res.exit_code == 1 and "--monitor tegrastats: tegrastats not found" in res.output
+
+
+def test_bench_reports_where_fused_c_auto_settled(model, engine):
+    """An engine that timed its fused states at load (here: costs given to its chooser, CPU
+    twins, no graphs) benchmarks fused as c=auto, and the report says what each c cost."""
+    import torch
+
+    from bitmtp_edge.app.bench_report import render_markdown
+    from bitmtp_edge.backends.graph import RuntimeOptions
+    from bitmtp_edge.runtime.candidates import CandidateChooser
+    from bitmtp_edge.runtime.engine import Engine
+    from tests.helpers import fast_backend
+
+    backend = fast_backend(model, block_size=4, max_context=128,
+                           options=RuntimeOptions(graphs=False, kv_dtype=torch.float32))
+    fast = Engine(engine.path, engine.manifest, backend, engine.tokenizer, engine.device)
+    fast.candidate_chooser = CandidateChooser({1: 100.0, 3: 130.0}, draft_us=90.0)
+    prompts = [B.BenchPrompt("t1 t2 t3", "test #1")]
+    config = B.BenchConfig(max_new_tokens=24, warmup=0, repeats=1, monitor="none", ignore_eos=True)
+    data = B.run_bench(fast, prompts, B.make_routes(fast, ("fused",)), config).to_dict()
+    (route,) = data["routes"]
+    assert route["name"] == "fused c=auto" and route["candidates"] == "auto"
+    chooser = data["engine"]["candidate_chooser"]
+    passes = {int(c): r["passes"] for c, r in chooser["records"].items() if r["passes"]}
+    assert passes == {int(c): n for c, n in route["fused_candidates"].items()} and sum(passes.values()) > 0
+    assert "| fused c=auto | settled on c=" in render_markdown(data)

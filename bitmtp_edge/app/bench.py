@@ -300,7 +300,8 @@ def _options(engine: Engine, route: Route, config: BenchConfig):
 
     return DecodeOptions.for_model(engine.manifest.mtp, route.policy, config.max_new_tokens, tau=route.tau,
                                    min_prefix=route.min_prefix, candidates=route.candidates,
-                                   stop_token_ids=frozenset() if config.ignore_eos else engine.eos_token_ids)
+                                   stop_token_ids=frozenset() if config.ignore_eos else engine.eos_token_ids,
+                                   chooser=getattr(engine, "candidate_chooser", None) if route.auto else None)
 
 
 def check_workload(engine: Engine, prompts: Sequence[BenchPrompt], routes: Sequence[Route],
@@ -431,6 +432,8 @@ def run_bench(engine: Engine, prompts: Sequence[BenchPrompt], routes: Sequence[R
         report.monitor = {"source": "none", "interval_s": None,
                           "power_note": "no monitor (--monitor none): power, temperatures and clocks not recorded",
                           "notes": [], "error": None}
+    chooser = getattr(engine, "candidate_chooser", None)  # where fused c=auto stood after the runs
+    report.meta["engine"]["candidate_chooser"] = chooser.to_dict() if chooser is not None else None
     report.notes = _bench_notes(report, config)
     return report
 

@@ -161,6 +161,17 @@ def _posture_line(p: dict) -> str:
     return f"{p['module'] or p['model'] or 'Jetson'}, L4T {p['l4t']} (JetPack {p['jetpack']}): {mode}, {locked} — {ready}"
 
 
+def _chooser_row(chooser: dict | None) -> list[str]:
+    """fused c=auto: the step costs timed at load and what each c cost per token in the runs."""
+    if not chooser:
+        return []
+    costs = ", ".join(f"c={c} {us:.0f} µs" for c, us in chooser["fused_us"].items())
+    per_token = ", ".join(f"c={c} {us:.1f}" if us is not None else f"c={c} not run"
+                          for c, us in chooser["us_per_token"].items())
+    return [f"| fused c=auto | settled on c={chooser['cheapest']}; fused passes timed at load {costs}, draft "
+            f"{chooser['draft_us']:.0f} µs; µs per token of each c's passes {per_token} |"]
+
+
 def render_markdown(report: dict) -> str:
     a, e, cfg, mon, w = report["artifact"], report["engine"], report["config"], report["monitor"], report["workload"]
     git = report["git"]
@@ -177,6 +188,7 @@ def render_markdown(report: dict) -> str:
         (f"| artifact | `{a['path']}` — manifest sha256 `{a['manifest_sha256'][:16]}…`, {a['family']} "
          f"{a['layers']}×{a['hidden']}, vocab {a['vocab']}, {mtp} |"),
         f"| backend | {e['backend']} on {e['device']}" + (", int8 verify head" if e.get("head") == "int8" else "") + " |",
+        *_chooser_row(e.get("candidate_chooser")),
         f"| posture | {_posture_line(report['posture'])} |",
         f"| monitor | {mon['source']}" + (f" every {mon['interval_s'] * 1000:.0f} ms" if mon["interval_s"] else "") + " |",
         (f"| workload | {len(w['prompts'])} prompts from {w.get('source') or 'the caller'}; up to {cfg['max_new_tokens']} "
