@@ -58,6 +58,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -548,32 +549,36 @@ class GraphBackend:
             raise
         self.capture_s = time.perf_counter() - t0
 
-    def time_fused_states(self, replays: int = 5, history: int = 64) -> dict:
+    def time_fused_states(self, rounds: int = 5, history: int = 64) -> dict:
         """µs per replay of segment 0's fused states and of its draft step after a miss (width
         1 + D), at history length ``history`` (capped by the segment): what policy fused prices
-        its candidate counts with on this GPU (``runtime/candidates.py``). Each replay moves the
-        device's history length, so it is reset before every replay (the reset alone timed and
-        subtracted); before any generation nothing else of the graphs' writes is read, and the
-        backend is reset after."""
+        its candidate counts with on this GPU (``runtime/candidates.py``). The states take
+        turns, one replay each per round, and each state's median counts: on a board whose
+        clocks ramp while this runs, timing one state after another would price the last one
+        at a faster clock. Each replay moves the device's history length, so it is reset before
+        every replay and the reset alone (timed the same way, launch gap included) subtracted;
+        before any generation nothing else of the graphs' writes is read, and the backend is
+        reset after."""
         t0 = time.perf_counter()
         d, st = self.block_size, self.static
         length = min(history, self.plan.segments[0].capacity // 2)
         reset = lambda: st.history_len.fill_(length)  # noqa: E731
         wanted = {"draft": ReplayState(1 + d, 0, "draft")}
         wanted.update({c: ReplayState(fused_width(d, d, c), 0, "fused") for c in sorted(set(self.opts.fused_candidates))})
-        us = {}
+        steps = {key: (lambda graph=self.graphs[state]: (reset(), graph.replay())) for key, state in wanted.items()}
+        times: dict = {key: [] for key in steps}
+        resets = []
         try:
-            for key, state in wanted.items():
-                graph = self.graphs[state]
-
-                def one(graph=graph):
-                    reset()
-                    graph.replay()
-
-                one()  # the first replay after capture pays for what the capture left cold
-                us[key] = 1000 * (_cuda_ms(one, replays, self.device) - _cuda_ms(reset, replays, self.device))
+            for step in steps.values():
+                step()  # the first replay after capture pays for what the capture left cold
+            for _ in range(rounds):
+                for key, step in steps.items():
+                    resets.append(_cuda_ms(reset, 1, self.device))
+                    times[key].append(_cuda_ms(step, 1, self.device))
         finally:
             self.reset()
+        base = statistics.median(resets)
+        us = {key: 1000 * (statistics.median(ms) - base) for key, ms in times.items()}
         self.step_costs_s = time.perf_counter() - t0
         return {"draft": us.pop("draft"), "fused": us, "history": length}
 
