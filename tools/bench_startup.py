@@ -32,8 +32,8 @@ Writes ``startup.json`` and ``startup.md`` under ``--out`` (default ``tools/resu
 
 from __future__ import annotations
 
-import dataclasses
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
