@@ -528,6 +528,18 @@ def test_metrics_and_the_request_log(live, caplog):
     assert _metric(live, "bitmtp_decode_tokens_per_second") > 0
     assert 0 < _metric(live, "bitmtp_verifier_call_rate") <= 1
     assert _metric(live, 'bitmtp_requests_total{endpoint="/v1/completions",status="400"}') == before_400 + 1
+    # policy fused: its passes by the c they carried (the reference backend times nothing: the default c)
+    from bitmtp_edge.format.config import DEFAULT_CANDIDATES
+
+    fused = f'bitmtp_fused_passes_total{{candidates="{DEFAULT_CANDIDATES}"}}'
+    before = _metric(live, fused)  # 0 while absent
+    live.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
+                                     extra_body={"policy": "fused"})
+    deadline = time.monotonic() + 10
+    while _metric(live, fused) == before:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert _metric(live, fused) > before
 
 
 # --- what real clients send (the openai client, curl) ------------------------------------------------

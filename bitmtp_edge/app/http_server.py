@@ -338,6 +338,8 @@ class Metrics:
             passes = getattr(stats, "forward_passes", None)
             if passes is not None:
                 t["forward_passes"] += passes
+            for count, n in (getattr(stats, "fused_candidates", None) or {}).items():
+                t[("fused_passes", count)] += n  # fixed c, or the chooser's mix (runtime/candidates.py)
             if energy_j is not None:
                 t["energy_j"] += energy_j
                 t["energy_tokens"] += stats.new_tokens
@@ -387,6 +389,10 @@ class Metrics:
             metric("forward_passes_total", "counter", "Model forward passes.", [("", t["forward_passes"])])
             metric("tokens_per_forward_pass", "gauge", "Generated tokens per forward pass, since start.",
                    [("", ratio("completion_tokens", "forward_passes"))])
+        fused = sorted((key[1], n) for key, n in t.items() if isinstance(key, tuple) and key[0] == "fused_passes")
+        if fused:
+            metric("fused_passes_total", "counter", "Fused passes, by the draft blocks c each carried.",
+                   [(f'{{candidates="{c}"}}', n) for c, n in fused])
         worker = self.worker
         metric("queue_depth", "gauge", "Requests waiting for the model.", [("", worker.queue_depth if worker else 0)])
         metric("busy", "gauge", "1 while a generation runs.", [("", int(bool(worker and worker.running)))])
