@@ -1,5 +1,5 @@
-"""Policy fused without a fixed c: the per-pass choice of the candidate count from step
-costs and observed acceptance (``runtime/candidates.py``)."""
+"""Policy fused without a fixed c: the per-pass choice of the candidate count from the step
+costs timed at load and what each c's passes committed (``runtime/candidates.py``)."""
 
 from __future__ import annotations
 
