@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from bitmtp_edge import Engine  # noqa: E402
 from bitmtp_edge.backends.base import DraftResult  # noqa: E402
-from bitmtp_edge.backends.graph import RuntimeOptions  # noqa: E402
+from bitmtp_edge.backends.graph import RuntimeOptions, cuda_ms  # noqa: E402
 from bitmtp_edge.format.config import AUTO_CANDIDATES  # noqa: E402
 from bitmtp_edge.runtime.decoding import DEFAULT_CANDIDATES, DecodeOptions, DecodeStats, decode  # noqa: E402
 from bitmtp_edge.runtime.replay import ReplayState  # noqa: E402
@@ -107,17 +107,6 @@ def export(ckpt: Path, out: Path, max_context: int) -> Path:
 
 
 # -- measurement helpers -------------------------------------------------------------------------
-
-def cuda_ms(fn, repeats: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
-
 
 def replay_times(eng: Engine, segment: int, base_len: int, repeats: int = 50) -> list[dict]:
     """µs per replay of every captured (M, r) at one segment, history length ``base_len``.

@@ -316,6 +316,7 @@ class Metrics:
         self._lock = threading.Lock()
         self.requests: collections.Counter = collections.Counter()  # (endpoint, status) -> n
         self.totals: collections.Counter = collections.Counter()
+        self.fused_passes: collections.Counter = collections.Counter()  # c -> fused passes that carried c blocks
         self.worker: Worker | None = None
 
     def request(self, endpoint: str, status: int) -> None:
@@ -338,8 +339,7 @@ class Metrics:
             passes = getattr(stats, "forward_passes", None)
             if passes is not None:
                 t["forward_passes"] += passes
-            for count, n in (getattr(stats, "fused_candidates", None) or {}).items():
-                t[("fused_passes", count)] += n  # fixed c, or the chooser's mix (runtime/candidates.py)
+            self.fused_passes.update(getattr(stats, "fused_candidates", None) or {})  # fixed c, or the chooser's mix
             if energy_j is not None:
                 t["energy_j"] += energy_j
                 t["energy_tokens"] += stats.new_tokens
@@ -355,7 +355,7 @@ class Metrics:
 
     def render(self) -> str:
         with self._lock:
-            t, requests = dict(self.totals), dict(self.requests)
+            t, requests, fused = dict(self.totals), dict(self.requests), sorted(self.fused_passes.items())
         lines: list[str] = []
 
         def metric(name, kind, help_text, samples):
@@ -389,7 +389,6 @@ class Metrics:
             metric("forward_passes_total", "counter", "Model forward passes.", [("", t["forward_passes"])])
             metric("tokens_per_forward_pass", "gauge", "Generated tokens per forward pass, since start.",
                    [("", ratio("completion_tokens", "forward_passes"))])
-        fused = sorted((key[1], n) for key, n in t.items() if isinstance(key, tuple) and key[0] == "fused_passes")
         if fused:
             metric("fused_passes_total", "counter", "Fused passes, by the draft blocks c each carried.",
                    [(f'{{candidates="{c}"}}', n) for c, n in fused])

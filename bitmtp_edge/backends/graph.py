@@ -132,8 +132,9 @@ class RuntimeOptions:
         return cls(specialize=s, graphs=g, hoist_verify=h, **kw)
 
 
-def _cuda_ms(fn, repeats: int, device) -> float:
-    """Mean ms of ``fn`` over ``repeats`` calls, by CUDA events around all of them."""
+def cuda_ms(fn, repeats: int, device=None) -> float:
+    """Mean ms of ``fn`` over ``repeats`` calls, by CUDA events around all of them (the
+    benchmarks' timer too: ``tools/bench_e2e.py``)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize(device)
     start.record()
@@ -573,8 +574,8 @@ class GraphBackend:
                 step()  # the first replay after capture pays for what the capture left cold
             for _ in range(rounds):
                 for key, step in steps.items():
-                    resets.append(_cuda_ms(reset, 1, self.device))
-                    times[key].append(_cuda_ms(step, 1, self.device))
+                    resets.append(cuda_ms(reset, 1, self.device))
+                    times[key].append(cuda_ms(step, 1, self.device))
         finally:
             self.reset()
         base = statistics.median(resets)
