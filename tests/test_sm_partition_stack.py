@@ -80,9 +80,47 @@ def test_vary_names_what_it_cannot_take(text, message):
         sps.parse_vary(text)
 
 
-def test_vary_needs_a_partition():
-    with pytest.raises(SystemExit, match="give --sms N"):
-        sps.main(["--sms", "0", "--vary", "num_stages=4", "--out", "o.json"])
+@pytest.mark.parametrize("argv,message", [(["--vary-each"], "need --vary"), (["--write-table", "t"], "need --vary"),
+                                          (["--vary", "split_k=2", "--write-table", "t"], "give --vary-each")])
+def test_vary_each_and_write_table_say_what_they_need(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        sps.main(["--sms", "0", *argv, "--out", "o.json"])
+
+
+def test_combined_takes_each_projections_fastest_variant_or_keeps_the_base():
+    stack = types.SimpleNamespace(shapes=MODEL_SHAPES["bitnet-2b"])
+    changes = sps.parse_vary("block_n=128;split_k=2,3")
+    board = sps.configs_for(stack, "board defaults", 16, 8)
+    rows = [row(16, "board defaults", 100.0, 1.0), row(9, "board, bn128 sk3 on wo", 50.0, 1.0),  # another width
+            row(16, "board, bn128 sk2 on wo", 95.0, 1.0), row(16, "board, bn128 sk3 on wo", 97.0, 1.0),
+            row(16, "board, bn128 sk2 on wqkv", 101.0, 1.0), row(16, "board, bn128 sk3 on w2 (down)", 99.0, 1.0)]
+    cfgs, won = sps.combined_configs(stack, 16, 8, rows, changes)
+    assert won == {"wqkv": None, "wo": {"block_n": 128, "split_k": 2}, "w13 (gate+up)": None,
+                   "w2 (down)": {"block_n": 128, "split_k": 3}}
+    assert cfgs["wo"] == replace(board["wo"], block_n=128, split_k=2)
+    assert cfgs["w2 (down)"] == replace(board["w2 (down)"], block_n=128, split_k=3)
+    assert cfgs["wqkv"] == board["wqkv"] and cfgs["w13 (gate+up)"] == board["w13 (gate+up)"]
+
+
+def test_the_written_table_is_the_shipped_one_with_the_chosen_launches(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    stack = types.SimpleNamespace(shapes=MODEL_SHAPES["bitnet-2b"], model="bitnet-2b")
+    shipped = json.loads((tuning.TUNED_DIR / "nvidia_h200.json").read_text())["entries"]
+    chosen = {16: {name: tuning.LinearConfig(tuning.MMA, 128, 64, num_warps=4, num_stages=3, split_k=s,
+                                             fold_lanes=True) for s, (name, *_) in enumerate(stack.shapes, 1)},
+              17: {name: tuning.LinearConfig(tuning.MMA, 64, 64, num_warps=4, num_stages=3, split_k=2, fold_lanes=True)
+                   for name, *_ in stack.shapes}}
+    path = sps.write_table(tmp_path, stack, chosen, {"date": "2026-12-03", "command": "python x --vary-each"})
+    data = json.loads(path.read_text())
+    assert path.name == "nvidia_h200.json" and data["gpu"] == "NVIDIA H200"
+    assert "M = [16, 17] of the bitnet-2b shapes from `python x --vary-each`" in data["note"]
+    entries = data["entries"]
+    assert len(entries) == len(shipped) + 4  # M = 16 replaced, M = 17 added (the shipped table has no 17)
+    for m, cfgs in chosen.items():
+        for name, n, k, g in stack.shapes:
+            assert tuning.find_config(entries, "w2a8_linear", tuning.linear_key(n, k, m, g)) == cfgs[name]
+    untouched = [e for e in shipped if e["key"].get("M") not in (16, 17)]
+    assert all(e in entries for e in untouched)
 
 
 def test_a_variant_changes_only_the_tensor_core_launches_it_names():

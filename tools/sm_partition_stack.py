@@ -168,10 +168,54 @@ def vary_scheme(change: dict) -> str:
 def varied_configs(stack, m: int, sms: int, change: dict, only: tuple[str, ...] = ()) -> dict:
     """The board defaults at width ``m`` with ``change`` applied to every ``mma`` launch (gemv and
     ``dot`` launches have no such tiles and are left as they are); ``only``: to these projections
-    alone (names of ``MODEL_SHAPES``), the others keep the defaults."""
-    base = configs_for(stack, "board defaults", m, sms)
+    alone (names of ``MODEL_SHAPES``), the others keep the defaults. ``sms`` 0 (the whole GPU):
+    the shipped launches (this GPU's table) instead of the defaults, since those are what run there."""
+    base = configs_for(stack, "board defaults" if sms else "shipped", m, sms)
     return {name: replace(cfg, **change) if cfg.kernel == tuning.MMA and (not only or name in only) else cfg
             for name, cfg in base.items()}
+
+
+def combined_configs(stack, m: int, sms: int, rows: list[dict], changes: list[dict]) -> tuple[dict, dict]:
+    """Per projection, the fastest of its ``--vary-each`` rows at width ``m`` against the base
+    launches (each varied alone, the others at the base) -> (launches of all projections
+    together, {projection: the change that won, or None where the base stayed fastest})."""
+    base_scheme = "board defaults" if sms else "shipped"
+    base_us = next(r["us"] for r in rows if r["M"] == m and r["scheme"] == base_scheme)
+    cfgs, won = dict(configs_for(stack, base_scheme, m, sms)), {}
+    for name, *_ in stack.shapes:
+        best, best_us = None, base_us
+        for change in changes:
+            row = next((r for r in rows if r["M"] == m and r["scheme"] == vary_scheme(change) + f" on {name}"), None)
+            if row and row["us"] < best_us:
+                best, best_us = change, row["us"]
+        won[name] = best
+        if best:
+            cfgs[name] = varied_configs(stack, m, sms, best, (name,))[name]
+    return cfgs, won
+
+
+def write_table(folder: Path, stack, chosen: dict[int, dict], meta: dict) -> Path:
+    """This GPU's shipped table with the entries of ``chosen`` ({M: {projection: launch}})
+    put in (replacing the same keys): a folder ``bench_replay_widths.py --tables`` reads."""
+    dev = torch.device("cuda")
+    name = tuning.gpu_table_name(torch.cuda.get_device_name(dev))
+    shipped = tuning.TUNED_DIR / f"{name}.json"
+    data = json.loads(shipped.read_text()) if shipped.is_file() else {"entries": []}
+    new = {}
+    for m, cfgs in chosen.items():
+        for shape, n, k, g in stack.shapes:
+            key = tuning.linear_key(n, k, m, g)
+            new[json.dumps(key, sort_keys=True)] = {"op": "w2a8_linear", "key": key, "config": cfgs[shape].__dict__}
+    kept = [e for e in data["entries"]
+            if not (e["op"] == "w2a8_linear" and json.dumps(e["key"], sort_keys=True) in new)]
+    out = folder / f"{name}.json"
+    meta = {k: v for k, v in data.items() if k not in ("gpu", "entries")} | {
+        "note": (data.get("note", "") + f" {meta['date']}: W2A8 entries at M = {sorted(chosen)} of the "
+                 f"{stack.model} shapes from `{meta['command']}` "
+                 "(sm_partition_stack.py --vary-each --write-table: per projection the fastest launch "
+                 "varied alone).").strip()}
+    tuning.save_table(out, torch.cuda.get_device_name(dev), kept + list(new.values()), meta)
+    return out
 
 
 def timed_row(stack, scheme: str, m: int, us: float, sms: int, mhz: float | None, cfgs: dict) -> dict:
@@ -274,6 +318,12 @@ def main(argv=None) -> int:
     ap.add_argument("--vary-only", default="",
                     help="with --vary: change only these projections (comma list of the model's shape names, "
                          "e.g. \"wo,w2 (down)\")")
+    ap.add_argument("--vary-each", action="store_true",
+                    help="with --vary: change one projection at a time (those of --vary-only, else every one), "
+                         "the others at the base launches")
+    ap.add_argument("--write-table", type=Path, default=None,
+                    help="with --vary-each: time every width's per-projection winners together and write this "
+                         "GPU's table with them (a folder for bench_replay_widths.py --tables)")
     ap.add_argument("--jobs", type=int, default=0, help="with --vary: compile the variants in this many processes first")
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--out", help="JSON file to write")
@@ -297,14 +347,18 @@ def main(argv=None) -> int:
     if [n for n in only if n not in shapes]:
         raise SystemExit(f"sm_partition_stack: --vary-only {args.vary_only!r}: {args.model}'s projections are "
                          f"{', '.join(shapes)}")
-    if changes and not args.sms:
-        raise SystemExit("sm_partition_stack: --vary changes the board defaults: give --sms N as well")
+    if (args.vary_each or args.write_table) and not changes:
+        raise SystemExit("sm_partition_stack: --vary-each and --write-table need --vary")
+    if args.write_table and not args.vary_each:
+        raise SystemExit("sm_partition_stack: --write-table combines per-projection winners: give --vary-each")
     if not torch.cuda.is_available():
         raise SystemExit("sm_partition_stack: needs a CUDA GPU")
+    # the projections each variant changes together: one group, or each alone (--vary-each)
+    groups = [(name,) for name in (only or shapes)] if args.vary_each else [only]
     if changes and args.jobs > 1:  # Triton's disk cache filled before the partition is entered
         model_shapes = types.SimpleNamespace(shapes=MODEL_SHAPES[args.model])  # no GPU tensors yet
         jobs = [("w2a8_linear", *shapes[name], m, name in RESIDUAL_SHAPES, cfg) for m in widths for change in changes
-                for name, cfg in varied_configs(model_shapes, m, args.sms, change, only).items()]
+                for group in groups for name, cfg in varied_configs(model_shapes, m, args.sms, change, group).items()]
         precompile(jobs, args.jobs)
     full_sms = tuning.sm_count(torch.device("cuda"))
     if args.sms:
@@ -319,8 +373,9 @@ def main(argv=None) -> int:
     stack = Stack(args.model, rotate_mb=0.0)
     schemes = ["shipped"] + (["board defaults", "board, mma from M = 1"] + [f"board, {g}" for g in generations]
                              + (["board, tail"] if args.tail else []) if args.sms else [])
-    variants = {vary_scheme(c) + (f" on {', '.join(only)}" if only else ""): c for c in changes}
-    rows, failed = [], []
+    variants = {vary_scheme(c) + (f" on {', '.join(group)}" if group else ""): (c, group)
+                for c in changes for group in groups}
+    rows, failed, combined = [], [], {}
     for m in widths:
         stack.set_width(m)
         for scheme in schemes:
@@ -330,8 +385,8 @@ def main(argv=None) -> int:
             stack.check(cfgs)
             us = stack.time_us(timer, cfgs)
             rows.append(timed_row(stack, scheme, m, us, sms, mhz, cfgs))
-        for scheme, change in variants.items():
-            cfgs = varied_configs(stack, m, args.sms, change, only)
+        for scheme, (change, group) in variants.items():
+            cfgs = varied_configs(stack, m, args.sms, change, group)
             try:
                 stack.check(cfgs)
                 us = stack.time_us(timer, cfgs)
@@ -340,6 +395,12 @@ def main(argv=None) -> int:
                 print(f"sms {sms} M {m:3d} {scheme}: failed: {failed[-1]['error']}", flush=True)
                 continue
             rows.append(timed_row(stack, scheme, m, us, sms, mhz, cfgs))
+        if args.write_table:  # the winners together: projections varied alone need not add up
+            cfgs, won = combined_configs(stack, m, args.sms, rows, changes)
+            stack.check(cfgs)
+            rows.append(timed_row(stack, "combined", m, stack.time_us(timer, cfgs), sms, mhz, cfgs))
+            rows[-1]["won"] = {name: change and vary_scheme(change) for name, change in won.items()}
+            combined[m] = cfgs
     read_gbps = read_rate(stack.packed_bytes, args.passes)
     read_rate_per_clock = read_gbps * 1e9 / (sms * mhz * 1e6) if mhz else None
     print(f"float32 sum over {stack.packed_bytes / 1e6:.0f} MB on this partition: {read_gbps:.0f} GB/s"
@@ -359,6 +420,8 @@ def main(argv=None) -> int:
             "command": "python tools/sm_partition_stack.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    if args.write_table:
+        print(f"table: {write_table(args.write_table, stack, combined, meta)}", flush=True)
     return 0
 
 
