@@ -229,10 +229,18 @@ def pdl_status() -> tuple[bool, str]:
 
 def pdl_options(kernel) -> dict:
     """Launch keywords for ``kernel``: programmatic dependent launch where the current CUDA
-    device and Triton support it and the switch is on; the plain launch otherwise."""
-    if not is_interpreted(kernel) and pdl_status()[0]:  # per launch: the device check is cached
-        return {"USE_GDC": True, "launch_pdl": True}
-    return {"USE_GDC": False}
+    device and Triton support it and the switch is on; the plain launch otherwise.
+
+    Per launch, so the checks are cheap: a compiled kernel launches on a CUDA device, whose
+    capability check is cached (``pdl_status``'s ``torch.cuda.is_available`` asks the driver
+    for the device count each time: ~20,000 launches at a 2B model's load)."""
+    if is_interpreted(kernel) or not _PDL_ENABLED[0]:
+        return {"USE_GDC": False}
+    try:
+        device = torch.cuda.current_device()
+    except (AssertionError, RuntimeError):  # no CUDA here (a CPU build, no driver): a plain launch
+        return {"USE_GDC": False}
+    return {"USE_GDC": True, "launch_pdl": True} if _pdl_unsupported(device) is None else {"USE_GDC": False}
 
 
 def is_interpreted(kernel) -> bool:

@@ -128,9 +128,25 @@ def load_table(device_name: str) -> tuple[dict, ...]:
     return tuple(data.get("entries", ()))
 
 
+# ``lookup``'s answers per table: every launch asks (a capture at load, ~9,000 times for the 2B
+# shape: ~0.3 s of scanning the table on the H200's host, more on a board's). Keyed by the
+# table tuple itself, which the memo holds, so a reloaded table (``load_table.cache_clear``,
+# another TUNED_DIR) starts a fresh memo rather than matching a recycled id.
+_LOOKUPS: dict[str, tuple[tuple[dict, ...], dict]] = {}
+
+
 def lookup(op: str, key: dict[str, Any], device: torch.device):
     """The tuned config for ``op`` at ``key`` on ``device``'s GPU model, or None."""
-    return find_config(load_table(_device_name(device)), op, key)
+    name = _device_name(device)
+    entries = load_table(name)
+    table, answers = _LOOKUPS.get(name, ((), {}))
+    if table is not entries:
+        answers = {}
+        _LOOKUPS[name] = (entries, answers)
+    memo_key = (op, tuple(sorted(key.items())))
+    if memo_key not in answers:
+        answers[memo_key] = find_config(entries, op, key)
+    return answers[memo_key]
 
 
 LINEAR_OPS = ("w2a8_linear", "w2a16_linear")  # their widths pad to row tiles (the heads' do not)

@@ -89,6 +89,34 @@ def test_int8_verify_logits_are_the_draft_heads():
         FastModel(manifest_for(model, 4, plan), artifact_tensors(model), twin_ops(True), "cpu", verify_head="fp4")
 
 
+@pytest.mark.parametrize("stored,head_dtype", [(torch.bfloat16, None), (torch.float16, None),
+                                               (torch.float32, None), (torch.bfloat16, torch.float16)])
+@pytest.mark.parametrize("verify_head", ["16bit", "int8"])
+def test_a_tied_embedding_is_the_heads_values_widened(stored, head_dtype, verify_head):
+    """The fast model's float32 embedding and 16-bit verify head of a tied checkpoint: the
+    stored values, widened / kept / narrowed exactly as each alone would be, whichever of them
+    crossed to the device first (a tied 16-bit head that keeps its type is sent once); two
+    tensors, so writing one cannot change the other."""
+    from bitmtp_edge.backends.fast_model import FastModel
+    from bitmtp_edge.backends.ops import twin_ops
+    from bitmtp_edge.format.tensors import EMBED
+    from tests.helpers import artifact_tensors, manifest_for
+
+    model = random_model(5, tie=True)
+    plan = reference_backend(model, max_context=256).plan
+    tensors = artifact_tensors(model)
+    tensors[EMBED] = tensors[EMBED].to(stored)
+    fast = FastModel(manifest_for(model, 4, plan), tensors, twin_ops(True), "cpu", head_dtype=head_dtype,
+                     verify_head=verify_head)
+    assert fast.embed.dtype == torch.float32 and torch.equal(fast.embed, tensors[EMBED].float())
+    if verify_head == "int8":
+        assert fast.verify_head is None and fast.int8_head is not None
+        return
+    kept = head_dtype or (stored if stored != torch.float32 else torch.float16)
+    assert fast.verify_head.dtype == kept and torch.equal(fast.verify_head, tensors[EMBED].to(kept))
+    assert fast.verify_head.data_ptr() != fast.embed.data_ptr()
+
+
 # What the CPU can run of each ablation preset: everything but graph capture. "m1+m2" is
 # "m1" plus graphs, so it is the GPU tests' business (test_gpu_backend_is_exact_..., and
 # test_gpu_graphs_replay_the_eager_tokens); the three below differ in what they run.

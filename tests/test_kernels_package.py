@@ -54,6 +54,42 @@ def test_lookup_prefers_the_exact_key_then_the_nearest_tuned_width():
     assert tie.kernel == GEMV  # |5-1| == |5-9|: the smaller width wins
 
 
+def test_lookup_answers_from_the_table_in_use(tmp_path, monkeypatch):
+    """``lookup`` remembers its answers per loaded table: the same config as ``find_config``
+    for exact and nearest keys, and a table loaded again (another TUNED_DIR, or the file
+    rewritten and the table cache cleared, as ``bitmtp tune`` and the replay bench do)
+    answers from the new entries, not from what the old ones said."""
+    import torch
+
+    def write(folder, block_n):
+        folder.mkdir(exist_ok=True)
+        entries = [dict(ENTRIES[0], config=dict(ENTRIES[0]["config"], block_n=block_n)), *ENTRIES[1:]]
+        (folder / "cpu.json").write_text(json.dumps({"gpu": "cpu", "entries": entries}))
+
+    cpu = torch.device("cpu")
+    write(tmp_path / "a", 4)
+    monkeypatch.setattr(tuning, "TUNED_DIR", tmp_path / "a")
+    tuning.load_table.cache_clear()
+    try:
+        for m in (1, 7, 9):
+            key = tuning.linear_key(2560, 2560, m, False)
+            assert tuning.lookup("w2a8_linear", key, cpu) == tuning.find_config(ENTRIES, "w2a8_linear", key)
+            assert tuning.lookup("w2a8_linear", key, cpu) == tuning.find_config(ENTRIES, "w2a8_linear", key)
+        assert tuning.lookup("w2a8_linear", tuning.linear_key(3840, 2560, 1, False), cpu) is None
+        m1 = tuning.linear_key(2560, 2560, 1, False)
+        write(tmp_path / "a", 16)  # rewritten: the cached table still holds block_n 4 until cleared
+        assert tuning.lookup("w2a8_linear", m1, cpu).block_n == 4
+        tuning.load_table.cache_clear()
+        assert tuning.lookup("w2a8_linear", m1, cpu).block_n == 16
+        write(tmp_path / "b", 8)
+        monkeypatch.setattr(tuning, "TUNED_DIR", tmp_path / "b")
+        tuning.load_table.cache_clear()
+        assert tuning.lookup("w2a8_linear", m1, cpu).block_n == 8
+    finally:
+        monkeypatch.undo()
+        tuning.load_table.cache_clear()
+
+
 def test_lookup_stays_within_the_row_tile_of_the_width():
     """M = 31 pads to the 32 rows of M = 27's entry, not to the 64 of M = 33's, although 33
     is nearer; M = 17 also takes M = 27's (32 rows), not M = 16's; M = 41 and 64 M = 33's."""

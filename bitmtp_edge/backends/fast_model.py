@@ -93,11 +93,20 @@ class FastModel:
                 q_norm=t(p + "self_attn.q_norm.weight") if cfg.has_qk_norm else None,
                 k_norm=t(p + "self_attn.k_norm.weight") if cfg.has_qk_norm else None,
             ))
-        self.embed = t(EMBED)  # [V, H] float32: a row gather per token
         self.final_norm = t(FINAL_NORM)
         head = tensors[head_name(cfg.tie_word_embeddings)]
         # The verify head keeps the checkpoint's 16-bit type (bf16 stays bf16: exact).
         self.head_dtype = head_dtype or (head.dtype if head.dtype in (torch.float16, torch.bfloat16) else torch.float16)
+        # The embedding, float32 for a row gather per token. Tied to a 16-bit head that stays
+        # in its own type, it crosses to the device once (656 MB of BitNet-2B) and widens
+        # there: the same values as widening on the host, exactly.
+        tied = cfg.tie_word_embeddings and verify_head == "16bit" and head.dtype == self.head_dtype
+        self.verify_head = None
+        if tied:
+            self.verify_head = head.to(device=dev).contiguous()  # [V, H]
+            self.embed = self.verify_head.float()  # [V, H]
+        else:
+            self.embed = t(EMBED)
         if verify_head not in HEADS:
             raise ValueError(f"verify head {verify_head!r}: choose one of {', '.join(HEADS)}")
         self.draft_head = None
@@ -105,15 +114,16 @@ class FastModel:
         if draft_head == "fp8":  # the server path: e4m3 rows quantised here from the verify head
             from .fp8_head import quantize_rows_fp8
 
-            self.draft_head = quantize_rows_fp8(head.to(dev))
+            self.draft_head = quantize_rows_fp8(self.verify_head if tied else head.to(dev))
         elif DRAFT_HEAD_WEIGHT in tensors and manifest.draft_head == DRAFT_HEAD_INT8:
             self.draft_head = (t(DRAFT_HEAD_WEIGHT, torch.int8).contiguous(), t(DRAFT_HEAD_SCALE))
         # The int8 verify head (``verify_head="int8"``): the artifact's int8 draft head (else the
         # 16-bit head quantised per row here, as the exporter does) in every role; the 16-bit
         # head is then not kept on the device at all (656 MB of a 2B model).
-        self.int8_head = self.verify_head = None
+        self.int8_head = None
         if verify_head == "16bit":
-            self.verify_head = head.to(device=dev, dtype=self.head_dtype).contiguous()  # [V, H]
+            if not tied:
+                self.verify_head = head.to(device=dev, dtype=self.head_dtype).contiguous()  # [V, H]
         elif draft_head == "int8" and self.draft_head is not None:
             self.int8_head = self.draft_head
         else:
