@@ -53,6 +53,8 @@ def _head_partial_kernel(
     UPCAST: tl.constexpr,
     ROW_TILES: tl.constexpr = 1,  # BLOCK_M-row tiles per program (1..4), each weight tile loaded once for all
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
+    skip_ptr=None,  # SKIP: [1] int32, nonzero = return at once (certified_head.py answered every row)
+    SKIP: tl.constexpr = False,
 ):
     # the row tiles of one vocabulary tile are neighbours in the grid (and up to ROW_TILES of
     # them in one program): they share its weights' DRAM traffic (a fused step's head reads ~30 rows)
@@ -66,6 +68,9 @@ def _head_partial_kernel(
     else:
         ws = tl.zeros((BLOCK_V,), tl.float32)
     gdc_prologue(USE_GDC)
+    if SKIP:  # the flag is the previous kernel's output: read after the wait
+        if tl.load(skip_ptr) != 0:
+            return
     # int8: the rows' scales asked for now, in flight during the loop (one tile holds every row)
     hs = _row_scales(h_scale_ptr, rm, M, INT8, BLOCK_M)
     acc0 = tl.zeros((BLOCK_V, BLOCK_M), tl.int32 if INT8 else tl.float32)
@@ -143,8 +148,13 @@ def _head_combine_kernel(
     P, M,
     BLOCK_P: tl.constexpr,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
+    skip_ptr=None,  # as in _head_partial_kernel
+    SKIP: tl.constexpr = False,
 ):
     gdc_prologue(USE_GDC)
+    if SKIP:
+        if tl.load(skip_ptr) != 0:
+            return
     m = tl.program_id(0)
     rp = tl.arange(0, BLOCK_P)
     g_max = float("-inf")
@@ -166,7 +176,7 @@ def _head_combine_kernel(
     tl.store(conf_ptr + m, 1.0 / g_sum)
 
 
-def _head_argmax(h, h_scale, w, w_scale, config, op):
+def _head_argmax(h, h_scale, w, w_scale, config, op, skip=None):
     m, hdim = h.shape
     v = w.shape[0]
     if w.dim() != 2 or w.shape[1] != hdim or w.stride(1) != 1 or h.stride(1) != 1:
@@ -194,16 +204,18 @@ def _head_argmax(h, h_scale, w, w_scale, config, op):
     pidx = torch.empty((n_parts, m), dtype=torch.int32, device=h.device)
     psum = torch.empty((n_parts, m), dtype=torch.float32, device=h.device)
     tiles = min(triton.cdiv(m, block_m), F16_MAX_ROW_TILES)  # int8: one tile holds every row
+    skipping = {} if skip is None else {"skip_ptr": skip, "SKIP": True}
     _head_partial_kernel[(triton.cdiv(m, block_m * tiles), n_parts)](
         h, h if h_scale is None else h_scale, w, w if w_scale is None else w_scale,
         pmax, pidx, psum, m, v, hdim, h.stride(0), w.stride(0),
         INT8=int8, BLOCK_M=block_m, BLOCK_V=config.block_v, BLOCK_H=config.block_h,
         UPCAST=bf16_dot_upcast(_head_partial_kernel, h), ROW_TILES=tiles,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(_head_partial_kernel),
+        **skipping,
     )
     _head_combine_kernel[(m,)](pmax, pidx, psum, top1, conf, n_parts, m,
                                BLOCK_P=min(next_pow2(n_parts), config.combine_block), num_warps=4,
-                               **pdl_options(_head_combine_kernel))
+                               **pdl_options(_head_combine_kernel), **skipping)
     return top1, conf
 
 
@@ -231,12 +243,20 @@ def f16_head_argmax(
     w: torch.Tensor,  # [V, H] same dtype
     *,
     config: HeadConfig | None = None,
+    skip: torch.Tensor | None = None,  # [1] int32 on the device: nonzero = read nothing, write nothing
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (top1 [M] int64, confidence [M] float32)
-    """The 16-bit verify head: float32-accumulated logits, then argmax and max-softmax."""
+    """The 16-bit verify head: float32-accumulated logits, then argmax and max-softmax.
+
+    ``skip`` (``certified_head.py``): a flag the device decides during a step; where it is
+    nonzero both launches return at once and the outputs are left unwritten (a CUDA graph
+    keeps both launches captured either way)."""
     check_dtype(h, (torch.float16, torch.bfloat16), "f16_head_argmax: h")
     if w.dtype != h.dtype:
         raise TypeError(f"f16_head_argmax: w is {w.dtype} but h is {h.dtype}; they must match")
-    return _head_argmax(h, None, w, None, config, "f16_head_argmax")
+    if skip is not None and (skip.dtype != torch.int32 or skip.shape != (1,) or skip.device != h.device):
+        raise ValueError(f"f16_head_argmax: skip must be a [1] int32 tensor on {h.device}, got "
+                         f"{skip.dtype} {tuple(skip.shape)} on {skip.device}")
+    return _head_argmax(h, None, w, None, config, "f16_head_argmax", skip)
 
 
 # --- pure-PyTorch twins (they do write the [M, V] logits) ------------------------------------
@@ -257,5 +277,7 @@ def f16_head_logits_reference(h, w) -> torch.Tensor:
     return h.float() @ w.float().t()
 
 
-def f16_head_argmax_reference(h, w):
+def f16_head_argmax_reference(h, w, skip=None):
+    """``skip`` is taken and ignored: the twin always computes (its outputs where the kernel
+    skipped are never read)."""
     return _argmax_confidence(f16_head_logits_reference(h, w))

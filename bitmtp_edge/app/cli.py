@@ -27,7 +27,7 @@ from ..runtime.policies import POLICIES
 MONITOR_CHOICES = ("auto", "tegrastats", "jtop", "nvml", "psutil", "none")
 BACKEND_NAMES = ("auto", "reference", "ampere", "server")
 RUNTIME_NAMES = ("generic", "m1", "m1+m2", "full")
-HEAD_NAMES = ("16bit", "int8")
+HEAD_NAMES = ("16bit", "int8", "certified")
 ARGV_KEY = "bitmtp.argv"
 
 
@@ -114,9 +114,11 @@ artifact_option = click.option("--artifact", "-a", type=click.Path(file_okay=Fal
 backend_option = click.option("--backend", type=click.Choice(BACKEND_NAMES), default="auto", show_default=True)
 device_option = click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
 head_option = click.option("--head", type=click.Choice(HEAD_NAMES), default="16bit", show_default=True,
-                           help="The verify role's head: 16bit (the checkpoint's, exact) or int8 (the draft head in "
+                           help="The verify role's head: 16bit (the checkpoint's, exact); int8 (the draft head in "
                                 "every role: half the head's bytes per step, the 16-bit head not loaded; the greedy "
-                                "text differs at near-ties; docs/runtime.md, \"The int8 head\").")
+                                "text differs at near-ties); or certified (the 16-bit head's tokens, exactly, read from "
+                                "the int8 head in the greedy AR and verify steps wherever a bound proves them; "
+                                "docs/runtime.md, \"The int8 head\").")
 runtime_option = click.option("--runtime", type=click.Choice(RUNTIME_NAMES), default="full", show_default=True,
                               help="Fast backends: the ablation configuration (docs/runtime.md §Ablation presets).")
 tau_help = "Confidence threshold τ [default: the model's]."

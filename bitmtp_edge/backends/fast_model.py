@@ -65,7 +65,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight.float() * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))
 
 
-HEADS = ("16bit", "int8")  # the verify role's head: the checkpoint's 16-bit one, or the int8 one
+# The verify role's head: the checkpoint's 16-bit one; the int8 one (half the bytes, a different
+# argmax at near-ties); or "certified", the 16-bit head's tokens read from the int8 head wherever
+# a bound proves them (kernels_ampere/certified_head.py), else from the 16-bit head after all.
+HEADS = ("16bit", "int8", "certified")
 
 
 class FastModel:
@@ -100,7 +103,8 @@ class FastModel:
         # The embedding, float32 for a row gather per token. Tied to a 16-bit head that stays
         # in its own type, it crosses to the device once (656 MB of BitNet-2B) and widens
         # there: the same values as widening on the host, exactly.
-        tied = cfg.tie_word_embeddings and verify_head == "16bit" and head.dtype == self.head_dtype
+        keeps_16bit = verify_head in ("16bit", "certified")
+        tied = cfg.tie_word_embeddings and keeps_16bit and head.dtype == self.head_dtype
         self.verify_head = None
         if tied:
             self.verify_head = head.to(device=dev).contiguous()  # [V, H]
@@ -121,9 +125,17 @@ class FastModel:
         # 16-bit head quantised per row here, as the exporter does) in every role; the 16-bit
         # head is then not kept on the device at all (656 MB of a 2B model).
         self.int8_head = None
-        if verify_head == "16bit":
+        self.certified_head = None  # (int8 codes, row scales, ||e_v||_2, max|w_v| + s_v) of the certified head
+        if keeps_16bit:
             if not tied:
                 self.verify_head = head.to(device=dev, dtype=self.head_dtype).contiguous()  # [V, H]
+            if verify_head == "certified":  # the artifact's int8 head, else the 16-bit one quantised here
+                if self.head_dtype not in (torch.float16, torch.bfloat16):
+                    raise ValueError(f"verify head 'certified' answers for a 16-bit head; this one is {self.head_dtype}")
+                from kernels_ampere.certified_head import int8_rows
+
+                self._certify_with(self.draft_head if draft_head == "int8" and self.draft_head is not None
+                                   else int8_rows(self.verify_head))
         elif draft_head == "int8" and self.draft_head is not None:
             self.int8_head = self.draft_head
         else:
@@ -132,9 +144,29 @@ class FastModel:
             if draft_head == "int8":  # no int8 draft head in the artifact: the drafts read this one too
                 self.draft_head = self.int8_head
 
+    def _certify_with(self, int8_head: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Keep ``int8_head`` and the per-row constants of the bound (computed here, on the device)."""
+        from kernels_ampere.certified_head import head_error_bounds
+
+        err, mag = head_error_bounds(self.verify_head, *int8_head)
+        self.certified_head = (*int8_head, err, mag)
+        # [greedy head calls, of them answered by the int8 head alone]: device counters, so a
+        # replayed graph counts too (read them with certified_counts; capture's runs count as well)
+        self.certified_calls = torch.zeros(2, dtype=torch.int64, device=self.device)
+
+    def certified_counts(self) -> tuple[int, int]:
+        """(greedy head calls, certified ones) since load: what share of steps read the int8
+        head only. (0, 0) without the certified head. Reads the device (a sync)."""
+        if self.certified_head is None:
+            return 0, 0
+        calls, certified = self.certified_calls.tolist()
+        return calls, certified
+
     @property
     def verify_head_kind(self) -> str:
         """``HEADS``: which head the verify role reads."""
+        if self.certified_head is not None:
+            return "certified"
         return "16bit" if self.int8_head is None else "int8"
 
     @contextlib.contextmanager
@@ -221,6 +253,20 @@ class FastModel:
             return self._int8_top1(x, self.int8_head)
         h = self.ops.rmsnorm_cast(x, self.final_norm, self.cfg.rms_norm_eps, self.head_dtype)
         return self.ops.f16_head_argmax(h, self.verify_head)
+
+    def verify_greedy(self, x):
+        """[M, H] residual -> (top1 [M] int64, check [M] float32) for the greedy AR and verify
+        rows: ``verify_top1``'s tokens. With the certified head they are read from the int8 head
+        where its bound proves them (the 16-bit head runs only for a call with a row it does
+        not), and ``check`` is then good for a finiteness test only: 1 where the 16-bit head did
+        not run (``certified_head.certified_head_argmax``)."""
+        if self.certified_head is None:
+            return self.verify_top1(x)
+        h = self.ops.rmsnorm_cast(x, self.final_norm, self.cfg.rms_norm_eps, self.head_dtype)
+        top, check, certified = self.ops.certified_head_argmax(h, self.verify_head, *self.certified_head)
+        self.certified_calls[0].add_(1)
+        self.certified_calls[1].add_(certified[0])
+        return top, check
 
     def _int8_top1(self, x, head):
         """[M, H] residual -> (top1, confidence) of an int8 head (W8A8, the fused kernel)."""

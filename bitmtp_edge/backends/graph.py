@@ -355,7 +355,7 @@ class GraphBackend:
         spans = history_step_spans(st.history_len, 1)
         x = self._forward(seg, st.ar_token, st.history_len, st.history_len, spans, 1)
         if sampled is None:
-            top, conf = self.fast.verify_top1(x)
+            top, conf = self.fast.verify_greedy(x)
             top = flag_non_finite(x, top, conf)  # read with the token: no extra sync
         else:
             si = self.sample_inputs
@@ -401,7 +401,7 @@ class GraphBackend:
         positions = first + st.workspace_rows[: d + 1]
         x = self._forward(seg, st.verify_tokens, positions, positions, history_step_spans(first, d + 1), d)
         if sampled is None:
-            greedy, conf = self.fast.verify_top1(x)  # [D + 1]
+            greedy, conf = self.fast.verify_greedy(x)  # [D + 1]
             greedy = flag_non_finite(x, greedy, conf)
             accepted, verifier = accept_on_device(st.verify_tokens, greedy)
         else:

@@ -34,6 +34,14 @@ class Ops:
     small_width_attention: Callable
     int8_head_argmax: Callable
     f16_head_argmax: Callable
+    certify_partials: Callable  # kernels_ampere.certified_head: the int8 pass of the certified head
+
+    def certified_head_argmax(self, h, w16, w_int8, w_scale, err_norm, magnitude):
+        """The 16-bit head's argmax, from the int8 head where certified (``certified_head.py``)."""
+        from kernels_ampere.certified_head import certified_head_argmax
+
+        return certified_head_argmax(h, w16, w_int8, w_scale, err_norm, magnitude, partials=self.certify_partials,
+                                     f16_head=self.f16_head_argmax)
 
     def linear_w2a8(self, a_int8, a_scale, packed, w_scale, out_dtype=torch.float32, residual=None):
         if self.twin:
@@ -51,6 +59,7 @@ class Ops:
 def kernel_ops(specialize_widths: bool = True) -> Ops:
     """The Triton kernels (imports Triton)."""
     from kernels_ampere.attention import small_width_attention
+    from kernels_ampere.certified_head import certify_partials
     from kernels_ampere.fused_quant import (act_quant, relu2_mul_rmsnorm_quant, rmsnorm_cast, rmsnorm_quant,
                                             silu_mul_quant)
     from kernels_ampere.heads import f16_head_argmax, int8_head_argmax
@@ -62,12 +71,14 @@ def kernel_ops(specialize_widths: bool = True) -> Ops:
                rmsnorm_quant=rmsnorm_quant, rmsnorm_cast=rmsnorm_cast, act_quant=act_quant,
                relu2_mul_rmsnorm_quant=relu2_mul_rmsnorm_quant, silu_mul_quant=silu_mul_quant,
                rope_qkv_to_cache=rope_qkv_to_cache, small_width_attention=small_width_attention,
-               int8_head_argmax=int8_head_argmax, f16_head_argmax=f16_head_argmax)
+               int8_head_argmax=int8_head_argmax, f16_head_argmax=f16_head_argmax,
+               certify_partials=certify_partials)
 
 
 def twin_ops(specialize_widths: bool = True) -> Ops:
     """The kernels' pure-PyTorch twins (they live next to their kernels, so this imports Triton too)."""
     from kernels_ampere.attention import small_width_attention_reference
+    from kernels_ampere.certified_head import certify_partials_reference
     from kernels_ampere.fused_quant import (act_quant_reference, relu2_mul_rmsnorm_quant_reference,
                                             rmsnorm_cast_reference, rmsnorm_quant_reference,
                                             silu_mul_quant_reference)
@@ -82,7 +93,8 @@ def twin_ops(specialize_widths: bool = True) -> Ops:
                relu2_mul_rmsnorm_quant=relu2_mul_rmsnorm_quant_reference, silu_mul_quant=silu_mul_quant_reference,
                rope_qkv_to_cache=rope_qkv_to_cache_reference,
                small_width_attention=small_width_attention_reference,
-               int8_head_argmax=int8_head_argmax_reference, f16_head_argmax=f16_head_argmax_reference)
+               int8_head_argmax=int8_head_argmax_reference, f16_head_argmax=f16_head_argmax_reference,
+               certify_partials=certify_partials_reference)
 
 
 def _generic_linear(grouped: bool):

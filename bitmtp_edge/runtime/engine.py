@@ -126,7 +126,9 @@ class Engine:
         ``head``: the verify role's head, ``16bit`` (the checkpoint's: exact) or ``int8`` (the
         artifact's int8 draft head in every role: half the head's bytes per step and the 16-bit
         head not loaded on the device; the greedy text differs from the 16-bit head's at
-        near-ties, about once per hundred tokens on the embedded models; docs/runtime.md).
+        near-ties, about once per hundred tokens on the embedded models; docs/runtime.md), or
+        ``certified`` (the 16-bit head's tokens exactly, which the greedy AR and verify steps
+        read from the int8 head wherever a bound proves them: ``kernels_ampere/certified_head.py``).
         """
         t0 = time.perf_counter()
         folder = Path(path) if path is not None else embedded_artifact_path()
@@ -192,7 +194,9 @@ class Engine:
     # -- properties ------------------------------------------------------------------------
     @property
     def head(self) -> str:
-        """The verify role's head, as the backend holds it: ``16bit`` or ``int8`` (``Engine.load(head=...)``)."""
+        """The verify role's head, as the backend holds it: ``16bit``, ``int8`` or ``certified``
+        (``Engine.load(head=...)``; the reference backend, the oracle, reads its 16-bit head for
+        ``certified``, whose tokens are the 16-bit head's by construction)."""
         fast = getattr(self.backend, "fast", None)
         if fast is not None:
             return fast.verify_head_kind

@@ -1,0 +1,142 @@
+"""The certified head (kernels_ampere/certified_head.py): the 16-bit head's greedy token, read
+from the int8 head wherever a bound proves it. The kernel against its twin on fresh random
+inputs (interpreted in CI, compiled on a GPU), the bound against the 16-bit logits, the fold of
+the tiles, and every policy on the graph backend giving the 16-bit head's tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bitmtp_edge.runtime.policies import POLICIES
+from kernels_ampere import certified_head as ch
+from kernels_ampere.heads import f16_head_argmax, f16_head_argmax_reference
+from kernels_ampere.numerics import quantize_rows_int8
+from kernels_ampere.tuning import HeadConfig
+from tests.helpers import DEVICE, ON_GPU, fast_backend, random_model
+from tests.test_decoding import run
+
+PROMPT = [5, 17, 3, 42, 8, 11, 29, 2]
+CONFIG = HeadConfig(block_v=64, block_h=32)
+
+
+def head_case(v: int, h: int, m: int, dtype, seed: int, winners: int):
+    """A 16-bit head, its int8 rows and bounds, and ``m`` activation rows of which the first
+    ``winners`` point along a head row (a clear argmax: certified), the rest random (near-ties)."""
+    g = torch.Generator().manual_seed(seed)
+    w16 = (torch.randn(v, h, generator=g) * 0.05).to(dtype)
+    q, s = quantize_rows_int8(w16.float())
+    x = torch.randn(m, h, generator=g)
+    for i in range(winners):
+        x[i] = w16[(37 * i + 11) % v].float() * 40 + 0.1 * x[i]
+    x = x.to(dtype)
+    w16, q, s, x = (t.to(DEVICE) for t in (w16, q, s, x))
+    return w16, q, s, *ch.head_error_bounds(w16, q, s), x
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("v,h,m,winners", [(300, 96, 1, 1), (300, 96, 1, 0), (257, 64, 9, 5), (200, 160, 17, 9)])
+def test_kernel_partials_and_tokens_match_the_twin_and_the_16bit_head(dtype, v, h, m, winners):
+    w16, q, s, err, mag, x = head_case(v, h, m, dtype, seed=v + h + m, winners=winners)
+    n1, n2 = ch.activation_norms(x)
+    kernel = ch.certify_partials(x, q, s, err, mag, n1, n2, config=CONFIG)
+    twin = ch.certify_partials_reference(x, q, s, err, mag, n1, n2, config=CONFIG)
+    for a, b, name in zip(kernel, twin, ("u1", "i1", "u2", "low")):
+        assert a.shape == b.shape == (-(-v // CONFIG.block_v), m), name
+        assert torch.allclose(a.float(), b.float(), rtol=1e-5, atol=1e-5), name
+    expected, _ = f16_head_argmax_reference(x, w16)
+    for partials, head in ((lambda *a: ch.certify_partials(*a, config=CONFIG), f16_head_argmax),
+                           (ch.certify_partials_reference, f16_head_argmax_reference)):
+        top, check, every = ch.certified_head_argmax(x, w16, q, s, err, mag, partials=partials, f16_head=head)
+        token, ok = ch.certify(*partials(x, q, s, err, mag, n1, n2))
+        assert torch.equal(token[ok], expected[ok])  # every certified row: the 16-bit head's token
+        assert bool(every) == bool(ok.all())
+        assert bool(ok[:winners].all()) and torch.isfinite(check).all()
+        if ON_GPU and head is f16_head_argmax:  # the compiled 16-bit head's own near-tie order
+            assert torch.equal(top, f16_head_argmax(x, w16)[0]) or bool(every)
+        else:
+            assert torch.equal(top, expected)
+
+
+def test_the_bound_holds_for_every_row_and_logit():
+    """|16-bit logit - l| <= B on random heads and activations (both 16-bit types), where
+    l = s · (q · h) and B the Cauchy-Schwarz bound plus the float32 rounding of both sums."""
+    for dtype in (torch.bfloat16, torch.float16):
+        w16, q, s, err, mag, x = head_case(500, 128, 12, dtype, seed=3, winners=4)
+        n1, n2 = ch.activation_norms(x)
+        logits16 = x.double() @ w16.double().t()
+        l = (x.double() @ q.double().t()) * s.double()[None, :]
+        bound = err.double()[None, :] * n2.double()[:, None]  # the weights' quantisation alone, exact sums
+        assert bool(((logits16 - l).abs() <= bound).all())
+        assert bool((err.double() >= (w16.double() - s.double()[:, None] * q.double()).norm(dim=1)).all())
+        assert bool((mag.double() >= w16.double().abs().amax(dim=1) + s.double()).all())
+
+
+def test_certify_folds_the_tiles_and_refuses_ties():
+    u1 = torch.tensor([[1.0, 5.0], [4.0, 5.0], [2.0, 1.0]])
+    i1 = torch.tensor([[3, 10], [70, 80], [130, 140]], dtype=torch.int32)
+    u2 = torch.tensor([[0.5, 4.0], [3.5, 1.0], [1.5, 0.0]])
+    low = torch.tensor([[0.0, 4.5], [3.8, 4.9], [1.0, 0.5]])
+    token, ok = ch.certify(u1, i1, u2, low)
+    # row 0: best tile 1 (4.0), second = max(next tile's 2.0, its own u2 3.5) = 3.5 < low 3.8
+    # row 1: tiles 0 and 1 tie at 5.0: never certified, whichever the fold names
+    assert token[0] == 70 and ok.tolist() == [True, False]
+    one = ch.certify(u1[:1], i1[:1], u2[:1], low[:1])  # one vocabulary tile
+    assert one[0].tolist() == [3, 10] and one[1].tolist() == [False, True]
+
+
+def test_skip_and_bad_arguments_are_named():
+    w16, q, s, err, mag, x = head_case(100, 64, 2, torch.bfloat16, seed=9, winners=2)
+    with pytest.raises(ValueError, match="skip must be a \\[1\\] int32"):
+        f16_head_argmax(x, w16, skip=torch.zeros(2, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="err_norm must be \\[V\\]=100"):
+        ch.certify_partials(x, q, s, err[:5], mag, *ch.activation_norms(x))
+    with pytest.raises(ValueError, match="too wide"):
+        ch.rounding_gamma(1 << 21)
+    off = f16_head_argmax(x, w16, skip=torch.zeros(1, dtype=torch.int32, device=DEVICE))
+    assert torch.equal(off[0], f16_head_argmax(x, w16)[0])
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_gives_the_16bit_heads_tokens(policy):
+    """On the graph backend (twins, and the kernels interpreted): ``verify_head="certified"``
+    decodes exactly as the 16-bit head, and most of AR's head calls were certified."""
+    bs = None if policy == "ar" else 4
+    model = random_model(2)
+    ref = fast_backend(model, max_context=256, smallest=16, head_dtype=torch.bfloat16)
+    expected, _ = run(ref, PROMPT, policy, n=40, block_size=bs, tau=0.3, min_prefix=2)
+    for kernels in (False, True):
+        fast = fast_backend(model, max_context=256, smallest=16, head_dtype=torch.bfloat16, kernels=kernels,
+                            verify_head="certified")
+        out, _ = run(fast, PROMPT, policy, n=40, block_size=bs, tau=0.3, min_prefix=2)
+        assert out == expected, kernels
+        assert fast.fast.verify_head_kind == "certified"
+        calls, certified = fast.fast.certified_counts()
+        if policy in ("ar", "speculative"):  # their greedy AR / verify steps go through it
+            assert calls > 0
+        if policy == "ar":  # one row a call: most certify (a verify call certifies only with all its rows)
+            assert certified > calls // 2
+        assert certified <= calls
+
+
+def test_a_certified_head_needs_a_16bit_head():
+    with pytest.raises(ValueError, match="answers for a 16-bit head"):
+        fast_backend(random_model(1), max_context=128, verify_head="certified")  # float32 head
+
+
+def test_the_benchmark_report_and_its_argument_errors(tmp_path):
+    from tools import bench_certified_head as bench
+
+    report = {"device": "NVIDIA H200", "date": "2026-12-03", "commit": "abc1234", "command": "python x", "vocab": 128256,
+              "hidden": 2560, "reps": 8, "artifact": "embedded", "tokens": 128,
+              "heads": [{"sms": 8, "M": 1, "head": "16-bit", "us": 1000.0},
+                        {"sms": 8, "M": 1, "head": "certified, every row certified: int8 pass only", "us": 560.0}],
+              "decode": {"prompts": 11, "equal_prompts": 11,
+                         "16bit": {"tok_s": 4000.0, "head_calls": 0, "certified_calls": 0, "certified_share": None},
+                         "certified": {"tok_s": 3900.0, "head_calls": 1400, "certified_calls": 1232,
+                                       "certified_share": 0.88}}}
+    text = bench.markdown(report)
+    assert "| 8 | 1 | certified, every row certified: int8 pass only | 560.0 | 0.56 |" in text
+    assert "11 of 11 completions equal" in text and "| certified | 3900.0 | 1400 | 1232 (88.0%) |" in text
+    with pytest.raises(SystemExit, match="comma-separated integers"):
+        bench.main(["--sms", "0,x", "--out", str(tmp_path)])
