@@ -6,10 +6,13 @@ its weights from DRAM, that head is as many bytes as the whole ternary stack of 
 ``q``) is half of it, but its argmax differs at near-ties. Here the int8 rows answer for the
 16-bit head, exactly, when they can prove it:
 
-    l[v]     = s[v] · (q[v] · h)                      W8A16: int8 codes times the 16-bit h the
-                                                      16-bit head reads (no activation rounding)
+    h ~ a · (128 g1 + g2)                             the 16-bit h the 16-bit head reads, as two
+                                                      int8 planes (15 bits: |h - a(128 g1 + g2)| <= a/2)
+    l[v] = s[v] · a · (128 (q[v] · g1) + q[v] · g2)   two exact int8 tensor-core sums (no int-to-float
+                                                      conversion per weight, which cost 3.6x here)
     |head16[v] - l[v]| <= B[v] = ||w[v] - s[v]q[v]||_2 · ||h||_2      (Cauchy-Schwarz, exact e)
                                + gamma · (max|w[v]| + s[v]) · ||h||_1  (float32 sums, both heads)
+                               + s[v] · a/2 · ||q[v]||_1               (the planes' rounding)
 
 with ``head16[v]`` the logit the 16-bit head *computes* (its own float32 rounding included).
 Then ``v*``, the row with the largest upper bound ``l + B``, is the 16-bit head's argmax as
@@ -19,8 +22,8 @@ largest upper bound, its row, the second largest and that row's lower bound; ``c
 folds the tiles. Where any row of a call is not certified, the 16-bit head runs after all
 (``f16_head_argmax(..., skip=...)``: inside a CUDA graph both launches are captured, and the
 16-bit one returns at once when every row was certified), so the tokens are the 16-bit
-head's in every case. The per-row constants ``||e_v||_2`` and ``max|w_v| + s_v`` are
-computed once at load (``head_error_bounds``), rounded up.
+head's in every case. The per-row constants ``||e_v||_2``, ``max|w_v| + s_v`` and ``||q_v||_1``
+are computed once at load (``head_error_bounds``), rounded up.
 
 On the embedded model's held-out prompts (27M, H = 512, V = 8192) 88% of AR rows certify: a
 step reads the int8 head and, for the other 12%, the 16-bit head as well.
@@ -32,8 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import bf16_dot_upcast, check_dtype, check_launchable, gdc_prologue, pdl_options
-from .numerics import quantize_rows_int8
+from .common import check_dtype, check_launchable, gdc_prologue, pdl_options
+from .numerics import int_matmul, quantize_rows_int8
 from .tuning import default_head, lookup
 
 _NO_INDEX = tl.constexpr(2**31 - 1)
@@ -45,6 +48,9 @@ ROUNDING_UNIT = 2.0**-22
 # widened by this share of |l| + B (a few float32 roundings are < 2**-22 of it).
 COMPARISON_SLACK = 2.0**-18
 _SLACK = tl.constexpr(COMPARISON_SLACK)
+# the planes' rounding, a/2 per element, widened by 2**-10 for the float32 products of the bound
+PLANE_HALF = 0.5 * (1 + 2.0**-10)
+_HALF = tl.constexpr(PLANE_HALF)
 
 
 def rounding_gamma(hidden: int) -> float:
@@ -57,20 +63,23 @@ def rounding_gamma(hidden: int) -> float:
 
 
 def head_error_bounds(w16: torch.Tensor, w_int8: torch.Tensor, w_scale: torch.Tensor,
-                      chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+                      chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The per-row constants of the bound, on ``w16``'s device -> (``||w_v - s_v q_v||_2``,
-    ``max|w_v| + s_v``), float32, each rounded up (float64 sums, times 1 + 2**-20)."""
+    ``max|w_v| + s_v``, ``||q_v||_1``), float32, rounded up (float64 sums, times 1 + 2**-20;
+    the last is an integer below 2**24, exact)."""
     if w16.shape != w_int8.shape or w_scale.shape != (w16.shape[0],):
         raise ValueError(f"certified head: 16-bit head {tuple(w16.shape)}, int8 head {tuple(w_int8.shape)} and "
                          f"row scales {tuple(w_scale.shape)} do not match")
-    err, mag = [], []
+    err, mag, qn = [], [], []
     for v0 in range(0, w16.shape[0], chunk):
         w = w16[v0:v0 + chunk].double()
         s = w_scale[v0:v0 + chunk].double()
-        err.append((w - s[:, None] * w_int8[v0:v0 + chunk].double()).norm(dim=1))
+        q = w_int8[v0:v0 + chunk].double()
+        err.append((w - s[:, None] * q).norm(dim=1))
         mag.append(w.abs().amax(dim=1) + s)
+        qn.append(q.abs().sum(dim=1))
     up = 1 + 2.0**-20
-    return (torch.cat(err) * up).float(), (torch.cat(mag) * up).float()
+    return (torch.cat(err) * up).float(), (torch.cat(mag) * up).float(), torch.cat(qn).float()
 
 
 def int8_rows(w16: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,23 +89,34 @@ def int8_rows(w16: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch
     return torch.cat([q for q, _ in parts]).contiguous(), torch.cat([s for _, s in parts]).contiguous()
 
 
-def activation_norms(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[M, H] 16-bit -> (||h_m||_1, ||h_m||_2) [M] float32, rounded up (float64 sums)."""
+PLANE_STEPS = 127 * 128  # |v| <= 16256: g1 = round(v / 128) in [-127, 127], g2 = v - 128 g1 in [-64, 64]
+
+
+def activation_planes(h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """[M, H] 16-bit -> (g1, g2 [M, H] int8, a, ||h||_1, ||h||_2 [M] float32): per row
+    ``h ~ a · (128 g1 + g2)`` with ``v = round(h / a)``, ``a = max|h| / 16256``, so every
+    element is off by a/2 at most (float64 arithmetic: the rounding is exact); the norms
+    rounded up. Torch ops on the rows (a few kB): the same function for the kernel and its twin."""
     h64 = h.double()
+    amax = h64.abs().amax(dim=1)
+    a = (amax / PLANE_STEPS).float().clamp(min=2.0**-126)  # a float32 step; the planes are exact in it
+    v = torch.round(h64 / a.double()[:, None])
+    g1 = torch.round(v / 128).clamp(-127, 127)
+    g2 = v - 128 * g1
     up = 1 + 2.0**-20
-    return (h64.abs().sum(dim=1) * up).float(), (h64.norm(dim=1) * up).float()
+    return (g1.to(torch.int8), g2.to(torch.int8), a, (h64.abs().sum(dim=1) * up).float(),
+            (h64.norm(dim=1) * up).float())
 
 
 @triton.jit
 def _certify_partial_kernel(
-    h_ptr,  # [M, H] float16 / bfloat16: what the 16-bit head reads
+    g1_ptr, g2_ptr,  # [M, H] int8: the activation planes (activation_planes)
+    a_ptr, n1_ptr, n2_ptr,  # [M] float32: plane step, ||h_m||_1, ||h_m||_2
     q_ptr,  # [V, H] int8 codes
-    s_ptr, err_ptr, mag_ptr,  # [V] float32: row scale, ||e_v||_2, max|w_v| + s_v
-    n1_ptr, n2_ptr,  # [M] float32: ||h_m||_1, ||h_m||_2
+    s_ptr, err_ptr, mag_ptr, qn_ptr,  # [V] float32: row scale, ||e_v||_2, max|w_v| + s_v, ||q_v||_1
     u1_ptr, i1_ptr, u2_ptr, low_ptr,  # [P, M]: per vocabulary tile
-    M, V, H, stride_hm, stride_qv, gamma,
+    M, V, H, stride_gm, stride_qv, gamma,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-    UPCAST: tl.constexpr,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
 ):
     pid = tl.program_id(1)
@@ -109,22 +129,24 @@ def _certify_partial_kernel(
     s = tl.load(s_ptr + rv, mask=mask_v, other=0.0)
     err = tl.load(err_ptr + rv, mask=mask_v, other=0.0)
     mag = tl.load(mag_ptr + rv, mask=mask_v, other=0.0)
+    qn = tl.load(qn_ptr + rv, mask=mask_v, other=0.0)
     gdc_prologue(USE_GDC)
-    acc = tl.zeros((BLOCK_V, BLOCK_M), tl.float32)
+    acc1 = tl.zeros((BLOCK_V, BLOCK_M), tl.int32)
+    acc2 = tl.zeros((BLOCK_V, BLOCK_M), tl.int32)
     for h0 in range(0, H, BLOCK_H):
         mask_h = (h0 + rh) < H
         q = tl.load(q_ptr + rv[:, None] * stride_qv + (h0 + rh)[None, :],
-                    mask=mask_v[:, None] & mask_h[None, :], other=0)  # [BLOCK_V, BLOCK_H] int8
-        x = tl.load(h_ptr + rm[None, :] * stride_hm + (h0 + rh)[:, None],
-                    mask=mask_m[None, :] & mask_h[:, None], other=0.0)  # [BLOCK_H, BLOCK_M]
-        if UPCAST:  # the interpreter multiplies bf16 tiles as raw bits: float32, exact here
-            acc = tl.dot(q.to(tl.float32), x.to(tl.float32), acc, input_precision="ieee")
-        else:  # |q| <= 127: exact in either 16-bit type, so each product is exact in float32
-            acc = tl.dot(q.to(x.dtype), x, acc, out_dtype=tl.float32)
+                    mask=mask_v[:, None] & mask_h[None, :], other=0)  # [BLOCK_V, BLOCK_H]
+        cols = rm[None, :] * stride_gm + (h0 + rh)[:, None]
+        mask = mask_m[None, :] & mask_h[:, None]
+        acc1 = tl.dot(q, tl.load(g1_ptr + cols, mask=mask, other=0), acc1, out_dtype=tl.int32)  # exact
+        acc2 = tl.dot(q, tl.load(g2_ptr + cols, mask=mask, other=0), acc2, out_dtype=tl.int32)
+    a = tl.load(a_ptr + rm, mask=mask_m, other=0.0)
     n1 = tl.load(n1_ptr + rm, mask=mask_m, other=0.0)
     n2 = tl.load(n2_ptr + rm, mask=mask_m, other=0.0)
-    logit = acc * s[:, None]
-    bound = err[:, None] * n2[None, :] + gamma * mag[:, None] * n1[None, :]
+    # the twin's order, operation for operation (launched without FMA contraction): equal bits
+    logit = (acc1.to(tl.float32) * 128.0 + acc2.to(tl.float32)) * a[None, :] * s[:, None]
+    bound = err[:, None] * n2[None, :] + gamma * mag[:, None] * n1[None, :] + _HALF * s[:, None] * a[None, :] * qn[:, None]
     bound = bound + (tl.abs(logit) + bound) * _SLACK
     up = tl.where(mask_v[:, None], logit + bound, float("-inf"))
     low = tl.where(mask_v[:, None], logit - bound, float("-inf"))
@@ -140,50 +162,56 @@ def _certify_partial_kernel(
     tl.store(low_ptr + out, low1, mask=mask_m)
 
 
-def _check(h, w_int8, w_scale, err, mag):
-    check_dtype(h, (torch.float16, torch.bfloat16), "certified head: h")
+def _check(w_int8, w_scale, err, mag, qn):
     check_dtype(w_int8, (torch.int8,), "certified head: w_int8")
-    for t, name in ((w_scale, "w_scale"), (err, "err_norm"), (mag, "magnitude")):
+    if w_int8.dim() != 2 or w_int8.stride(1) != 1:
+        raise ValueError(f"certified head: w_int8 must be [V, H] with contiguous rows, got {tuple(w_int8.shape)}")
+    for t, name in ((w_scale, "w_scale"), (err, "err_norm"), (mag, "magnitude"), (qn, "code_norm")):
         check_dtype(t, (torch.float32,), f"certified head: {name}")
         if t.shape != (w_int8.shape[0],):
             raise ValueError(f"certified head: {name} must be [V]={w_int8.shape[0]}, got {tuple(t.shape)}")
-    if h.dim() != 2 or w_int8.dim() != 2 or h.shape[1] != w_int8.shape[1] or h.stride(1) != 1 or w_int8.stride(1) != 1:
-        raise ValueError(f"certified head: h must be [M, H] and w_int8 [V, H] with contiguous rows; got "
-                         f"h {tuple(h.shape)}, w_int8 {tuple(w_int8.shape)}")
 
 
-def certify_partials(h, w_int8, w_scale, err, mag, n1, n2, *, config=None):
+def certify_partials(planes, w_int8, w_scale, err, mag, qn, *, config=None):
     """Per vocabulary tile and row: (largest upper bound, its row, second largest upper bound,
-    the lower bound of the largest's row), each [P, M]. The Triton kernel."""
-    _check(h, w_int8, w_scale, err, mag)
-    m, hdim = h.shape
+    the lower bound of the largest's row), each [P, M]. ``planes``: ``activation_planes(h)``.
+    The Triton kernel."""
+    _check(w_int8, w_scale, err, mag, qn)
+    g1, g2, a, n1, n2 = planes
+    m, hdim = g1.shape
     v = w_int8.shape[0]
-    check_launchable(_certify_partial_kernel, h, w_int8, w_scale, err, mag, n1, n2)
-    if config is None:  # the 16-bit head's M = 1 tiling: the same vocabulary walk, half the bytes
-        config = lookup("f16_head_argmax", {"V": v, "H": hdim, "M": 1}, h.device) or default_head(1)
+    if hdim != w_int8.shape[1]:
+        raise ValueError(f"certified head: h has H={hdim}, the head {w_int8.shape[1]}")
+    check_launchable(_certify_partial_kernel, g1, g2, a, w_int8, w_scale, err, mag, qn)
+    if config is None:  # the int8 head's tiling for one row: the same vocabulary walk over the same bytes
+        config = lookup("int8_head_argmax", {"V": v, "H": hdim, "M": 1}, g1.device) or default_head(1)
     parts = triton.cdiv(v, config.block_v)
-    u1 = torch.empty((parts, m), dtype=torch.float32, device=h.device)
-    i1 = torch.empty((parts, m), dtype=torch.int32, device=h.device)
+    u1 = torch.empty((parts, m), dtype=torch.float32, device=g1.device)
+    i1 = torch.empty((parts, m), dtype=torch.int32, device=g1.device)
     u2, low = torch.empty_like(u1), torch.empty_like(u1)
     if m:
         _certify_partial_kernel[(triton.cdiv(m, CERT_ROW_TILE), parts)](
-            h, w_int8, w_scale, err, mag, n1, n2, u1, i1, u2, low, m, v, hdim, h.stride(0), w_int8.stride(0),
-            rounding_gamma(hdim), BLOCK_M=CERT_ROW_TILE, BLOCK_V=config.block_v, BLOCK_H=config.block_h,
-            UPCAST=bf16_dot_upcast(_certify_partial_kernel, h), num_warps=config.num_warps,
-            num_stages=config.num_stages, **pdl_options(_certify_partial_kernel),
+            g1, g2, a, n1, n2, w_int8, w_scale, err, mag, qn, u1, i1, u2, low, m, v, hdim, g1.stride(0),
+            w_int8.stride(0), rounding_gamma(hdim), BLOCK_M=CERT_ROW_TILE, BLOCK_V=config.block_v,
+            BLOCK_H=config.block_h, num_warps=config.num_warps, num_stages=config.num_stages,
+            enable_fp_fusion=False, **pdl_options(_certify_partial_kernel),
         )
     return u1, i1, u2, low
 
 
-def certify_partials_reference(h, w_int8, w_scale, err, mag, n1, n2, *, config=None, block_v: int = 128):
-    """``certify_partials``' twin: the same bounds from a float32 torch matmul, in tiles of
-    ``block_v`` vocabulary rows (the kernel's ``config.block_v`` when given)."""
-    _check(h, w_int8, w_scale, err, mag)
-    m, hdim = h.shape
+def certify_partials_reference(planes, w_int8, w_scale, err, mag, qn, *, config=None, block_v: int = 128):
+    """``certify_partials``' twin: exact integer sums (``int_matmul``), then the kernel's float32
+    operations in its order, in tiles of ``block_v`` vocabulary rows (``config.block_v`` when
+    given): the same bits as the kernel."""
+    _check(w_int8, w_scale, err, mag, qn)
+    g1, g2, a, n1, n2 = planes
+    m, hdim = g1.shape
     v = w_int8.shape[0]
     block_v = config.block_v if config is not None else block_v
-    logit = (h.float() @ w_int8.float().t()) * w_scale[None, :]  # [M, V]
-    bound = err[None, :] * n2[:, None] + rounding_gamma(hdim) * mag[None, :] * n1[:, None]
+    acc1, acc2 = int_matmul(g1, w_int8), int_matmul(g2, w_int8)  # [M, V] int32
+    logit = (acc1.float() * 128.0 + acc2.float()) * a[:, None] * w_scale[None, :]
+    bound = (err[None, :] * n2[:, None] + rounding_gamma(hdim) * mag[None, :] * n1[:, None]
+             + PLANE_HALF * w_scale[None, :] * a[:, None] * qn[None, :])
     bound = bound + (logit.abs() + bound) * COMPARISON_SLACK
     parts = -(-v // block_v)
     pad = parts * block_v - v
@@ -193,7 +221,7 @@ def certify_partials_reference(h, w_int8, w_scale, err, mag, n1, n2, *, config=N
     rest = up.scatter(2, j[..., None], float("-inf"))
     u2 = rest.amax(dim=2)
     low1 = low.gather(2, j[..., None])[..., 0]
-    i1 = (j + torch.arange(parts, device=h.device)[None, :] * block_v).to(torch.int32)
+    i1 = (j + torch.arange(parts, device=g1.device)[None, :] * block_v).to(torch.int32)
     return u1.t().contiguous(), i1.t().contiguous(), u2.t().contiguous(), low1.t().contiguous()
 
 
@@ -212,7 +240,7 @@ def certify(u1: torch.Tensor, i1: torch.Tensor, u2: torch.Tensor, low: torch.Ten
     return token, low.gather(0, best)[0] > second
 
 
-def certified_head_argmax(h, w16, w_int8, w_scale, err, mag, *, partials, f16_head):
+def certified_head_argmax(h, w16, w_int8, w_scale, err, mag, qn, *, partials, f16_head):
     """-> (top1 [M] int64: the 16-bit head's argmax, check [M] float32, certified [1] int32).
 
     ``partials``: ``certify_partials`` or its twin; ``f16_head``: ``f16_head_argmax`` (or its
@@ -220,8 +248,8 @@ def certified_head_argmax(h, w16, w_int8, w_scale, err, mag, *, partials, f16_he
     weights; the twin computes anyway). ``check`` is the 16-bit head's confidence where it ran
     and 1 where it did not: a value to test for NaN (a non-finite h never certifies), not a
     confidence to act on."""
-    n1, n2 = activation_norms(h)
-    token, ok = certify(*partials(h, w_int8, w_scale, err, mag, n1, n2))
+    check_dtype(h, (torch.float16, torch.bfloat16), "certified head: h")
+    token, ok = certify(*partials(activation_planes(h), w_int8, w_scale, err, mag, qn))
     skip = ok.all().to(torch.int32).reshape(1)
     top16, conf16 = f16_head(h, w16, skip=skip)
     every = skip.bool()

@@ -61,8 +61,8 @@ def activations(w16, m: int, answered: bool, g) -> torch.Tensor:
 def time_heads(vocab: int, hidden: int, widths: list[int], sms: int, reps: int) -> list[dict]:
     # a partition's own stream (its kernels run where they were captured); else a side stream
     timer = GraphTimer(reps=reps, replays=5, stream=torch.cuda.current_stream() if sms else None)
-    w16, q, s, err, mag, g = head_case(vocab, hidden)
-    head = (w16, q, s, err, mag)
+    w16, q, s, err, mag, qn, g = head_case(vocab, hidden)
+    head = (w16, q, s, err, mag, qn)
     rows = []
     for m in widths:
         for answered in (True, False):  # planted argmaxes, then random rows (near-ties)

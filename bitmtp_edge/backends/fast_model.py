@@ -125,7 +125,7 @@ class FastModel:
         # 16-bit head quantised per row here, as the exporter does) in every role; the 16-bit
         # head is then not kept on the device at all (656 MB of a 2B model).
         self.int8_head = None
-        self.certified_head = None  # (int8 codes, row scales, ||e_v||_2, max|w_v| + s_v) of the certified head
+        self.certified_head = None  # (int8 codes, row scales, ||e_v||_2, max|w_v| + s_v, ||q_v||_1): certified
         if keeps_16bit:
             if not tied:
                 self.verify_head = head.to(device=dev, dtype=self.head_dtype).contiguous()  # [V, H]
@@ -148,8 +148,7 @@ class FastModel:
         """Keep ``int8_head`` and the per-row constants of the bound (computed here, on the device)."""
         from kernels_ampere.certified_head import head_error_bounds
 
-        err, mag = head_error_bounds(self.verify_head, *int8_head)
-        self.certified_head = (*int8_head, err, mag)
+        self.certified_head = (*int8_head, *head_error_bounds(self.verify_head, *int8_head))
         # [greedy head calls, of them answered by the int8 head alone]: device counters, so a
         # replayed graph counts too (read them with certified_counts; capture's runs count as well)
         self.certified_calls = torch.zeros(2, dtype=torch.int64, device=self.device)
