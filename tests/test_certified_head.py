@@ -175,4 +175,4 @@ def test_gpu_certified_head_decodes_as_the_16bit_head(tmp_path, backend):
         want = base.generate(PROMPT, max_new_tokens=100, policy=policy, **kw).token_ids
         assert cert.generate(PROMPT, max_new_tokens=100, policy=policy, **kw).token_ids == want, policy
     calls, certified = (a - b for a, b in zip(cert.backend.fast.certified_counts(), start))
-    assert calls >= 100 and 0 <= certified <= calls
+    assert calls > 0 and 0 <= certified <= calls  # a random model may end on EOS early
