@@ -418,3 +418,24 @@ def test_bench_reports_where_fused_c_auto_settled(model, engine):
     passes = {int(c): r["passes"] for c, r in chooser["records"].items() if r["passes"]}
     assert passes == {int(c): n for c, n in route["fused_candidates"].items()} and sum(passes.values()) > 0
     assert "| fused c=auto | settled on c=" in render_markdown(data)
+
+
+def test_bench_reports_what_share_the_certified_head_answered():
+    """The certified head's greedy head calls of the runs, and the share the int8 rows answered
+    alone, in the engine section and on the backend row; other heads say nothing of it."""
+    import types
+
+    from bitmtp_edge.app.bench_report import _head_note
+
+    counts = iter([(40, 30), (240, 210)])  # at the start of the runs, at their end
+    fast = types.SimpleNamespace(certified_counts=lambda: next(counts))
+    engine = types.SimpleNamespace(head="certified", backend=types.SimpleNamespace(fast=fast))
+    before = B._certified_counts(engine)
+    calls, certified = (a - b for a, b in zip(B._certified_counts(engine), before))
+    assert (calls, certified) == (200, 180)
+    note = _head_note({"head": "certified", "certified_head": {"calls": calls, "certified": certified}})
+    assert note == ", certified head (180 of 200 greedy head calls answered by the int8 rows, 90%)"
+    assert _head_note({"head": "certified", "certified_head": {"calls": 0, "certified": 0}}).endswith(
+        "(no greedy head call in these runs)")
+    assert _head_note({"head": "16bit"}) == "" and _head_note({"head": "int8"}) == ", int8 verify head"
+    assert B._certified_counts(types.SimpleNamespace(head="16bit", backend=engine.backend)) is None

@@ -161,6 +161,20 @@ def _posture_line(p: dict) -> str:
     return f"{p['module'] or p['model'] or 'Jetson'}, L4T {p['l4t']} (JetPack {p['jetpack']}): {mode}, {locked} — {ready}"
 
 
+def _head_note(engine: dict) -> str:
+    """The verify head where it is not the 16-bit one; the certified head's share of greedy head
+    calls the int8 rows answered alone."""
+    if engine.get("head") == "int8":
+        return ", int8 verify head"
+    if engine.get("head") != "certified":
+        return ""
+    counts = engine.get("certified_head") or {}
+    if not counts.get("calls"):
+        return ", certified head (no greedy head call in these runs)"
+    return (f", certified head ({counts['certified']} of {counts['calls']} greedy head calls answered by the int8 "
+            f"rows, {counts['certified'] / counts['calls']:.0%})")
+
+
 def _chooser_row(chooser: dict | None) -> list[str]:
     """fused c=auto: the step costs timed at load and what each c cost per token in the runs."""
     if not chooser:
@@ -187,7 +201,7 @@ def render_markdown(report: dict) -> str:
         f"| git | {git_s} |",
         (f"| artifact | `{a['path']}` — manifest sha256 `{a['manifest_sha256'][:16]}…`, {a['family']} "
          f"{a['layers']}×{a['hidden']}, vocab {a['vocab']}, {mtp} |"),
-        f"| backend | {e['backend']} on {e['device']}" + (", int8 verify head" if e.get("head") == "int8" else "") + " |",
+        f"| backend | {e['backend']} on {e['device']}" + _head_note(e) + " |",
         *_chooser_row(e.get("candidate_chooser")),
         f"| posture | {_posture_line(report['posture'])} |",
         f"| monitor | {mon['source']}" + (f" every {mon['interval_s'] * 1000:.0f} ms" if mon["interval_s"] else "") + " |",
