@@ -25,8 +25,10 @@ folds the tiles. Where any row of a call is not certified, the 16-bit head runs 
 head's in every case. The per-row constants ``||e_v||_2``, ``max|w_v| + s_v`` and ``||q_v||_1``
 are computed once at load (``head_error_bounds``), rounded up.
 
-On the embedded model's held-out prompts (27M, H = 512, V = 8192) 88% of AR rows certify: a
-step reads the int8 head and, for the other 12%, the 16-bit head as well.
+On the embedded model's held-out prompts (27M, H = 512, V = 8192) 89.5% of AR steps certify
+(H200, 8 prompts x 96 tokens): a step reads the int8 head and, for the other 10.5%, the 16-bit
+head as well. Whether that pays depends on the step being bandwidth-bound on the head
+(docs/runtime.md, "The certified head"; ``tools/bench_certified_head.py``).
 """
 
 from __future__ import annotations
