@@ -245,17 +245,34 @@ def certify(u1: torch.Tensor, i1: torch.Tensor, u2: torch.Tensor, low: torch.Ten
     return token, low.gather(0, best)[0] > second
 
 
-def certified_head_argmax(h, w16, w_int8, w_scale, err, mag, qn, *, partials, f16_head):
+def decisive_rows_certified(token: torch.Tensor, ok: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+    """[1] int32: 1 when the verify's accepted prefix and verifier token follow from certified
+    rows alone. ``token``, ``ok`` [D + 1]: the rows' certified tokens and flags; ``drafts`` [D]:
+    row i < D is decisive where it is not certified or rejects ``drafts[i]``, row D always; the
+    first decisive row must be certified (the rows before it are, and accept their drafts)."""
+    if drafts.shape != (token.shape[0] - 1,):
+        raise ValueError(f"certified head: drafts must be [M - 1]={token.shape[0] - 1}, got {tuple(drafts.shape)}")
+    rejects = torch.cat([token[:-1] != drafts, torch.ones_like(ok[:1])])
+    first = torch.argmax((rejects | ~ok).to(torch.int32)).reshape(1)  # the first decisive row
+    return ok.gather(0, first).to(torch.int32)
+
+
+def certified_head_argmax(h, w16, w_int8, w_scale, err, mag, qn, *, partials, f16_head, drafts=None):
     """-> (top1 [M] int64: the 16-bit head's argmax, check [M] float32, certified [1] int32).
 
     ``partials``: ``certify_partials`` or its twin; ``f16_head``: ``f16_head_argmax`` (or its
-    twin), called with ``skip`` = 1 when every row was certified (the kernel then reads no
-    weights; the twin computes anyway). ``check`` is the 16-bit head's confidence where it ran
-    and 1 where it did not: a value to test for NaN (a non-finite h never certifies), not a
-    confidence to act on."""
+    twin), called with ``skip`` = 1 when every row that matters was certified (the kernel then
+    reads no weights; the twin computes anyway). ``check`` is the 16-bit head's confidence where
+    it ran and 1 where it did not: a value to test for NaN (a non-finite h never certifies), not
+    a confidence to act on.
+
+    ``drafts`` [M - 1] (a verify step's d_1..d_D): row i's token only matters up to the first
+    row whose token rejects its draft (``accept_on_device`` reads rows 0..a), so the call needs
+    the 16-bit head only if the first row that is uncertified *or* certified to reject comes
+    out uncertified; the rows after it may then hold any token."""
     check_dtype(h, (torch.float16, torch.bfloat16), "certified head: h")
     token, ok = certify(*partials(activation_planes(h), w_int8, w_scale, err, mag, qn))
-    skip = ok.all().to(torch.int32).reshape(1)
+    skip = ok.all().to(torch.int32).reshape(1) if drafts is None else decisive_rows_certified(token, ok, drafts)
     top16, conf16 = f16_head(h, w16, skip=skip)
     every = skip.bool()
     return torch.where(every, token, top16), torch.where(every, torch.ones_like(conf16), conf16), skip

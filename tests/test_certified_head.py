@@ -91,6 +91,43 @@ def test_certify_folds_the_tiles_and_refuses_ties():
     assert one[0].tolist() == [3, 10] and one[1].tolist() == [False, True]
 
 
+def test_a_verify_needs_its_rows_proven_only_up_to_the_first_rejection():
+    t, f = True, False
+    cases = [  # (tokens, certified, drafts) -> the 16-bit head can be skipped
+        (([5, 6, 7], [t, t, t], [5, 9]), 1),  # row 1 rejects its draft, certified: decided
+        (([5, 8, 0], [t, t, f], [5, 6]), 1),  # row 1 rejects; row 2 unproven but never read
+        (([5, 0, 7], [t, f, t], [5, 6]), 0),  # row 0 accepts, row 1 unproven: it decides
+        (([0, 6, 7], [f, t, t], [5, 6]), 0),  # row 0 unproven
+        (([5, 6, 7], [t, t, t], [5, 6]), 1),  # all accepted: the last row gives the verifier token
+        (([5, 6, 0], [t, t, f], [5, 6]), 0),  # ... unproven
+        (([4], [t], []), 1),  # no drafts (one row)
+    ]
+    for (tokens, ok, drafts), want in cases:
+        got = ch.decisive_rows_certified(torch.tensor(tokens), torch.tensor(ok), torch.tensor(drafts, dtype=torch.long))
+        assert got.dtype == torch.int32 and got.tolist() == [want], (tokens, ok, drafts)
+    with pytest.raises(ValueError, match="drafts must be \\[M - 1\\]=2"):
+        ch.decisive_rows_certified(torch.tensor([1, 2, 3]), torch.tensor([t, t, t]), torch.tensor([1]))
+
+
+def test_a_verify_call_skips_the_16bit_head_after_a_proven_rejection():
+    """Row 0 proven and rejecting its draft, the rows after it near-ties: the call is answered
+    without the 16-bit head, and the accept reads the 16-bit head's accepted prefix and token."""
+    from bitmtp_edge.backends.graph import accept_on_device
+
+    w16, q, s, err, mag, qn, x = head_case(300, 96, 5, torch.bfloat16, seed=21, winners=1)
+    expected, _ = f16_head_argmax_reference(x, w16)
+    token, ok = ch.certify(*ch.certify_partials_reference(ch.activation_planes(x), q, s, err, mag, qn))
+    assert bool(ok[0]) and not bool(ok.all())  # row 0 proven, some later row not
+    drafts = torch.tensor([int(expected[0]) + 1, 3, 4, 5], device=x.device)  # d_1 rejected by row 0
+    for partials, head in ((lambda *a: ch.certify_partials(*a, config=CONFIG), f16_head_argmax),
+                           (ch.certify_partials_reference, f16_head_argmax_reference)):
+        top, _, every = ch.certified_head_argmax(x, w16, q, s, err, mag, qn, partials=partials, f16_head=head,
+                                                 drafts=drafts)
+        assert every.tolist() == [1]
+        block = torch.cat([torch.tensor([7], device=x.device), drafts])
+        assert [t.tolist() for t in accept_on_device(block, top)] == [t.tolist() for t in accept_on_device(block, expected)]
+
+
 def test_skip_and_bad_arguments_are_named():
     w16, q, s, err, mag, qn, x = head_case(100, 64, 2, torch.bfloat16, seed=9, winners=2)
     with pytest.raises(ValueError, match="skip must be a \\[1\\] int32"):

@@ -253,16 +253,19 @@ class FastModel:
         h = self.ops.rmsnorm_cast(x, self.final_norm, self.cfg.rms_norm_eps, self.head_dtype)
         return self.ops.f16_head_argmax(h, self.verify_head)
 
-    def verify_greedy(self, x):
+    def verify_greedy(self, x, drafts=None):
         """[M, H] residual -> (top1 [M] int64, check [M] float32) for the greedy AR and verify
         rows: ``verify_top1``'s tokens. With the certified head they are read from the int8 head
         where its bound proves them (the 16-bit head runs only for a call with a row it does
         not), and ``check`` is then good for a finiteness test only: 1 where the 16-bit head did
-        not run (``certified_head.certified_head_argmax``)."""
+        not run (``certified_head.certified_head_argmax``). ``drafts`` [M - 1] (a verify step):
+        only the rows up to the first rejection need proving; the tokens after it are then not
+        the 16-bit head's, and the accept never reads them."""
         if self.certified_head is None:
             return self.verify_top1(x)
         h = self.ops.rmsnorm_cast(x, self.final_norm, self.cfg.rms_norm_eps, self.head_dtype)
-        top, check, certified = self.ops.certified_head_argmax(h, self.verify_head, *self.certified_head)
+        top, check, certified = self.ops.certified_head_argmax(h, self.verify_head, *self.certified_head,
+                                                               drafts=drafts)
         self.certified_calls[0].add_(1)
         self.certified_calls[1].add_(certified[0])
         return top, check

@@ -401,7 +401,7 @@ class GraphBackend:
         positions = first + st.workspace_rows[: d + 1]
         x = self._forward(seg, st.verify_tokens, positions, positions, history_step_spans(first, d + 1), d)
         if sampled is None:
-            greedy, conf = self.fast.verify_greedy(x)  # [D + 1]
+            greedy, conf = self.fast.verify_greedy(x, drafts=st.verify_tokens[1:])  # [D + 1]
             greedy = flag_non_finite(x, greedy, conf)
             accepted, verifier = accept_on_device(st.verify_tokens, greedy)
         else:

@@ -36,12 +36,12 @@ class Ops:
     f16_head_argmax: Callable
     certify_partials: Callable  # kernels_ampere.certified_head: the int8 pass of the certified head
 
-    def certified_head_argmax(self, h, w16, w_int8, w_scale, err_norm, magnitude, code_norm):
+    def certified_head_argmax(self, h, w16, w_int8, w_scale, err_norm, magnitude, code_norm, drafts=None):
         """The 16-bit head's argmax, from the int8 head where certified (``certified_head.py``)."""
         from kernels_ampere.certified_head import certified_head_argmax
 
         return certified_head_argmax(h, w16, w_int8, w_scale, err_norm, magnitude, code_norm,
-                                     partials=self.certify_partials, f16_head=self.f16_head_argmax)
+                                     partials=self.certify_partials, f16_head=self.f16_head_argmax, drafts=drafts)
 
     def linear_w2a8(self, a_int8, a_scale, packed, w_scale, out_dtype=torch.float32, residual=None):
         if self.twin:
