@@ -213,3 +213,46 @@ def test_gpu_certified_head_decodes_as_the_16bit_head(tmp_path, backend):
         assert cert.generate(PROMPT, max_new_tokens=100, policy=policy, **kw).token_ids == want, policy
     calls, certified = (a - b for a, b in zip(cert.backend.fast.certified_counts(), start))
     assert calls > 0 and 0 <= certified <= calls  # a random model may end on EOS early
+
+
+def test_a_generation_counts_its_certified_head_calls():
+    """``Engine`` puts the greedy head calls a generation made with the certified head (and those
+    the int8 rows answered) in its DecodeStats, from the device counters before and after; the
+    serving metrics add them up by the head that answered."""
+    import types
+
+    from bitmtp_edge.app.http_server import Metrics
+    from bitmtp_edge.runtime.decoding import DecodeStats
+    from bitmtp_edge.runtime.engine import Engine
+
+    counts = iter([(10, 7), (50, 40)])  # before the generation, after it
+    eng = object.__new__(Engine)
+    eng.backend = types.SimpleNamespace(fast=types.SimpleNamespace(certified_head=(), certified_counts=lambda: next(counts)))
+    stats = DecodeStats()
+    chunks = eng._certified_counting(iter([[1, 2], [3]]), stats)
+    assert next(chunks) == [1, 2] and stats.certified_head_calls == 0
+    assert list(chunks) == [[3]]
+    assert (stats.certified_head_calls, stats.certified_head_int8) == (40, 33)
+    assert stats.to_dict()["certified_head_calls"] == 40 and stats.to_dict()["certified_head_int8"] == 33
+    closed = iter([(0, 0), (5, 5)])  # a stream closed early still records what ran
+    eng.backend.fast.certified_counts = lambda: next(closed)
+    early = DecodeStats()
+    chunks = eng._certified_counting(iter([[1], [2], [3]]), early)
+    next(chunks)
+    chunks.close()
+    assert (early.certified_head_calls, early.certified_head_int8) == (5, 5)
+    eng.backend.fast.certified_head = None  # another head: nothing read, nothing counted
+    eng.backend.fast.certified_counts = lambda: pytest.fail("read without a certified head")
+    plain = DecodeStats()
+    assert list(eng._certified_counting(iter([[1]]), plain)) == [[1]] and plain.certified_head_calls == 0
+
+    metrics = Metrics()
+    job = types.SimpleNamespace()
+    metrics.finished(job, stats, None)
+    metrics.finished(job, early, None)
+    text = metrics.render()
+    assert 'bitmtp_certified_head_calls_total{answered="int8"} 38' in text
+    assert 'bitmtp_certified_head_calls_total{answered="16bit"} 7' in text
+    quiet = Metrics()
+    quiet.finished(job, plain, None)
+    assert "certified_head" not in quiet.render()

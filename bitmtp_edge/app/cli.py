@@ -184,8 +184,10 @@ def generate(prompt, artifact, backend, device, head, policy, max_new_tokens, ta
         return
     click.echo(prompt + res.text)
     s = res.stats
+    certified = (f"the int8 head answered {s.certified_head_int8} of {s.certified_head_calls} greedy head calls, "
+                 if s.certified_head_calls else "")
     click.echo(f"\n[{policy}] {s.new_tokens} tokens, {s.decode_tokens_per_s:.1f} tok/s, "
-               f"{s.tokens_per_iteration:.2f} tokens/iteration, {s.verifier_calls} verifier calls, "
+               f"{s.tokens_per_iteration:.2f} tokens/iteration, {s.verifier_calls} verifier calls, {certified}"
                f"stopped: {s.finish_reason}", err=True)
 
 

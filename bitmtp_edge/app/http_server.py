@@ -340,6 +340,8 @@ class Metrics:
             if passes is not None:
                 t["forward_passes"] += passes
             self.fused_passes.update(getattr(stats, "fused_candidates", None) or {})  # fixed c, or the chooser's mix
+            t["certified_head_calls"] += getattr(stats, "certified_head_calls", 0)
+            t["certified_head_int8"] += getattr(stats, "certified_head_int8", 0)
             if energy_j is not None:
                 t["energy_j"] += energy_j
                 t["energy_tokens"] += stats.new_tokens
@@ -392,6 +394,11 @@ class Metrics:
         if fused:
             metric("fused_passes_total", "counter", "Fused passes, by the draft blocks c each carried.",
                    [(f'{{candidates="{c}"}}', n) for c, n in fused])
+        if t.get("certified_head_calls"):  # head="certified": which head answered the greedy head calls
+            int8 = t.get("certified_head_int8", 0)
+            metric("certified_head_calls_total", "counter",
+                   "Greedy head calls of the certified head, by the head that answered them.",
+                   [('{answered="int8"}', int8), ('{answered="16bit"}', t["certified_head_calls"] - int8)])
         worker = self.worker
         metric("queue_depth", "gauge", "Requests waiting for the model.", [("", worker.queue_depth if worker else 0)])
         metric("busy", "gauge", "1 while a generation runs.", [("", int(bool(worker and worker.running)))])

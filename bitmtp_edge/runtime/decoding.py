@@ -140,6 +140,10 @@ class DecodeStats:
     segment_growths: int = 0
     finish_reason: str = ""
     seed: int | None = None  # the sampling seed used (None: greedy), to reproduce a sampled text
+    # head="certified" (Engine.load): the greedy AR / verify head calls, and those the int8 rows
+    # answered alone (the 16-bit head skipped); 0 with any other head
+    certified_head_calls: int = 0
+    certified_head_int8: int = 0
 
     @property
     def tokens_per_iteration(self) -> float:
@@ -170,7 +174,8 @@ class DecodeStats:
             "accepted_histogram": {str(k): v for k, v in sorted(self.accepted_histogram.items())},
             "prefill_s": self.prefill_s, "decode_s": self.decode_s, "host_syncs": self.host_syncs,
             "segment_growths": self.segment_growths, "finish_reason": self.finish_reason,
-            "seed": self.seed,
+            "seed": self.seed, "certified_head_calls": self.certified_head_calls,
+            "certified_head_int8": self.certified_head_int8,
         }
 
 

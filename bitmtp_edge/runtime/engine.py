@@ -313,7 +313,23 @@ class Engine:
         opts = self.decode_options(policy, max_new_tokens, block_size, tau, min_prefix, should_stop, candidates,
                              sampling=_sampling(sampling, sampling_kw))
         ids = self._prompt_ids(prompt)
-        return self._owning_kv(decode(self.backend, ids, opts, stats if stats is not None else DecodeStats()))
+        stats = stats if stats is not None else DecodeStats()
+        return self._owning_kv(self._certified_counting(decode(self.backend, ids, opts, stats), stats))
+
+    def _certified_counting(self, chunks: Iterator[list[int]], stats: DecodeStats) -> Iterator[list[int]]:
+        """``chunks``, and with the certified head the greedy head calls they made (and those the
+        int8 rows answered alone) in ``stats`` when they end: the device counters read before and
+        after (two syncs, outside the steps)."""
+        fast = getattr(self.backend, "fast", None)
+        if fast is None or fast.certified_head is None:
+            yield from chunks
+            return
+        before = fast.certified_counts()
+        try:
+            yield from chunks
+        finally:
+            calls, int8 = (a - b for a, b in zip(fast.certified_counts(), before))
+            stats.certified_head_calls, stats.certified_head_int8 = calls, int8
 
     def _owning_kv(self, chunks: Iterator[list[int]]) -> Iterator[list[int]]:
         """``chunks`` as long as no other generation (or ``logits``) has used the backend since
