@@ -217,7 +217,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--jobs", type=int, default=8, help="compile processes for each table's launches")
     ap.add_argument("--head", choices=HEADS, default="16bit",
-                    help="the verify role's head (Engine.load(head=...)): int8 reads the draft head in every role")
+                    help="the verify role's head (Engine.load(head=...)): int8 reads the draft head in every role; "
+                         "certified the 16-bit head's tokens, from the int8 rows where proven (random weights: "
+                         "rarely)")
     ap.add_argument("--sms", type=int, default=0, help="run on this many SMs of the GPU (a green context; "
                     "0: all of them)")
     ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results")
