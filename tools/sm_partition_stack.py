@@ -12,6 +12,9 @@ its bandwidth allows (Orin NX ≈ 56 weights per SM-clock, AGX Orin ≈ 39).
     python tools/sm_partition_stack.py --sms 8 --widths 1,9,16,32 --out runs/sm8.json
     python tools/sm_partition_stack.py --sms 0 ...     # the whole GPU, same timing, for the ratio
     python tools/sm_partition_stack.py --summarize runs/sm*.json --md runs/sm.md   # no GPU: one table
+    python tools/sm_partition_stack.py --sms 0 --widths 9,16 --vary "block_n=64,128;split_k=1,2,4" \
+        --vary-each --write-table runs/table --out runs/whole.json   # the whole GPU's own table, varied:
+    # each projection alone, the winners timed together and written as a table (bench_replay_widths --tables)
 
 Schemes: ``shipped`` (this GPU's tuned table, else its defaults: the H200's launches),
 ``board defaults`` (``tuning.default_linear`` for the partition's SM count: what a board
