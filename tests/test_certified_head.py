@@ -229,7 +229,7 @@ def test_a_generation_counts_its_certified_head_calls():
     eng = object.__new__(Engine)
     eng.backend = types.SimpleNamespace(fast=types.SimpleNamespace(certified_head=(), certified_counts=lambda: next(counts)))
     stats = DecodeStats()
-    chunks = eng._certified_counting(iter([[1, 2], [3]]), stats)
+    chunks = eng.count_head_calls(iter([[1, 2], [3]]), stats)
     assert next(chunks) == [1, 2] and stats.certified_head_calls == 0
     assert list(chunks) == [[3]]
     assert (stats.certified_head_calls, stats.certified_head_int8) == (40, 33)
@@ -237,14 +237,14 @@ def test_a_generation_counts_its_certified_head_calls():
     closed = iter([(0, 0), (5, 5)])  # a stream closed early still records what ran
     eng.backend.fast.certified_counts = lambda: next(closed)
     early = DecodeStats()
-    chunks = eng._certified_counting(iter([[1], [2], [3]]), early)
+    chunks = eng.count_head_calls(iter([[1], [2], [3]]), early)
     next(chunks)
     chunks.close()
     assert (early.certified_head_calls, early.certified_head_int8) == (5, 5)
     eng.backend.fast.certified_head = None  # another head: nothing read, nothing counted
     eng.backend.fast.certified_counts = lambda: pytest.fail("read without a certified head")
     plain = DecodeStats()
-    assert list(eng._certified_counting(iter([[1]]), plain)) == [[1]] and plain.certified_head_calls == 0
+    assert list(eng.count_head_calls(iter([[1]]), plain)) == [[1]] and plain.certified_head_calls == 0
 
     metrics = Metrics()
     job = types.SimpleNamespace()

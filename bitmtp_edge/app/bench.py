@@ -283,7 +283,7 @@ def run_once(engine: Engine, prompt: str, route: Route, config: BenchConfig) -> 
     if cuda:
         torch.cuda.reset_peak_memory_stats(engine.device)
     stats = DecodeStats()
-    for _ in decode(engine.backend, ids, opts, stats):
+    for _ in engine.count_head_calls(decode(engine.backend, ids, opts, stats), stats):
         pass
     # decode() stops its timer in a `finally` as the generator ends, just before this line;
     # perf_counter and monotonic tick together, so the window is [end - decode_s, end].

@@ -314,12 +314,12 @@ class Engine:
                              sampling=_sampling(sampling, sampling_kw))
         ids = self._prompt_ids(prompt)
         stats = stats if stats is not None else DecodeStats()
-        return self._owning_kv(self._certified_counting(decode(self.backend, ids, opts, stats), stats))
+        return self._owning_kv(self.count_head_calls(decode(self.backend, ids, opts, stats), stats))
 
-    def _certified_counting(self, chunks: Iterator[list[int]], stats: DecodeStats) -> Iterator[list[int]]:
-        """``chunks``, and with the certified head the greedy head calls they made (and those the
-        int8 rows answered alone) in ``stats`` when they end: the device counters read before and
-        after (two syncs, outside the steps)."""
+    def count_head_calls(self, chunks: Iterator[list[int]], stats: DecodeStats) -> Iterator[list[int]]:
+        """``chunks`` (a ``decode`` of this engine's backend), and with the certified head the
+        greedy head calls they made (and those the int8 rows answered alone) in ``stats`` when
+        they end: the device counters read before and after (two syncs, outside the steps)."""
         fast = getattr(self.backend, "fast", None)
         if fast is None or fast.certified_head is None:
             yield from chunks
