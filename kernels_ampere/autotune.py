@@ -125,8 +125,10 @@ class LinearBench:
         self.res = torch.randn(m, self.n, generator=self.gen, device=DEVICE) if self.residual else None
         self._ref = None  # the twin's output at this width, computed once
 
-    def call(self, i: int, config=None):
-        """A no-argument launch on weight copy ``i``; ``.config`` and ``.shape`` say what it launches."""
+    def call(self, i: int, config=None, next_weights: torch.Tensor | None = None):
+        """A no-argument launch on weight copy ``i``; ``.config`` and ``.shape`` say what it launches.
+        ``next_weights`` (W2A8): the bytes its programs ask the L2 for, as a decode step's
+        launch asks for the next projection's."""
         from .w2a8 import w2a8_linear
         from .w2a16 import w2a16_linear
 
@@ -134,7 +136,7 @@ class LinearBench:
         if self.op == "w2a8_linear":
             def launch():
                 return w2a8_linear(self.a_int8, self.a_scale, packed, w_scale, out_dtype=self.out_dtype,
-                                   residual=self.res, config=config)
+                                   residual=self.res, config=config, next_weights=next_weights)
         else:
             def launch():
                 return w2a16_linear(self.x16, packed, w_scale, out_dtype=self.out_dtype, config=config)

@@ -144,6 +144,62 @@ def prefetch_rows_l2(row_ptrs, mask_rows, nbytes, LINES: tl.constexpr, USE_ASM: 
                     mask_rows[:, None] & ((o < nbytes + 127) & (nbytes > 0))[None, :], USE_ASM)
 
 
+@triton.jit
+def prefetch_share_l2(base_ptr, nbytes, LINES: tl.constexpr, USE_ASM: tl.constexpr):
+    """This program's share of the ``nbytes`` bytes at ``base_ptr`` (uint8) asked of the L2:
+    the lines are dealt out to the launch's programs in contiguous runs, LINES lines per
+    step (one per thread). A launch calls it for the weights of the kernel that runs after
+    it (``next_weights_l2``): those loads then start a whole launch early."""
+    pid = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
+    programs = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
+    lines = tl.cdiv(nbytes, 128)
+    per = tl.cdiv(lines, programs)
+    lo = pid * per
+    hi = tl.minimum(lo + per, lines)
+    rl = tl.arange(0, LINES)
+    for line in range(lo, hi, LINES):
+        idx = line + rl
+        prefetch_l2(base_ptr + idx * 128, idx < hi, USE_ASM)
+
+
+# --- the next launch's weights, asked of the L2 during this one ------------------------------
+# A decode step is a chain of launches whose weights are known before the step starts. Each
+# W2A8 launch may ask the L2 for the weights of the projection that runs after it, so the next
+# launch finds them there: its first loads are L2 round trips, not DRAM ones, and the DRAM
+# works through the launch gaps and the other kernels in between. At most a quarter of the
+# L2 is asked for ahead (the current launch's own lines must stay): a 2B model's largest
+# projection (8.8 MB) on an H200 (50 MB of L2), the first 1 MB of it on an Orin (4 MB).
+_PREFETCH_NEXT = [os.environ.get("BITMTP_PREFETCH_NEXT", "1") != "0"]
+NEXT_L2_SHARE = 4  # ask for at most 1 / NEXT_L2_SHARE of the L2 ahead
+
+
+def prefetch_next(enabled: bool | None = None) -> bool:
+    """Process-wide switch for asking the L2 for the next launch's weights (default on;
+    ``BITMTP_PREFETCH_NEXT=0`` turns it off). A CUDA graph keeps the setting it was
+    captured with. -> the setting."""
+    if enabled is not None:
+        _PREFETCH_NEXT[0] = bool(enabled)
+    return _PREFETCH_NEXT[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _l2_bytes(index: int) -> int:
+    return int(getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0))
+
+
+def next_weights_l2(kernel, weights: torch.Tensor | None, num_warps: int, unused: torch.Tensor) -> dict:
+    """Launch arguments that make ``kernel``'s programs ask the L2 for ``weights`` (the next
+    projection's packed bytes; the first ``L2 / NEXT_L2_SHARE`` of them), or that ask for
+    nothing (``unused``, any tensor of the launch, stands in for the pointer): no tensor, the
+    switch off, the interpreter (no inline assembly), a CPU tensor."""
+    if weights is None or not _PREFETCH_NEXT[0] or is_interpreted(kernel) or weights.device.type != "cuda":
+        return {"next_ptr": unused, "next_bytes": 0}
+    cap = _l2_bytes(weights.device.index if weights.device.index is not None else torch.cuda.current_device())
+    nbytes = weights.numel() * weights.element_size()
+    nbytes = min(nbytes, cap // NEXT_L2_SHARE // 128 * 128) if cap else nbytes
+    return {"next_ptr": weights, "next_bytes": nbytes, "PREFETCH_NEXT": nbytes > 0, "NEXT_LINES": 32 * num_warps}
+
+
 # --- the L1 / shared-memory split ------------------------------------------------------------
 # An SM changes its L1 / shared-memory split ("carveout") only when idle: a chain of kernels
 # that want different splits (a gemv with no shared memory, then a pipelined tensor-core

@@ -117,7 +117,8 @@ from .numerics import int_matmul
 
 from .common import (apply_carveout, check_dtype, check_launchable, check_packed_weight, check_residual, dp4a,
                      dp4a_unsigned, gdc_prologue, is_interpreted, last_slice, next_pow2, pdl_options,
-                     prefetch_rows_l2, scale_strides, split_counters, split_k_chunks, split_k_reduce, sum_slices)
+                     next_weights_l2, prefetch_rows_l2, prefetch_share_l2, scale_strides, split_counters, split_k_chunks,
+                     split_k_reduce, sum_slices)
 from .packing import BYTES_PER_CHUNK, CHUNK_K, unpack_ternary
 from .tuning import (DOT, GEMV, LANES, MMA, ROWS, LinearConfig, default_linear, group_k_slices, linear_key, lookup,
                      sm_count)
@@ -146,6 +147,7 @@ def _w2a8_gemv_kernel(
     part_ptr,  # SPLIT: [S, M, N] int32 or float32 partial sums
     count_ptr,  # SUM_SLICES: [tiles] int32 arrival counts, zero between launches
     res_ptr,  # [M, N] float32 residual added in the epilogue (read only when RESIDUAL)
+    next_ptr, next_bytes,  # PREFETCH_NEXT: the next launch's packed weights (uint8), asked of the L2
     M, N, chunks_per_split,
     stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     K: tl.constexpr,
@@ -155,6 +157,8 @@ def _w2a8_gemv_kernel(
     USE_ASM: tl.constexpr,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
     PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
+    PREFETCH_NEXT: tl.constexpr = False,  # common.next_weights_l2: the next launch's weights asked too
+    NEXT_LINES: tl.constexpr = 128,  # lines asked per step: one per thread
 ):
     N_CHUNKS: tl.constexpr = (K + 127) // 128  # the last chunk may end in zero-weight padding
     m = tl.program_id(0)  # one activation row per program; rows of one N tile run side by side
@@ -164,6 +168,8 @@ def _w2a8_gemv_kernel(
     if PREFETCH:  # weights are constants: their DRAM traffic may start before the previous kernel ends
         prefetch_rows_l2(w_ptr.to(tl.pointer_type(tl.uint8)) + rn * (stride_wn * 4) + c_lo * 32, rn < N,
                          (c_hi - c_lo) * 32, 8, USE_ASM)
+    if PREFETCH_NEXT:  # after its own: the next launch's weights, a whole launch ahead
+        prefetch_share_l2(next_ptr.to(tl.pointer_type(tl.uint8)), next_bytes, NEXT_LINES, USE_ASM)
     mask_n = rn < N
     ws = _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED, SPLIT)
     gdc_prologue(USE_GDC)
@@ -315,6 +321,7 @@ def _w2a8_rows_kernel(
     part_ptr,  # SPLIT: [S, M, N] int32 or float32 partial sums
     count_ptr,  # SUM_SLICES: [tiles] int32 arrival counts, zero between launches
     res_ptr,  # [M, N] float32 residual (RESIDUAL)
+    next_ptr, next_bytes,  # PREFETCH_NEXT: the next launch's packed weights (uint8), asked of the L2
     M, N, chunks_per_split,
     stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     K: tl.constexpr,
@@ -324,6 +331,8 @@ def _w2a8_rows_kernel(
     USE_ASM: tl.constexpr,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
     PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
+    PREFETCH_NEXT: tl.constexpr = False,  # common.next_weights_l2: the next launch's weights asked too
+    NEXT_LINES: tl.constexpr = 128,  # lines asked per step: one per thread
 ):
     """The gemv kernel with BLOCK_M activation rows per program: each weight word is loaded
     and decoded once and multiplies every row (dp4a), instead of once per row."""
@@ -335,6 +344,8 @@ def _w2a8_rows_kernel(
     if PREFETCH:
         prefetch_rows_l2(w_ptr.to(tl.pointer_type(tl.uint8)) + rn * (stride_wn * 4) + c_lo * 32, rn < N,
                          (c_hi - c_lo) * 32, 8, USE_ASM)
+    if PREFETCH_NEXT:  # after its own: the next launch's weights, a whole launch ahead
+        prefetch_share_l2(next_ptr.to(tl.pointer_type(tl.uint8)), next_bytes, NEXT_LINES, USE_ASM)
     ws = _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED, SPLIT)
     gdc_prologue(USE_GDC)
     rc = tl.arange(0, CHUNKS)
@@ -389,6 +400,7 @@ def _w2a8_dot_kernel(
     part_ptr,  # SPLIT: [S, M, N] int32 or float32 partial sums
     count_ptr,  # SUM_SLICES: [tiles] int32 arrival counts, zero between launches
     res_ptr,  # [M, N] float32 residual (RESIDUAL)
+    next_ptr, next_bytes,  # PREFETCH_NEXT: the next launch's packed weights (uint8), asked of the L2
     M, N, chunks_per_split,
     stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     K: tl.constexpr,
@@ -398,6 +410,8 @@ def _w2a8_dot_kernel(
     USE_ASM: tl.constexpr = False,  # only the L2 prefetch is inline assembly here
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
     PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
+    PREFETCH_NEXT: tl.constexpr = False,  # common.next_weights_l2: the next launch's weights asked too
+    NEXT_LINES: tl.constexpr = 128,  # lines asked per step: one per thread
 ):
     N_CHUNKS: tl.constexpr = (K + 127) // 128
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -406,6 +420,8 @@ def _w2a8_dot_kernel(
     c_hi = tl.minimum(c_lo + chunks_per_split, N_CHUNKS)
     if PREFETCH:
         prefetch_rows_l2(w_ptr + rn * stride_wn + c_lo * 32, rn < N, (c_hi - c_lo) * 32, 8, USE_ASM)
+    if PREFETCH_NEXT:  # after its own: the next launch's weights, a whole launch ahead
+        prefetch_share_l2(next_ptr.to(tl.pointer_type(tl.uint8)), next_bytes, NEXT_LINES, USE_ASM)
     ws = _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED, SPLIT)
     gdc_prologue(USE_GDC)
     rb = tl.arange(0, 32)  # byte j of a chunk holds input 32i + j of lane i
@@ -454,6 +470,7 @@ def _w2a8_lanes_kernel(
     part_ptr,  # SPLIT: [S, M, N] int32 or float32 partial sums
     count_ptr,  # SUM_SLICES: [tiles] int32 arrival counts, zero between launches
     res_ptr,  # [M, N] float32 residual (RESIDUAL)
+    next_ptr, next_bytes,  # PREFETCH_NEXT: the next launch's packed weights (uint8), asked of the L2
     M, N, chunks_per_split,
     stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     K: tl.constexpr,
@@ -463,6 +480,8 @@ def _w2a8_lanes_kernel(
     USE_ASM: tl.constexpr,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
     PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
+    PREFETCH_NEXT: tl.constexpr = False,  # common.next_weights_l2: the next launch's weights asked too
+    NEXT_LINES: tl.constexpr = 128,  # lines asked per step: one per thread
 ):
     """dp4a over all BLOCK_M rows of the width with each weight word loaded and decoded once.
 
@@ -489,6 +508,8 @@ def _w2a8_lanes_kernel(
     if PREFETCH:
         prefetch_rows_l2(w_ptr.to(tl.pointer_type(tl.uint8)) + rn * (stride_wn * 4) + c_lo * 32, mask_n,
                          (c_hi - c_lo) * 32, 8, USE_ASM)
+    if PREFETCH_NEXT:  # after its own: the next launch's weights, a whole launch ahead
+        prefetch_share_l2(next_ptr.to(tl.pointer_type(tl.uint8)), next_bytes, NEXT_LINES, USE_ASM)
     c = c_lo + rc
     wt = tl.load(w_rows + c[None, :, None] * 8, mask=mask_n[:, None, None] & (c < c_hi)[None, :, None], other=0)
     ws = _row_scales(w_scale_ptr, rn, N, stride_sn, GROUPED, SPLIT)
@@ -682,6 +703,7 @@ def _w2a8_mma_kernel(
     part_ptr,  # SPLIT: [S, M, N] int32 or float32 partial sums
     count_ptr,  # SUM_SLICES: [tiles] int32 arrival counts, zero between launches
     res_ptr,  # [M, N] float32 residual (RESIDUAL)
+    next_ptr, next_bytes,  # PREFETCH_NEXT: the next launch's packed weights (uint8), asked of the L2
     M, N, chunks_per_split,
     stride_am, stride_wn, stride_sn, stride_sg, stride_om, stride_rm,
     K: tl.constexpr,
@@ -692,6 +714,8 @@ def _w2a8_mma_kernel(
     ASUM_BY_DOT: tl.constexpr,  # group scales, rows that are not whole aligned int32 words, or asked (config)
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
     PREFETCH: tl.constexpr = False,  # the program's weights asked of the L2 before the wait
+    PREFETCH_NEXT: tl.constexpr = False,  # common.next_weights_l2: the next launch's weights asked too
+    NEXT_LINES: tl.constexpr = 128,  # lines asked per step: one per thread
     FOLD: tl.constexpr = False,  # LinearConfig.fold_lanes: one accumulator for the four lanes, one dot per step
     TAIL_M: tl.constexpr = 0,  # FOLD: LinearConfig.tail_m, a second row tile after BLOCK_M's (0: none)
 ):
@@ -742,6 +766,8 @@ def _w2a8_mma_kernel(
     mask_m = (rm < M)[None, :]
     if PREFETCH:
         prefetch_rows_l2(w_ptr + rn * stride_wn + c_lo * 32, rn < N, (c_hi - c_lo) * 32, 8, USE_ASM)
+    if PREFETCH_NEXT:  # after its own: the next launch's weights, a whole launch ahead
+        prefetch_share_l2(next_ptr.to(tl.pointer_type(tl.uint8)), next_bytes, NEXT_LINES, USE_ASM)
     acc0 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)  # folded: the only accumulator (acc1..3 stay zero)
     acc1 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
     acc2 = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
@@ -871,6 +897,7 @@ def w2a8_linear(
     out_dtype: torch.dtype = torch.float16,
     residual: torch.Tensor | None = None,  # [M, N] float32, added in the epilogue
     config: LinearConfig | None = None,
+    next_weights: torch.Tensor | None = None,  # the packed weights of the launch after this one
 ) -> torch.Tensor:  # [M, N] out_dtype
     """``(a_int8 @ W^T) * a_scale[:, None] * w_scale`` (``+ residual``), exact int32 accumulation.
 
@@ -879,7 +906,8 @@ def w2a8_linear(
     ``config`` overrides the tuned table (the tuner uses it); leave it None. K need not be a
     multiple of 128 (the packed rows end in zero-weight padding); where the activations cannot
     be read as 4-byte words (K % 4 != 0, or unaligned rows) the word-reading kernels give way
-    to the tensor-core kernel.
+    to the tensor-core kernel. ``next_weights``: the programs also ask the L2 for these bytes
+    (``common.next_weights_l2``), a hint that never changes a result.
     """
     if a_int8.dtype != torch.int8 or a_int8.dim() != 2 or a_int8.stride(1) != 1:
         raise TypeError(f"w2a8_linear: a_int8 must be a 2-D int8 [M, K] tensor with contiguous rows, "
@@ -953,10 +981,11 @@ def w2a8_linear(
     if kernel is _w2a8_mma_kernel:
         asm["ASUM_BY_DOT"] = grouped or not words or config.asum_by_dot
         asm["FOLD"] = config.fold_lanes and k <= FOLD_MAX_K  # longer rows keep four accumulators
+    ahead = next_weights_l2(kernel, next_weights, config.num_warps, unused=packed)
     compiled = kernel[grid](
-        a_in, a_scale, w_in, w_scale, out, parts, out if counts is None else counts, res, m, n, per_split,
-        a_in.stride(0), w_in.stride(0), stride_sn, stride_sg, out.stride(0), res.stride(0),
-        **asm, **rows, **common, **pdl,
+        a_in, a_scale, w_in, w_scale, out, parts, out if counts is None else counts, res, ahead.pop("next_ptr"),
+        ahead.pop("next_bytes"), m, n, per_split, a_in.stride(0), w_in.stride(0), stride_sn, stride_sg, out.stride(0),
+        res.stride(0), **asm, **rows, **common, **pdl, **ahead,
     )
     apply_carveout(compiled)
     if split and not in_kernel:

@@ -9,6 +9,7 @@ float32 in a different order than the twin's matmul (rtol 1e-5 of the output's s
 Without CUDA the kernels run in Triton's interpreter, on small shapes.
 """
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -651,6 +652,85 @@ def test_w2a8_graph_with_and_without_programmatic_launch_agree():
     finally:
         programmatic_launch(before)
     assert_exact(outs[True], outs[False], "PDL vs plain launches")
+
+
+def test_next_weights_are_asked_only_of_a_compiled_launch_on_the_gpu():
+    """The next launch's weights (common.next_weights_l2): asked where the launch is compiled,
+    the switch on and the bytes on a CUDA device; at most a quarter of the L2, whole lines;
+    otherwise the launch asks for nothing and any tensor stands in for the pointer."""
+    from kernels_ampere.common import NEXT_L2_SHARE, next_weights_l2, prefetch_next
+    from kernels_ampere.w2a8 import _w2a8_mma_kernel
+
+    unused = torch.zeros(4, dtype=torch.uint8)
+    before = prefetch_next()
+    try:
+        prefetch_next(True)
+        off = {"next_ptr": unused, "next_bytes": 0}
+        assert next_weights_l2(_w2a8_mma_kernel, None, 4, unused) == off
+        assert next_weights_l2(_w2a8_mma_kernel, torch.zeros(64, 32, dtype=torch.uint8), 4, unused) == off  # CPU
+        if ON_GPU and not os.environ.get("TRITON_INTERPRET"):
+            big = torch.empty(1 << 26, dtype=torch.uint8, device="cuda")  # 64 MiB: more than a quarter of any L2
+            args = next_weights_l2(_w2a8_mma_kernel, big, 8, unused)
+            cap = torch.cuda.get_device_properties(0).L2_cache_size // NEXT_L2_SHARE
+            assert args["PREFETCH_NEXT"] and args["next_ptr"] is big and args["NEXT_LINES"] == 256
+            assert 0 < args["next_bytes"] <= cap and args["next_bytes"] % 128 == 0
+            small = big[: 3 * 128 + 5]
+            assert next_weights_l2(_w2a8_mma_kernel, small, 4, unused)["next_bytes"] == small.numel()
+            prefetch_next(False)
+            assert next_weights_l2(_w2a8_mma_kernel, big, 4, unused) == off
+        assert prefetch_next(False) is False and prefetch_next() is False
+    finally:
+        prefetch_next(before)
+
+
+@pytest.mark.parametrize("m", (1, 9))
+def test_w2a8_with_next_weights_matches_the_twin(m):
+    """Every kernel asked to warm the L2 with another matrix's bytes: the same bits as the twin
+    (interpreted the hint is dropped; compiled on the GPU every program issues its share)."""
+    gen = torch.Generator().manual_seed(31 + m)
+    n, k = 72, 640
+    _, packed = random_weight(n, k, gen)
+    _, other = random_weight(200, 384, gen)
+    a, a_s = random_activations(m, k, gen)
+    w_s = (0.5 + torch.rand(n, generator=gen)).to(DEVICE)
+    ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32)
+    for cfg in w2a8_configs(False, m):
+        out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, config=cfg, next_weights=other)
+        assert_exact(out, ref, f"{cfg} with next weights")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("m", (1, 9, 33))
+def test_w2a8_chain_asking_for_the_next_weights_agrees_in_a_graph(m):
+    """A chain of launches, each asking the L2 for the next one's weights (the last for the
+    first's, as a decode step does), captured with programmatic launch: the twin's bits."""
+    from kernels_ampere.common import prefetch_next
+
+    gen = torch.Generator().manual_seed(5 + m)
+    shapes = [(3840, 2560), (2560, 2560), (13824, 2560), (2560, 6912)]
+    packed = [random_weight(n, k, gen)[1] for n, k in shapes]
+    scales = [(0.5 + torch.rand(n, generator=gen)).to(DEVICE) for n, _ in shapes]
+    acts = [random_activations(m, k, gen) for _, k in shapes]
+    refs = [w2a8_linear_reference(a, s, p, w, out_dtype=torch.float32) for (a, s), p, w in zip(acts, packed, scales)]
+    before = prefetch_next()
+    try:
+        prefetch_next(True)
+
+        def chain():
+            return [w2a8_linear(a, s, p, w, out_dtype=torch.float32, next_weights=nxt)
+                    for (a, s), p, w, nxt in zip(acts, packed, scales, packed[1:] + packed[:1])]
+
+        chain()  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = chain()
+        for _ in range(3):
+            graph.replay()
+        for i, (out, ref) in enumerate(zip(outs, refs)):
+            assert_exact(out, ref, f"launch {i} of the chain, M={m}")
+    finally:
+        prefetch_next(before)
 
 
 def test_w2a8_v5_default_folds_every_tensor_core_launch():

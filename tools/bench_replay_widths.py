@@ -11,7 +11,9 @@ M (D + 1 .. 2D), ``v9`` = the verify (D + 1; ``states``). ``--profile`` widths a
 replayed under ``torch.profiler``: the kernels of one replay grouped by name, GPU µs each
 (kernel durations overlap under programmatic launch, so their sum can exceed the replay: a
 kernel starts early and waits for its producer; a table named ``<name>-nopdl`` is captured
-without programmatic launch, so its kernels run one after another and their durations add up).
+without programmatic launch, so its kernels run one after another and their durations add up;
+one named ``<name>-noahead`` without the W2A8 launches asking the L2 for the next one's weights,
+``common.prefetch_next``).
 
     python tools/bench_replay_widths.py --tables before=/tmp/old,after=shipped --widths 1,d9,d16,16,32,33,40 \\
         --profile 32,33 --out /tmp/replays
@@ -127,19 +129,22 @@ def precompile_table(eng: Engine, widths: list[int], jobs: int) -> None:
     precompile(work, jobs)
 
 
-def time_states(eng: Engine, wanted: dict[str, ReplayState], repeats: int, pdl: bool = True) -> dict[str, float]:
-    from kernels_ampere.common import programmatic_launch
+def time_states(eng: Engine, wanted: dict[str, ReplayState], repeats: int, pdl: bool = True,
+                ahead: bool = True) -> dict[str, float]:
+    from kernels_ampere.common import prefetch_next, programmatic_launch
 
     b = eng.backend
     b.static.history_len.fill_(PROMPT_LEN)
     b.kv.length = PROMPT_LEN
-    previous = programmatic_launch()
+    previous = programmatic_launch(), prefetch_next()
     programmatic_launch(pdl)  # a graph keeps the launch mode it was captured with
+    prefetch_next(ahead)  # and whether its launches ask the L2 for the next one's weights
     try:
         for state in wanted.values():  # this table's launches: capture again
             b._capture(state)
     finally:
-        programmatic_launch(previous)
+        programmatic_launch(previous[0])
+        prefetch_next(previous[1])
     reset = lambda: b.static.history_len.fill_(PROMPT_LEN)  # noqa: E731
     t_reset = cuda_ms(reset, repeats)
     out = {}
@@ -286,10 +291,10 @@ def run(args, tables: dict[str, Path]) -> int:
         wanted = states(eng.block_size, widths + [w for w in profiled if w not in widths])
         precompile_table(eng, sorted({state.width for state in wanted.values()}), args.jobs)
         t0 = time.perf_counter()
-        pdl = not name.endswith("-nopdl")
-        us = time_states(eng, wanted, args.repeats, pdl)  # the profiled ones too: captured with this table
+        pdl, ahead = "-nopdl" not in name, "-noahead" not in name
+        us = time_states(eng, wanted, args.repeats, pdl, ahead)  # the profiled ones too: captured with this table
         log(f"{name}: " + ", ".join(f"M={w} {v:.1f} us" for w, v in us.items()) + f" ({time.perf_counter() - t0:.0f} s)")
-        entry = {"folder": str(folder), "programmatic_launch": pdl,
+        entry = {"folder": str(folder), "programmatic_launch": pdl, "next_weights_l2": ahead,
                  "replay_us": {w: round(v, 1) for w, v in us.items()}, "profile": {}}
         for w in (profiled if not args.profile_tables or name in args.profile_tables.split(",") else ()):
             try:

@@ -106,10 +106,23 @@ class Stack:
         for name, case in self.cases.items():
             case.check(configs.get(name))
 
-    def time_us(self, timer: GraphTimer, configs: dict) -> float:
-        """µs per model step: the whole stack (layer by layer, projection by projection) in one graph."""
-        calls = [case.call(i, configs.get(name)) for i in range(self.instances) for name, case in self.cases.items()]
+    def time_us(self, timer: GraphTimer, configs: dict, ahead: bool = False) -> float:
+        """µs per model step: the whole stack (layer by layer, projection by projection) in one graph.
+        ``ahead``: each launch asks the L2 for the next one's weights, as the runtime's do
+        (``common.next_weights_l2``; the last asks for the first's)."""
+        order = [(i, name) for i in range(self.instances) for name in self.cases]
+        after = order[1:] + order[:1]
+        calls = [self.cases[name].call(i, configs.get(name),
+                                       self.cases[nxt].packed[j] if ahead else None)
+                 for (i, name), (j, nxt) in zip(order, after)]
         return timer(calls, reps=len(calls)) * len(calls) / self.copies
+
+    def time_hot_step_us(self, timer: GraphTimer, configs: dict) -> float:
+        """µs per model step with every weight in the L2: the first layer's launches repeated
+        once per layer (one layer's weights: 17 MB of BitNet-2B). What launches that never
+        wait for DRAM cost; a floor for asking the L2 ahead."""
+        calls = [case.call(0, configs.get(name)) for name, case in self.cases.items()]
+        return timer(calls, reps=len(calls) * self.layers) * len(calls) * self.layers
 
     def time_hot_us(self, timer: GraphTimer, name: str, config) -> float:
         """µs per call of one projection with one weight copy (in L2 after the first call)."""

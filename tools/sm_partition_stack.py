@@ -327,6 +327,9 @@ def main(argv=None) -> int:
     ap.add_argument("--write-table", type=Path, default=None,
                     help="with --vary-each: time every width's per-projection winners together and write this "
                          "GPU's table with them (a folder for bench_replay_widths.py --tables)")
+    ap.add_argument("--ahead", action="store_true",
+                    help="time the shipped launches also asking the L2 for the next launch's weights "
+                         "(common.next_weights_l2, as the runtime does) and with every weight in the L2 (a floor)")
     ap.add_argument("--jobs", type=int, default=0, help="with --vary: compile the variants in this many processes first")
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--out", help="JSON file to write")
@@ -388,6 +391,13 @@ def main(argv=None) -> int:
             stack.check(cfgs)
             us = stack.time_us(timer, cfgs)
             rows.append(timed_row(stack, scheme, m, us, sms, mhz, cfgs))
+            if args.ahead and scheme == "shipped":  # in turn with the plain stack, then the floor
+                for label, timed in (("shipped, next weights asked", lambda: stack.time_us(timer, cfgs, ahead=True)),
+                                     ("shipped again", lambda: stack.time_us(timer, cfgs)),
+                                     ("shipped, next weights asked again",
+                                      lambda: stack.time_us(timer, cfgs, ahead=True)),
+                                     ("shipped, weights in the L2", lambda: stack.time_hot_step_us(timer, cfgs))):
+                    rows.append(timed_row(stack, label, m, timed(), sms, mhz, cfgs))
         for scheme, (change, group) in variants.items():
             cfgs = varied_configs(stack, m, args.sms, change, group)
             try:

@@ -32,6 +32,9 @@ from .ops import Ops
 class Projection:
     packed: torch.Tensor  # [N, K/4] uint8
     scale: torch.Tensor  # [N] float32 per row, or [N, K/128] float32 per group
+    # the packed weights of the projection the step runs after this one (the last layer's
+    # down: the first layer's QKV, the next step's first): its launch asks the L2 for them
+    next_weights: torch.Tensor | None = None
 
 
 @dataclass
@@ -96,6 +99,9 @@ class FastModel:
                 q_norm=t(p + "self_attn.q_norm.weight") if cfg.has_qk_norm else None,
                 k_norm=t(p + "self_attn.k_norm.weight") if cfg.has_qk_norm else None,
             ))
+        chain = [proj for layer in self.layers for proj in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        for proj, after in zip(chain, chain[1:] + chain[:1]):
+            proj.next_weights = after.packed
         self.final_norm = t(FINAL_NORM)
         head = tensors[head_name(cfg.tie_word_embeddings)]
         # The verify head keeps the checkpoint's 16-bit type (bf16 stays bf16: exact).
@@ -221,7 +227,7 @@ class FastModel:
             a, s = self.ops.rmsnorm_quant(x, norm_weight, eps)
         else:
             a, s = self.ops.act_quant(x)
-        return self.ops.linear_w2a8(a, s, proj.packed, proj.scale, residual=residual)
+        return self.ops.linear_w2a8(a, s, proj.packed, proj.scale, residual=residual, next_weights=proj.next_weights)
 
     def _glu_normed(self, gate, up, layer: Layer):
         """The FFN middle in float (activation × up, then the sub-norm if the family has one)."""
@@ -239,7 +245,8 @@ class FastModel:
             a, s = self.ops.silu_mul_quant(gate, up)
         else:  # a family/scheme pair without a fused kernel
             a, s = quantize_activations(self._glu_normed(gate, up, layer))
-        return self.ops.linear_w2a8(a, s, layer.down.packed, layer.down.scale, residual=residual)
+        return self.ops.linear_w2a8(a, s, layer.down.packed, layer.down.scale, residual=residual,
+                                    next_weights=layer.down.next_weights)
 
     # -- heads ----------------------------------------------------------------------------
     def normed(self, x):

@@ -43,11 +43,15 @@ class Ops:
         return certified_head_argmax(h, w16, w_int8, w_scale, err_norm, magnitude, code_norm,
                                      partials=self.certify_partials, f16_head=self.f16_head_argmax, drafts=drafts)
 
-    def linear_w2a8(self, a_int8, a_scale, packed, w_scale, out_dtype=torch.float32, residual=None):
+    def linear_w2a8(self, a_int8, a_scale, packed, w_scale, out_dtype=torch.float32, residual=None,
+                    next_weights=None):
+        """``next_weights``: the packed weights the step reads next, which the kernel asks the L2
+        for (a hint: the twin has no cache to warm)."""
         if self.twin:
             return self.w2a8_linear(a_int8, a_scale, packed, w_scale, out_dtype=out_dtype, residual=residual)
         return self.w2a8_linear(a_int8, a_scale, packed, w_scale, out_dtype=out_dtype, residual=residual,
-                                config=None if self.specialize_widths else _generic_linear(w_scale.dim() == 2))
+                                config=None if self.specialize_widths else _generic_linear(w_scale.dim() == 2),
+                                next_weights=next_weights)
 
     def linear_w2a16(self, x, packed, w_scale, out_dtype=torch.float32):
         if self.twin:
