@@ -135,6 +135,10 @@ WORD_KERNELS = (GEMV, ROWS, LANES)  # read activations and weights as 4-byte wor
 # kernel"): 64 x 16 tiles (M <= 16) -7% on the stack at M = 9 and 16, the width-16 replay
 # unchanged; 128 x 64 tiles (widths 32-33) +2-3% on the replays, 64 x 32 (M = 80) +5% on the stack.
 SLICE_SUM_MAX_TILE = 64 * 16
+# ``next_weights`` is acted on from this width: H200, 2B shape, one run (tools/results/kernels.md,
+# "The next launch's weights"): the decode replays of widths 9, 16 and 32 1-2% faster with it,
+# the AR replay (M = 1, gemv) 4.6% slower, the stack at M = 2 2% slower.
+NEXT_WEIGHTS_MIN_M = 3
 
 
 @triton.jit
@@ -906,8 +910,8 @@ def w2a8_linear(
     ``config`` overrides the tuned table (the tuner uses it); leave it None. K need not be a
     multiple of 128 (the packed rows end in zero-weight padding); where the activations cannot
     be read as 4-byte words (K % 4 != 0, or unaligned rows) the word-reading kernels give way
-    to the tensor-core kernel. ``next_weights``: the programs also ask the L2 for these bytes
-    (``common.next_weights_l2``), a hint that never changes a result.
+    to the tensor-core kernel. ``next_weights``: from ``NEXT_WEIGHTS_MIN_M`` rows the programs
+    also ask the L2 for these bytes (``common.next_weights_l2``), a hint that never changes a result.
     """
     if a_int8.dtype != torch.int8 or a_int8.dim() != 2 or a_int8.stride(1) != 1:
         raise TypeError(f"w2a8_linear: a_int8 must be a 2-D int8 [M, K] tensor with contiguous rows, "
@@ -981,7 +985,8 @@ def w2a8_linear(
     if kernel is _w2a8_mma_kernel:
         asm["ASUM_BY_DOT"] = grouped or not words or config.asum_by_dot
         asm["FOLD"] = config.fold_lanes and k <= FOLD_MAX_K  # longer rows keep four accumulators
-    ahead = next_weights_l2(kernel, next_weights, config.num_warps, unused=packed)
+    ahead = next_weights_l2(kernel, next_weights if m >= NEXT_WEIGHTS_MIN_M else None, config.num_warps,
+                            unused=packed)
     compiled = kernel[grid](
         a_in, a_scale, w_in, w_scale, out, parts, out if counts is None else counts, res, ahead.pop("next_ptr"),
         ahead.pop("next_bytes"), m, n, per_split, a_in.stride(0), w_in.stride(0), stride_sn, stride_sg, out.stride(0),

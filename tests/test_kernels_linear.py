@@ -683,7 +683,7 @@ def test_next_weights_are_asked_only_of_a_compiled_launch_on_the_gpu():
         prefetch_next(before)
 
 
-@pytest.mark.parametrize("m", (1, 9))
+@pytest.mark.parametrize("m", (3, 9))
 def test_w2a8_with_next_weights_matches_the_twin(m):
     """Every kernel asked to warm the L2 with another matrix's bytes: the same bits as the twin
     (interpreted the hint is dropped; compiled on the GPU every program issues its share)."""
