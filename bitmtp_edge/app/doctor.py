@@ -121,10 +121,14 @@ def check_backend(torch) -> Check:
         details["cpu_threads"] = threads if threads is not None else torch.get_num_threads()
         why += f"; {details['cpu_threads']} torch thread(s): {rule}"
     if chosen != "reference":  # kernel launches overlap their predecessors on sm_90+
-        from kernels_ampere.common import pdl_status
+        from kernels_ampere.common import pdl_status, prefetch_next
+        from kernels_ampere.w2a8 import NEXT_WEIGHTS_MIN_M
 
         details["programmatic_launch"] = pdl_status()[1]
-        why += f"; programmatic dependent launch {details['programmatic_launch']}"
+        details["next_weights_l2"] = (f"on (from M = {NEXT_WEIGHTS_MIN_M})" if prefetch_next()
+                                      else "off (BITMTP_PREFETCH_NEXT=0)")
+        why += (f"; programmatic dependent launch {details['programmatic_launch']}"
+                f"; next launch's weights asked of the L2 {details['next_weights_l2']}")
     return Check("backend", "ok", f"auto → {chosen} on {device}: {why}", details)
 
 
