@@ -87,6 +87,18 @@ def residual_case(m: int, n: int, k: int, grouped: bool, seed: int):
     return packed, a, a_s, w_s, res, w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res)
 
 
+def replayed(launches):
+    """``launches()`` run once (compiled outside the capture), captured in a CUDA graph and the
+    graph replayed three times -> the captured outputs after the replays."""
+    launches()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = launches()
+    for _ in range(3):
+        graph.replay()
+    return out
+
+
 def assert_exact(out: torch.Tensor, ref: torch.Tensor, what: str):
     bad = (out != ref).nonzero()
     assert bad.numel() == 0, (f"{what}: {bad.shape[0]} of {out.numel()} differ; first at {bad[0].tolist()}: "
@@ -642,13 +654,7 @@ def test_w2a8_graph_with_and_without_programmatic_launch_agree():
     try:
         for pdl in (False, True):
             programmatic_launch(pdl)
-            chain()  # compile outside the capture
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = chain()
-            for _ in range(3):
-                graph.replay()
-            outs[pdl] = out.clone()
+            outs[pdl] = replayed(chain).clone()
     finally:
         programmatic_launch(before)
     assert_exact(outs[True], outs[False], "PDL vs plain launches")
@@ -721,13 +727,7 @@ def test_w2a8_chain_asking_for_the_next_weights_agrees_in_a_graph(m):
             return [w2a8_linear(a, s, p, w, out_dtype=torch.float32, next_weights=nxt)
                     for (a, s), p, w, nxt in zip(acts, packed, scales, packed[1:] + packed[:1])]
 
-        chain()  # compile outside the capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outs = chain()
-        for _ in range(3):
-            graph.replay()
-        for i, (out, ref) in enumerate(zip(outs, refs)):
+        for i, (out, ref) in enumerate(zip(replayed(chain), refs)):
             assert_exact(out, ref, f"launch {i} of the chain, M={m}")
     finally:
         prefetch_next(before)
