@@ -329,7 +329,8 @@ def main(argv=None) -> int:
                          "GPU's table with them (a folder for bench_replay_widths.py --tables)")
     ap.add_argument("--ahead", action="store_true",
                     help="time the shipped launches also asking the L2 for the next launch's weights "
-                         "(common.next_weights_l2, as the runtime does) and with every weight in the L2 (a floor)")
+                         "(common.next_weights_l2, as the runtime does: from M = 3, w2a8.NEXT_WEIGHTS_MIN_M) "
+                         "and with every weight in the L2 (a floor)")
     ap.add_argument("--jobs", type=int, default=0, help="with --vary: compile the variants in this many processes first")
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--out", help="JSON file to write")
