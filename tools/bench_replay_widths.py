@@ -136,15 +136,15 @@ def time_states(eng: Engine, wanted: dict[str, ReplayState], repeats: int, pdl: 
     b = eng.backend
     b.static.history_len.fill_(PROMPT_LEN)
     b.kv.length = PROMPT_LEN
-    previous = programmatic_launch(), prefetch_next()
+    pdl_before, ahead_before = programmatic_launch(), prefetch_next()
     programmatic_launch(pdl)  # a graph keeps the launch mode it was captured with
     prefetch_next(ahead)  # and whether its launches ask the L2 for the next one's weights
     try:
         for state in wanted.values():  # this table's launches: capture again
             b._capture(state)
     finally:
-        programmatic_launch(previous[0])
-        prefetch_next(previous[1])
+        programmatic_launch(pdl_before)
+        prefetch_next(ahead_before)
     reset = lambda: b.static.history_len.fill_(PROMPT_LEN)  # noqa: E731
     t_reset = cuda_ms(reset, repeats)
     out = {}

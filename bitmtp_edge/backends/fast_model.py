@@ -164,8 +164,7 @@ class FastModel:
         head only. (0, 0) without the certified head. Reads the device (a sync)."""
         if self.certified_head is None:
             return 0, 0
-        calls, certified = self.certified_calls.tolist()
-        return calls, certified
+        return tuple(self.certified_calls.tolist())
 
     @property
     def verify_head_kind(self) -> str:
