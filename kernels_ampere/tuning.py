@@ -57,6 +57,7 @@ class LinearConfig:
     asum_by_dot: bool = False  # W2A8 ``mma``: the activation sums on the tensor cores, not dp4a over the words
     fold_lanes: bool = False  # W2A8 ``mma``: the four lanes in one accumulator (a quarter of the registers)
     tail_m: int = 0  # W2A8 folded ``mma``: a second tile of rows after block_m's (16, 32, 64; < block_m); 0 = none
+    chains: int = 1  # W2A8 folded ``mma``: K steps in flight at once, each with its own accumulator (1 or 2)
 
     def __post_init__(self):
         if self.kernel not in (GEMV, DOT, ROWS, LANES, MMA):
@@ -75,6 +76,12 @@ class LinearConfig:
             if self.tail_m not in (16, 32, 64) or not self.tail_m < self.block_m:
                 raise ValueError(f"LinearConfig.tail_m={self.tail_m}: need 0 (no tail) or 16, 32, 64 rows, fewer "
                                  f"than the main tile's block_m={self.block_m} (which must be set: 32, 64 or 128)")
+        if self.chains not in (1, 2):
+            raise ValueError(f"LinearConfig.chains={self.chains}: need 1 or 2 K steps in flight")
+        if self.chains > 1 and (self.kernel != MMA or not self.fold_lanes or self.tail_m):
+            raise ValueError(f"LinearConfig.chains={self.chains}: only the folded 'mma' kernel without a tail tile "
+                             f"runs two K steps at once (kernel='mma', fold_lanes=True, tail_m=0), got "
+                             f"kernel={self.kernel!r}, fold_lanes={self.fold_lanes}, tail_m={self.tail_m}")
 
 
 @dataclass(frozen=True)
@@ -426,7 +433,7 @@ def tail_config(cfg: LinearConfig, m: int) -> LinearConfig:
     of 128. Other kernels, launches already tiled below the width (``block_m``), and the widths
     where no tail is smaller (M <= 32, 49..64, 97..) keep ``cfg``. The untuned defaults take it
     at M = 33..48 on up to ``TAIL_MAX_SMS`` SMs (generation v7, where it was measured)."""
-    if cfg.kernel != MMA or not cfg.fold_lanes or cfg.tail_m or not 32 < m <= 128:
+    if cfg.kernel != MMA or not cfg.fold_lanes or cfg.tail_m or cfg.chains > 1 or not 32 < m <= 128:
         return cfg
     whole = 1 << (m - 1).bit_length()  # the rows one program pads the width to
     if cfg.block_m and cfg.block_m < whole:

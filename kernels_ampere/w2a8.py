@@ -666,6 +666,52 @@ def _mma_folded_step(wb, c0, c_hi, a_step, mask_m, a_tail, mask_t, rk, rn, N, w_
 
 
 @triton.jit
+def _mma_folded_pair(wa, wb, c0, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, stride_sn, stride_sg, acc_a, acc_b,
+                     asum, facc, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                     GROUPED: tl.constexpr, ASUM_BY_DOT: tl.constexpr, CHUNKS: tl.constexpr):
+    """Two K steps of ``_w2a8_mma_kernel``'s folded loop at once (``CHAINS = 2``, no tail):
+    ``wa`` from chunk ``c0`` into ``acc_a``, ``wb`` from ``c0 + CHUNKS`` into ``acc_b``, each as
+    ``_mma_folded_step`` multiplies one, with lane i of both dotted before either shifts for
+    lane i + 1: two independent chains of dependent tensor-core ops where one accumulator
+    makes one. Group scales (CHUNKS == 1): each step's exact sum is scaled and added to
+    ``facc`` in K order, ``a`` then ``b``, as one step after the other would."""
+    ca = c0 + rk // 32  # [32·CHUNKS]: the chunk of each column of the first step
+    cb = ca + CHUNKS
+    live_a = ca < c_hi
+    live_b = cb < c_hi  # either step may overshoot the slice
+    if GROUPED:
+        acc_a = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+        acc_b = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+        asum_a = tl.zeros((16, BLOCK_M), tl.int32)
+        asum_b = tl.zeros((16, BLOCK_M), tl.int32)
+    for i in tl.static_range(4):
+        if i > 0:
+            acc_a = acc_a << 2
+            acc_b = acc_b << 2
+        ka = ca * 128 + 32 * i + rk % 32
+        x_a = tl.load(a_step + c0 * 128 + 32 * i, mask=mask_m & (live_a & (ka < K))[:, None], other=0)
+        x_b = tl.load(a_step + (c0 + CHUNKS) * 128 + 32 * i, mask=mask_m & (live_b & (ka + CHUNKS * 128 < K))[:, None],
+                      other=0)
+        acc_a = tl.dot(_mma_lane(wa, i), x_a, acc_a, out_dtype=tl.int32)
+        acc_b = tl.dot(_mma_lane(wb, i), x_b, acc_b, out_dtype=tl.int32)
+        if ASUM_BY_DOT:
+            if GROUPED:
+                asum_a = _mma_asum(x_a, i, asum_a, 32 * CHUNKS)
+                asum_b = _mma_asum(x_b, i, asum_b, 32 * CHUNKS)
+            else:
+                asum = _mma_asum(x_b, i, _mma_asum(x_a, i, asum, 32 * CHUNKS), 32 * CHUNKS)
+    acc_a = acc_a >> 6
+    acc_b = acc_b >> 6
+    if GROUPED:
+        s_a = tl.load(w_scale_ptr + rn * stride_sn + c0 * stride_sg, mask=(rn < N) & (rn * 0 + c0 < c_hi), other=0.0)
+        facc += (acc_a + tl.max(asum_a, axis=0)[None, :]).to(tl.float32) * s_a[:, None]
+        s_b = tl.load(w_scale_ptr + rn * stride_sn + (c0 + 1) * stride_sg, mask=(rn < N) & (rn * 0 + c0 + 1 < c_hi),
+                      other=0.0)
+        facc += (acc_b + tl.max(asum_b, axis=0)[None, :]).to(tl.float32) * s_b[:, None]
+    return acc_a, acc_b, asum, facc
+
+
+@triton.jit
 def _mma_asum(a, i: tl.constexpr, asum, KS: tl.constexpr):
     """``asum`` (16 equal rows) minus the activation sums of lanes 0..2, plus lane 3's, on the tensor cores."""
     if i < 3:
@@ -722,6 +768,7 @@ def _w2a8_mma_kernel(
     NEXT_LINES: tl.constexpr = 128,  # lines asked per step: one per thread
     FOLD: tl.constexpr = False,  # LinearConfig.fold_lanes: one accumulator for the four lanes, one dot per step
     TAIL_M: tl.constexpr = 0,  # FOLD: LinearConfig.tail_m, a second row tile after BLOCK_M's (0: none)
+    CHAINS: tl.constexpr = 1,  # FOLD, no tail: LinearConfig.chains, K steps multiplied at once (1 or 2)
 ):
     """int8 tensor cores over all BLOCK_M (<= 128) rows of the width: each weight tile is
     loaded and decoded once for every row.
@@ -757,9 +804,16 @@ def _w2a8_mma_kernel(
     activation scales and epilogue (under split-K its own arrival counts, after the main
     tiles'). A row's result does not depend on the tile it lands in (integer sums, exact).
     Without a tail the tail's tiles are 16-row placeholders that the folded step passes
-    through untouched, and the compiler drops them."""
+    through untouched, and the compiler drops them.
+
+    ``CHAINS = 2`` (``FOLD`` without a tail, ``LinearConfig.chains``): the loop takes two K
+    steps per iteration into two accumulators, their lanes' dots interleaved
+    (``_mma_folded_pair``). Folded lanes make each step a chain of four dependent dots, and one
+    accumulator chains the steps as well; two accumulators give each warp two independent
+    chains to issue. The two are added once after the loop (integers: exact in any order)."""
     N_CHUNKS: tl.constexpr = (K + 127) // 128
     tl.static_assert(TAIL_M == 0 or FOLD, "only the folded loop multiplies a tail tile")
+    tl.static_assert(CHAINS == 1 or (FOLD and TAIL_M == 0), "two chains: the folded loop without a tail")
     # the row tiles of one weight tile are neighbours in the grid: they run together and
     # share the tile's DRAM traffic through the L2
     rm = tl.program_id(0) * (BLOCK_M + TAIL_M) + tl.arange(0, BLOCK_M)
@@ -807,31 +861,60 @@ def _w2a8_mma_kernel(
             asum2_t = tl.zeros((TAIL_M, 32 * CHUNKS), tl.int32)
         # the weights are constants: their first step is in flight before the wait
         wb = tl.load(w_step + c_lo * 32, mask=mask_n & (c_lo + rk // 32 < c_hi)[None, :], other=0)
-        gdc_prologue(USE_GDC)
-        if WORD_SUMS:
-            aw = _step_words(a_words, c_lo, c_hi, rw, rows_ok, K)
-            if TAIL_M > 0:
-                aw_t = _step_words(t_words, c_lo, c_hi, rw, rows_t, K)
-        acc0, asum, facc, acc_t, asum_t, facc_t = _mma_folded_step(
-            wb, c_lo, c_hi, a_step, mask_m, a_tail, mask_t, rk, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, asum,
-            facc, acc_t, asum_t, facc_t, K, BLOCK_N, BLOCK_M, TAIL_M, GROUPED, ASUM_BY_DOT, CHUNKS)
-        if WORD_SUMS:
-            asum2 = dp4a(aw, sign[None, :], asum2, USE_ASM)
-            if TAIL_M > 0:
-                asum2_t = dp4a(aw_t, sign[None, :], asum2_t, USE_ASM)
-        for c0 in range(c_lo + CHUNKS, c_hi, CHUNKS):
-            wb = tl.load(w_step + c0 * 32, mask=mask_n & (c0 + rk // 32 < c_hi)[None, :], other=0)
+        if CHAINS == 2:  # two steps per iteration, each into its own accumulator (acc_b: the second's)
+            acc_b = tl.zeros((BLOCK_N, BLOCK_M), tl.int32)
+            wb2 = tl.load(w_step + (c_lo + CHUNKS) * 32, mask=mask_n & (c_lo + CHUNKS + rk // 32 < c_hi)[None, :],
+                          other=0)
+            gdc_prologue(USE_GDC)
             if WORD_SUMS:
-                aw = _step_words(a_words, c0, c_hi, rw, rows_ok, K)
+                aw = _step_words(a_words, c_lo, c_hi, rw, rows_ok, K)
+                aw2 = _step_words(a_words, c_lo + CHUNKS, c_hi, rw, rows_ok, K)
+            acc0, acc_b, asum, facc = _mma_folded_pair(
+                wb, wb2, c_lo, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc_b, asum,
+                facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT, CHUNKS)
+            if WORD_SUMS:
+                asum2 = dp4a(aw, sign[None, :], asum2, USE_ASM)
+                asum2 = dp4a(aw2, sign[None, :], asum2, USE_ASM)
+            for c0 in range(c_lo + 2 * CHUNKS, c_hi, 2 * CHUNKS):
+                wb = tl.load(w_step + c0 * 32, mask=mask_n & (c0 + rk // 32 < c_hi)[None, :], other=0)
+                wb2 = tl.load(w_step + (c0 + CHUNKS) * 32, mask=mask_n & (c0 + CHUNKS + rk // 32 < c_hi)[None, :],
+                              other=0)
+                if WORD_SUMS:
+                    aw = _step_words(a_words, c0, c_hi, rw, rows_ok, K)
+                    aw2 = _step_words(a_words, c0 + CHUNKS, c_hi, rw, rows_ok, K)
+                acc0, acc_b, asum, facc = _mma_folded_pair(
+                    wb, wb2, c0, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc_b, asum,
+                    facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT, CHUNKS)
+                if WORD_SUMS:
+                    asum2 = dp4a(aw, sign[None, :], asum2, USE_ASM)
+                    asum2 = dp4a(aw2, sign[None, :], asum2, USE_ASM)
+            acc0 = acc0 + acc_b
+        else:
+            gdc_prologue(USE_GDC)
+            if WORD_SUMS:
+                aw = _step_words(a_words, c_lo, c_hi, rw, rows_ok, K)
                 if TAIL_M > 0:
-                    aw_t = _step_words(t_words, c0, c_hi, rw, rows_t, K)
+                    aw_t = _step_words(t_words, c_lo, c_hi, rw, rows_t, K)
             acc0, asum, facc, acc_t, asum_t, facc_t = _mma_folded_step(
-                wb, c0, c_hi, a_step, mask_m, a_tail, mask_t, rk, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0,
-                asum, facc, acc_t, asum_t, facc_t, K, BLOCK_N, BLOCK_M, TAIL_M, GROUPED, ASUM_BY_DOT, CHUNKS)
+                wb, c_lo, c_hi, a_step, mask_m, a_tail, mask_t, rk, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, asum,
+                facc, acc_t, asum_t, facc_t, K, BLOCK_N, BLOCK_M, TAIL_M, GROUPED, ASUM_BY_DOT, CHUNKS)
             if WORD_SUMS:
                 asum2 = dp4a(aw, sign[None, :], asum2, USE_ASM)
                 if TAIL_M > 0:
                     asum2_t = dp4a(aw_t, sign[None, :], asum2_t, USE_ASM)
+            for c0 in range(c_lo + CHUNKS, c_hi, CHUNKS):
+                wb = tl.load(w_step + c0 * 32, mask=mask_n & (c0 + rk // 32 < c_hi)[None, :], other=0)
+                if WORD_SUMS:
+                    aw = _step_words(a_words, c0, c_hi, rw, rows_ok, K)
+                    if TAIL_M > 0:
+                        aw_t = _step_words(t_words, c0, c_hi, rw, rows_t, K)
+                acc0, asum, facc, acc_t, asum_t, facc_t = _mma_folded_step(
+                    wb, c0, c_hi, a_step, mask_m, a_tail, mask_t, rk, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0,
+                    asum, facc, acc_t, asum_t, facc_t, K, BLOCK_N, BLOCK_M, TAIL_M, GROUPED, ASUM_BY_DOT, CHUNKS)
+                if WORD_SUMS:
+                    asum2 = dp4a(aw, sign[None, :], asum2, USE_ASM)
+                    if TAIL_M > 0:
+                        asum2_t = dp4a(aw_t, sign[None, :], asum2_t, USE_ASM)
     else:
         rb = tl.arange(0, 32)  # byte j of a chunk: inputs 32i + j of lane i
         w_rows = w_ptr + rn[:, None] * stride_wn + rb[None, :]
@@ -985,6 +1068,7 @@ def w2a8_linear(
     if kernel is _w2a8_mma_kernel:
         asm["ASUM_BY_DOT"] = grouped or not words or config.asum_by_dot
         asm["FOLD"] = config.fold_lanes and k <= FOLD_MAX_K  # longer rows keep four accumulators
+        asm["CHAINS"] = config.chains if asm["FOLD"] else 1  # (a config with two chains has no tail)
     ahead = next_weights_l2(kernel, next_weights if m >= NEXT_WEIGHTS_MIN_M else None, config.num_warps,
                             unused=packed)
     compiled = kernel[grid](

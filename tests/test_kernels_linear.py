@@ -990,3 +990,52 @@ def test_tail_config_splits_the_whole_width_where_it_pads_fewer_rows():
         tails = {(c.block_m, c.tail_m) for c in linear_candidates(m, n, k, False) if c.tail_m}
         assert tails == ({expect[m]} if m in expect else set()), m
 
+
+
+# --- two chains: the folded loop with two K steps in flight (LinearConfig.chains) -------------------
+
+CHAIN_CASES = [  # (M, N, K, grouped, launch): steps that overshoot the slice, K padded, partial tiles
+    (5, 40, 640, False, dict(block_n=16, block_kb=64)),  # five chunks: two pairs and a lone step
+    (9, 40, 300, False, dict(block_n=16, block_kb=32, split_k=2)),  # K padded; slices of one and two chunks
+    (3, 24, 896, False, dict(block_n=16, block_kb=32, split_k=3)),  # seven chunks in three slices
+    (17, 40, 1152, False, dict(block_n=16, block_kb=64, asum_by_dot=True)),  # the sums on the tensor cores
+    (33, 24, 640, False, dict(block_n=16, block_kb=64, block_m=32)),  # the width in 32-row tiles
+    (5, 40, 640, True, dict(block_n=16, block_kb=64)),  # group scales: five steps of one chunk
+    (9, 24, 4096, True, dict(block_n=16, block_kb=32)),  # two K slices from K alone
+]
+
+
+@pytest.mark.parametrize("m,n,k,grouped,launch", CHAIN_CASES)
+def test_w2a8_two_chains_match_the_twin(m, n, k, grouped, launch):
+    """Two K steps per iteration into two accumulators, their lanes interleaved: the twin's bits
+    on fresh random inputs, with and without the fused residual, and the same bits as one chain
+    (integer sums in any order; group scales still added one chunk at a time in K order)."""
+    packed, a, a_s, w_s, res, _ = residual_case(m, n, k, grouped, seed=600 + m + k)
+    one = LinearConfig(MMA, num_warps=4, num_stages=2, fold_lanes=True, **launch)
+    two = replace(one, chains=2)
+    for residual in (None, res):
+        ref = w2a8_linear_reference(a, a_s, packed, w_s, out_dtype=torch.float32, residual=residual)
+        out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=residual, config=two)
+        assert_exact(out, ref, f"{two} M={m} N={n} K={k} residual={residual is not None}")
+        assert_exact(out, w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=residual, config=one),
+                     f"two chains vs one: {one}")
+
+
+def test_chains_are_checked_and_old_tables_load_without_them():
+    """Two chains only on the folded ``mma`` kernel without a tail; ``tail_config`` leaves such a
+    launch as it is; a tuned record without the field (tables before it) loads as one chain."""
+    good = LinearConfig(MMA, 64, 64, num_stages=3, fold_lanes=True, chains=2)
+    bad = [dict(kernel=MMA, chains=2),  # not folded
+           dict(kernel=GEMV, chains=2),
+           dict(kernel=MMA, fold_lanes=True, block_m=32, tail_m=16, chains=2),  # a tail tile
+           dict(kernel=MMA, fold_lanes=True, chains=3),
+           dict(kernel=MMA, fold_lanes=True, chains=0)]
+    for fields in bad:
+        with pytest.raises(ValueError, match="chains"):
+            LinearConfig(block_n=64, block_kb=64, **fields)
+    assert tail_config(good, 40) == good
+    key = linear_key(2560, 2560, 16, False)
+    entry = record("w2a8_linear", key, good, 1.0)
+    assert entry["config"]["chains"] == 2 and find_config([entry], "w2a8_linear", key) == good
+    del entry["config"]["chains"]
+    assert find_config([entry], "w2a8_linear", key) == replace(good, chains=1)

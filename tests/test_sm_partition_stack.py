@@ -166,3 +166,22 @@ def test_a_green_context_confines_launches_to_the_sms_asked():
     del context
     assert total == torch.cuda.get_device_properties(0).multi_processor_count
     assert reached == 8
+
+
+def test_two_chains_vary_only_the_folded_launches_without_a_tail():
+    """``--vary chains=2``: the folded ``mma`` launches take it; a tail-tile launch (the 8-SM
+    board at M = 33) and an unfolded one keep theirs instead of failing the sweep."""
+    stack = types.SimpleNamespace(shapes=MODEL_SHAPES["bitnet-2b"])
+    board = sps.configs_for(stack, "board defaults", 9, 8)
+    varied = sps.varied_configs(stack, 9, 8, {"chains": 2})
+    assert all(c.fold_lanes and not c.tail_m for c in board.values())
+    assert all(varied[name] == replace(cfg, chains=2) for name, cfg in board.items())
+    tails = sps.configs_for(stack, "board defaults", 33, 8)
+    assert any(c.tail_m for c in tails.values())
+    varied = sps.varied_configs(stack, 33, 8, {"chains": 2, "num_stages": 4})
+    for name, cfg in tails.items():
+        expect = replace(cfg, num_stages=4) if cfg.tail_m else replace(cfg, chains=2, num_stages=4)
+        assert varied[name] == expect
+    unfolded = replace(board["wo"], fold_lanes=False)
+    assert sps.launch_change(unfolded, {"chains": 2, "num_stages": 4}) == {"num_stages": 4}
+    assert sps.parse_vary("chains=1,2") == [{"chains": 1}, {"chains": 2}]

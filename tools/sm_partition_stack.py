@@ -143,8 +143,8 @@ def configs_for(stack: Stack, scheme: str, m: int, sms: int) -> dict:
     return {name: tuning.default_linear(max(m, 3), g, n=n, k=k, sms=sms) for name, n, k, g in stack.shapes}
 
 
-VARY_FIELDS = ("block_n", "block_kb", "num_warps", "num_stages", "split_k")
-VARY_SHORT = {"block_n": "bn", "block_kb": "kb", "num_warps": "w", "num_stages": "s", "split_k": "sk"}
+VARY_FIELDS = ("block_n", "block_kb", "num_warps", "num_stages", "split_k", "chains")
+VARY_SHORT = {"block_n": "bn", "block_kb": "kb", "num_warps": "w", "num_stages": "s", "split_k": "sk", "chains": "ch"}
 
 
 def parse_vary(text: str) -> list[dict]:
@@ -174,8 +174,19 @@ def varied_configs(stack, m: int, sms: int, change: dict, only: tuple[str, ...] 
     alone (names of ``MODEL_SHAPES``), the others keep the defaults. ``sms`` 0 (the whole GPU):
     the shipped launches (this GPU's table) instead of the defaults, since those are what run there."""
     base = configs_for(stack, "board defaults" if sms else "shipped", m, sms)
-    return {name: replace(cfg, **change) if cfg.kernel == tuning.MMA and (not only or name in only) else cfg
+    return {name: replace(cfg, **launch_change(cfg, change)) if not only or name in only else cfg
             for name, cfg in base.items()}
+
+
+def launch_change(cfg, change: dict) -> dict:
+    """The part of a ``--vary`` combination one launch takes: all of it on an ``mma`` launch,
+    except two chains (``LinearConfig.chains``), which only the folded launches without a tail
+    tile have; nothing on the others (gemv and ``dot`` have no such tiles)."""
+    if cfg.kernel != tuning.MMA:
+        return {}
+    if cfg.fold_lanes and not cfg.tail_m:
+        return change
+    return {field: value for field, value in change.items() if field != "chains"}
 
 
 def combined_configs(stack, m: int, sms: int, rows: list[dict], changes: list[dict]) -> tuple[dict, dict]:
