@@ -1039,3 +1039,9 @@ def test_chains_are_checked_and_old_tables_load_without_them():
     assert entry["config"]["chains"] == 2 and find_config([entry], "w2a8_linear", key) == good
     del entry["config"]["chains"]
     assert find_config([entry], "w2a8_linear", key) == replace(good, chains=1)
+    # the tuner times two chains beside each folded launch without a tail up to 16 rows, not wider
+    for m in (3, 9, 16):
+        cands = linear_candidates(m, 2560, 6912, False)
+        two = [c for c in cands if c.chains == 2]
+        assert two and all(replace(c, chains=1) in cands for c in two)
+    assert not [c for c in linear_candidates(17, 2560, 6912, False) if c.chains == 2]

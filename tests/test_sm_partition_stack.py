@@ -80,8 +80,7 @@ def test_vary_names_what_it_cannot_take(text, message):
         sps.parse_vary(text)
 
 
-@pytest.mark.parametrize("argv,message", [(["--vary-each"], "need --vary"), (["--write-table", "t"], "need --vary"),
-                                          (["--vary", "split_k=2", "--write-table", "t"], "give --vary-each")])
+@pytest.mark.parametrize("argv,message", [(["--vary-each"], "need --vary"), (["--write-table", "t"], "need --vary")])
 def test_vary_each_and_write_table_say_what_they_need(argv, message):
     with pytest.raises(SystemExit, match=message):
         sps.main(["--sms", "0", *argv, "--out", "o.json"])
@@ -185,3 +184,21 @@ def test_two_chains_vary_only_the_folded_launches_without_a_tail():
     unfolded = replace(board["wo"], fold_lanes=False)
     assert sps.launch_change(unfolded, {"chains": 2, "num_stages": 4}) == {"num_stages": 4}
     assert sps.parse_vary("chains=1,2") == [{"chains": 1}, {"chains": 2}]
+
+
+def test_without_vary_each_the_table_takes_the_fastest_variant_as_timed():
+    """``--write-table`` without ``--vary-each``: per width the fastest row among the base and the
+    variants (every projection changed together), or the base where nothing beat it."""
+    stack = types.SimpleNamespace(shapes=MODEL_SHAPES["bitnet-2b"])
+    changes = sps.parse_vary("block_kb=128,256;num_stages=2")
+    variants = {sps.vary_scheme(c): (c, ()) for c in changes}
+    rows = [row(16, "board defaults", 100.0, 1.0), row(16, "board, kb128 s2", 99.0, 1.0), row(16, "board, kb256 s2", 90.0, 1.0),
+            row(9, "board, kb256 s2", 10.0, 1.0), row(9, "board defaults", 50.0, 1.0), row(9, "board, kb128 s2", 60.0, 1.0)]
+    board = sps.configs_for(stack, "board defaults", 16, 8)
+    cfgs, won = sps.fastest_variant(stack, 16, 8, rows, variants)
+    assert won == "board, kb256 s2"
+    assert cfgs == {name: replace(c, block_kb=256, num_stages=2) if c.kernel == tuning.MMA else c
+                    for name, c in board.items()}
+    rows[0]["us"] = 80.0  # the base beats every variant: the base launches
+    assert sps.fastest_variant(stack, 16, 8, rows, variants) == (board, None)
+    assert sps.fastest_variant(stack, 9, 8, rows, variants)[1] == "board, kb256 s2"  # each width its own

@@ -15,6 +15,9 @@ its bandwidth allows (Orin NX ≈ 56 weights per SM-clock, AGX Orin ≈ 39).
     python tools/sm_partition_stack.py --sms 0 --widths 9,16 --vary "block_n=64,128;split_k=1,2,4" \
         --vary-each --write-table runs/table --out runs/whole.json   # the whole GPU's own table, varied:
     # each projection alone, the winners timed together and written as a table (bench_replay_widths --tables)
+    python tools/sm_partition_stack.py --sms 0 --widths 9,16 --vary "block_kb=64,256;num_stages=2,3" \
+        --write-table runs/table --out runs/whole.json   # without --vary-each: per width the fastest
+    # variant of all projections changed together (one changed alone can lose where all four win)
 
 Schemes: ``shipped`` (this GPU's tuned table, else its defaults: the H200's launches),
 ``board defaults`` (``tuning.default_linear`` for the partition's SM count: what a board
@@ -208,6 +211,20 @@ def combined_configs(stack, m: int, sms: int, rows: list[dict], changes: list[di
     return cfgs, won
 
 
+def fastest_variant(stack, m: int, sms: int, rows: list[dict], variants: dict) -> tuple[dict, str | None]:
+    """Without ``--vary-each``: the fastest of the variants timed at width ``m`` (every projection
+    changed together) against the base launches -> (its launches, its scheme, or None where the
+    base stayed fastest). Measured on the 2B stack (H200, session 21): one projection changed
+    alone can lose where all four changed together win, so this mode times what it writes."""
+    base_scheme = "board defaults" if sms else "shipped"
+    timed = [r for r in rows if r["M"] == m and (r["scheme"] == base_scheme or r["scheme"] in variants)]
+    best = min(timed, key=lambda r: r["us"])
+    if best["scheme"] == base_scheme:
+        return dict(configs_for(stack, base_scheme, m, sms)), None
+    change, group = variants[best["scheme"]]
+    return varied_configs(stack, m, sms, change, group), best["scheme"]
+
+
 def write_table(folder: Path, stack, chosen: dict[int, dict], meta: dict) -> Path:
     """This GPU's shipped table with the entries of ``chosen`` ({M: {projection: launch}})
     put in (replacing the same keys): a folder ``bench_replay_widths.py --tables`` reads."""
@@ -226,8 +243,10 @@ def write_table(folder: Path, stack, chosen: dict[int, dict], meta: dict) -> Pat
     meta = {k: v for k, v in data.items() if k not in ("gpu", "entries")} | {
         "note": (data.get("note", "") + f" {meta['date']}: W2A8 entries at M = {sorted(chosen)} of the "
                  f"{stack.model} shapes from `{meta['command']}` "
-                 "(sm_partition_stack.py --vary-each --write-table: per projection the fastest launch "
-                 "varied alone).").strip()}
+                 + ("(sm_partition_stack.py --vary-each --write-table: per projection the fastest launch "
+                    "varied alone)." if meta.get("each", True) else
+                    "(sm_partition_stack.py --write-table: per width the fastest variant, all projections "
+                    "changed together).")).strip()}
     tuning.save_table(out, torch.cuda.get_device_name(dev), kept + list(new.values()), meta)
     return out
 
@@ -336,8 +355,9 @@ def main(argv=None) -> int:
                     help="with --vary: change one projection at a time (those of --vary-only, else every one), "
                          "the others at the base launches")
     ap.add_argument("--write-table", type=Path, default=None,
-                    help="with --vary-each: time every width's per-projection winners together and write this "
-                         "GPU's table with them (a folder for bench_replay_widths.py --tables)")
+                    help="with --vary: write this GPU's table with every width's fastest launches (a folder for "
+                         "bench_replay_widths.py --tables): with --vary-each the per-projection winners, timed "
+                         "together; without it the fastest variant of all projections changed together")
     ap.add_argument("--ahead", action="store_true",
                     help="time the shipped launches also asking the L2 for the next launch's weights "
                          "(common.next_weights_l2, as the runtime does: from M = 3, w2a8.NEXT_WEIGHTS_MIN_M) "
@@ -367,8 +387,6 @@ def main(argv=None) -> int:
                          f"{', '.join(shapes)}")
     if (args.vary_each or args.write_table) and not changes:
         raise SystemExit("sm_partition_stack: --vary-each and --write-table need --vary")
-    if args.write_table and not args.vary_each:
-        raise SystemExit("sm_partition_stack: --write-table combines per-projection winners: give --vary-each")
     if not torch.cuda.is_available():
         raise SystemExit("sm_partition_stack: needs a CUDA GPU")
     # the projections each variant changes together: one group, or each alone (--vary-each)
@@ -420,12 +438,15 @@ def main(argv=None) -> int:
                 print(f"sms {sms} M {m:3d} {scheme}: failed: {failed[-1]['error']}", flush=True)
                 continue
             rows.append(timed_row(stack, scheme, m, us, sms, mhz, cfgs))
-        if args.write_table:  # the winners together: projections varied alone need not add up
+        if args.write_table and args.vary_each:  # the winners together: projections varied alone need not add up
             cfgs, won = combined_configs(stack, m, args.sms, rows, changes)
             stack.check(cfgs)
             rows.append(timed_row(stack, "combined", m, stack.time_us(timer, cfgs), sms, mhz, cfgs))
             rows[-1]["won"] = {name: change and vary_scheme(change) for name, change in won.items()}
             combined[m] = cfgs
+        elif args.write_table:  # the fastest variant as it was timed, every projection together
+            combined[m], rows_won = fastest_variant(stack, m, args.sms, rows, variants)
+            print(f"sms {sms} M {m:3d} written: {rows_won or 'the base launches'}", flush=True)
     read_gbps = read_rate(stack.packed_bytes, args.passes)
     read_rate_per_clock = read_gbps * 1e9 / (sms * mhz * 1e6) if mhz else None
     print(f"float32 sum over {stack.packed_bytes / 1e6:.0f} MB on this partition: {read_gbps:.0f} GB/s"
@@ -446,7 +467,7 @@ def main(argv=None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     if args.write_table:
-        print(f"table: {write_table(args.write_table, stack, combined, meta)}", flush=True)
+        print(f"table: {write_table(args.write_table, stack, combined, meta | {'each': args.vary_each})}", flush=True)
     return 0
 
 
