@@ -248,7 +248,9 @@ def tune_layer(cases: dict, m: int, timer: GraphTimer, log=print) -> tuple[list[
     Each projection's candidates are timed alone first; then the whole layer runs with those
     picks and with the untuned defaults, and the faster *layer* is kept: on an H200 per-shape
     winners of different kernels in a row measured up to 1.4x slower than either kernel alone
-    (tools/results/kernels.md), so a table is only as good as the sequence it produces."""
+    (tools/results/kernels.md), so a table is only as good as the sequence it produces. Each of
+    the two also runs with every folded launch's K steps lengthened together
+    (``tuning.LAYER_STEP_VARIANTS``): a change that loses on one projection alone can win on all."""
     picks, alone, tune_log = {}, {}, []
     for name, case in cases.items():
         best, us, tried = tune_shape(case, m, timer)
@@ -258,6 +260,11 @@ def tune_layer(cases: dict, m: int, timer: GraphTimer, log=print) -> tuple[list[
     options = {"untuned": {name: untuned(case, m) for name, case in cases.items()}}
     if len(picks) == len(cases):
         options["tuned"] = picks
+    for label in list(options):  # every folded launch with longer K steps at once (tuning.LAYER_STEP_VARIANTS)
+        for kb, stages in tuning.LAYER_STEP_VARIANTS:
+            varied = {name: tuning.layer_step_variant(cfg, kb, stages) for name, cfg in options[label].items()}
+            if varied != options[label] and varied not in options.values():
+                options[f"{label}, kb{kb} s{stages}"] = varied
     timed = {}
     for label, configs in options.items():
         try:

@@ -209,6 +209,13 @@ def _cdiv(a: int, b: int) -> int:
 LANES_MAX_M = 2  # widths the untuned default runs on ``lanes`` (dp4a); wider ones go to ``mma``
 MMA_MAX_M = 32  # v3: widths in one tile of the pipelined tensor-core kernel; wider ones in 32-row tiles
 CHAINS_MAX_M = 16  # widths the tuner also times with two K steps in flight (``LinearConfig.chains``)
+# K steps (bytes per row, pipeline stages) the tuner also tries on every folded launch of a layer
+# at once (``layer_step_variant``, ``autotune.tune_layer``): under programmatic launch each
+# launch's first step is in flight before it waits for the previous kernel, so how much of a
+# layer's weights that is depends on all of its launches together. H200, 2B stack, every folded
+# launch at 256 bytes and 2 stages: M = 9 789 -> 708 µs, 16 837 -> 764; one projection changed
+# alone was slower in every case (tools/results/kernels.md, "Longer K steps, all together").
+LAYER_STEP_VARIANTS = ((128, 2), (256, 1), (256, 2))
 # Which W2A8 kernels the untuned default picks (BITMTP_W2A8_KERNELS):
 # "v1" = gemv (M <= 2) / dot; "v2" = lanes / mma without software pipelining;
 # "v3" = what the H200 measured fastest per width (tools/results/kernels.md: single large
@@ -442,6 +449,14 @@ def tail_config(cfg: LinearConfig, m: int) -> LinearConfig:
     main = whole // 2
     tail = max(16, 1 << (m - main - 1).bit_length())
     return replace(cfg, block_m=main, tail_m=tail) if tail < main else cfg
+
+
+def layer_step_variant(cfg: LinearConfig, block_kb: int, num_stages: int) -> LinearConfig:
+    """``cfg`` with K steps of ``block_kb`` packed bytes over ``num_stages`` pipeline stages where it
+    is a folded ``mma`` launch (``LAYER_STEP_VARIANTS``); any other launch as it is."""
+    if cfg.kernel != MMA or not cfg.fold_lanes:
+        return cfg
+    return replace(cfg, block_kb=block_kb, num_stages=num_stages)
 
 
 def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool = False) -> list[LinearConfig]:

@@ -9,6 +9,7 @@ a layer on an H200 (tools/results/kernels.md).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -121,3 +122,37 @@ def test_tune_command_explains_bad_input_and_a_missing_gpu(monkeypatch):
 
 def test_tune_models_are_the_autotuner_models():
     assert set(cli.TUNE_MODELS) == set(autotune.MODEL_SHAPES)
+
+
+class LayerStepTimer:
+    """µs per call: cheap only where every call in a row runs folded launches with 256-byte K
+    steps over two stages (the H200's 2B stack, session 21), a little cheaper on 16-row tiles."""
+
+    reps = 8
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, calls, reps=None):
+        cfgs = [c.config for c in calls]
+        self.seen.append(cfgs)
+        together = all(c.fold_lanes and (c.block_kb, c.num_stages) == (256, 2) for c in cfgs)
+        return sum((1.0 if together else 2.0) * (0.9 if c.block_n == 16 else 1.0) for c in cfgs) / len(cfgs)
+
+
+def test_tune_layer_tries_longer_k_steps_on_every_folded_launch_at_once(monkeypatch):
+    """A step length that no projection picks alone wins the layer when all take it together:
+    the table gets the per-shape picks with that step, each still exact against its twin."""
+    layer = cases(monkeypatch)
+    pick = LinearConfig(tuning.MMA, 16, 64, num_warps=4, num_stages=2, fold_lanes=True)
+    monkeypatch.setattr(tuning, "linear_candidates", lambda m, n, k, g, weight_only=False: [pick])
+    timer = LayerStepTimer()
+    entries, _ = autotune.tune_layer(layer, 9, timer, log=lambda *_: None)
+    assert [LinearConfig(**e["config"]) for e in entries] == [replace(pick, block_kb=256, num_stages=2)] * 2
+    assert {e["layer"] for e in entries} == {"tuned, kb256 s2"} and all(e["us"] is None for e in entries)
+    layered = [cfgs for cfgs in timer.seen if len(cfgs) == 4]  # each option timed as a layer
+    steps = {(c.block_kb, c.num_stages) for cfgs in layered for c in cfgs}
+    assert steps >= {(64, 2), *tuning.LAYER_STEP_VARIANTS}
+    # a launch that is not folded keeps its K step in every variant
+    dot = LinearConfig(DOT, 16, 64, num_stages=2)
+    assert tuning.layer_step_variant(dot, 256, 2) == dot

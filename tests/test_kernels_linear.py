@@ -1045,3 +1045,14 @@ def test_chains_are_checked_and_old_tables_load_without_them():
         two = [c for c in cands if c.chains == 2]
         assert two and all(replace(c, chains=1) in cands for c in two)
     assert not [c for c in linear_candidates(17, 2560, 6912, False) if c.chains == 2]
+
+
+@pytest.mark.parametrize("block_kb,num_stages,split_k", [(256, 2, 1), (256, 1, 2), (512, 1, 1), (128, 2, 3)])
+def test_w2a8_long_folded_k_steps_match_the_twin(block_kb, num_stages, split_k):
+    """The folded launch with K steps of 4-16 chunks (``tuning.LAYER_STEP_VARIANTS``): one step
+    that holds a whole slice, one that overshoots it, slices shorter than a step; residual fused."""
+    for m, n, k in ((9, 40, 1152), (16, 24, 640), (3, 40, 300)):
+        packed, a, a_s, w_s, res, ref = residual_case(m, n, k, False, seed=700 + m + block_kb + split_k)
+        cfg = LinearConfig(MMA, 16, block_kb, num_warps=4, num_stages=num_stages, split_k=split_k, fold_lanes=True)
+        out = w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res, config=cfg)
+        assert_exact(out, ref, f"{cfg} M={m} N={n} K={k}")
