@@ -213,9 +213,10 @@ CHAINS_MAX_M = 16  # widths the tuner also times with two K steps in flight (``L
 # at once (``layer_step_variant``, ``autotune.tune_layer``): under programmatic launch each
 # launch's first step is in flight before it waits for the previous kernel, so how much of a
 # layer's weights that is depends on all of its launches together. H200, 2B stack, every folded
-# launch at 256 bytes and 2 stages: M = 9 789 -> 708 µs, 16 837 -> 764; one projection changed
-# alone was slower in every case (tools/results/kernels.md, "Longer K steps, all together").
-LAYER_STEP_VARIANTS = ((128, 2), (256, 1), (256, 2))
+# launch at 256 bytes in one stage: M = 9 788 -> 682 µs, 16 838 -> 734 (128 bytes, one stage:
+# M = 24 1012 -> 949); one projection changed alone was slower in every case; the decode replays
+# gained 3-5% (tools/results/kernels.md, "Longer K steps, all projections together").
+LAYER_STEP_VARIANTS = ((128, 1), (128, 2), (256, 1), (256, 2))
 # Which W2A8 kernels the untuned default picks (BITMTP_W2A8_KERNELS):
 # "v1" = gemv (M <= 2) / dot; "v2" = lanes / mma without software pipelining;
 # "v3" = what the H200 measured fastest per width (tools/results/kernels.md: single large
