@@ -667,14 +667,19 @@ def _mma_folded_step(wb, c0, c_hi, a_step, mask_m, a_tail, mask_t, rk, rn, N, w_
 
 @triton.jit
 def _mma_folded_pair(wa, wb, c0, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, stride_sn, stride_sg, acc_a, acc_b,
-                     asum, facc, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                     GROUPED: tl.constexpr, ASUM_BY_DOT: tl.constexpr, CHUNKS: tl.constexpr):
+                     asum, facc, a_words, rw, rows_ok, sign, asum2, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_M: tl.constexpr, GROUPED: tl.constexpr, ASUM_BY_DOT: tl.constexpr, CHUNKS: tl.constexpr,
+                     WORD_SUMS: tl.constexpr, USE_ASM: tl.constexpr):
     """Two K steps of ``_w2a8_mma_kernel``'s folded loop at once (``CHAINS = 2``, no tail):
     ``wa`` from chunk ``c0`` into ``acc_a``, ``wb`` from ``c0 + CHUNKS`` into ``acc_b``, each as
     ``_mma_folded_step`` multiplies one, with lane i of both dotted before either shifts for
     lane i + 1: two independent chains of dependent tensor-core ops where one accumulator
     makes one. Group scales (CHUNKS == 1): each step's exact sum is scaled and added to
-    ``facc`` in K order, ``a`` then ``b``, as one step after the other would."""
+    ``facc`` in K order, ``a`` then ``b``, as one step after the other would. ``WORD_SUMS``:
+    both steps' activation words loaded before the dots and summed into ``asum2`` after them."""
+    if WORD_SUMS:
+        aw_a = _step_words(a_words, c0, c_hi, rw, rows_ok, K)
+        aw_b = _step_words(a_words, c0 + CHUNKS, c_hi, rw, rows_ok, K)
     ca = c0 + rk // 32  # [32·CHUNKS]: the chunk of each column of the first step
     cb = ca + CHUNKS
     live_a = ca < c_hi
@@ -708,7 +713,9 @@ def _mma_folded_pair(wa, wb, c0, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, s
         s_b = tl.load(w_scale_ptr + rn * stride_sn + (c0 + 1) * stride_sg, mask=(rn < N) & (rn * 0 + c0 + 1 < c_hi),
                       other=0.0)
         facc += (acc_b + tl.max(asum_b, axis=0)[None, :]).to(tl.float32) * s_b[:, None]
-    return acc_a, acc_b, asum, facc
+    if WORD_SUMS:
+        asum2 = dp4a(aw_b, sign[None, :], dp4a(aw_a, sign[None, :], asum2, USE_ASM), USE_ASM)
+    return acc_a, acc_b, asum, facc, asum2
 
 
 @triton.jit
@@ -866,28 +873,18 @@ def _w2a8_mma_kernel(
             wb2 = tl.load(w_step + (c_lo + CHUNKS) * 32, mask=mask_n & (c_lo + CHUNKS + rk // 32 < c_hi)[None, :],
                           other=0)
             gdc_prologue(USE_GDC)
-            if WORD_SUMS:
-                aw = _step_words(a_words, c_lo, c_hi, rw, rows_ok, K)
-                aw2 = _step_words(a_words, c_lo + CHUNKS, c_hi, rw, rows_ok, K)
-            acc0, acc_b, asum, facc = _mma_folded_pair(
+            acc0, acc_b, asum, facc, asum2 = _mma_folded_pair(
                 wb, wb2, c_lo, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc_b, asum,
-                facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT, CHUNKS)
-            if WORD_SUMS:
-                asum2 = dp4a(aw, sign[None, :], asum2, USE_ASM)
-                asum2 = dp4a(aw2, sign[None, :], asum2, USE_ASM)
+                facc, a_words, rw, rows_ok, sign, asum2, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT, CHUNKS, WORD_SUMS,
+                USE_ASM)
             for c0 in range(c_lo + 2 * CHUNKS, c_hi, 2 * CHUNKS):
                 wb = tl.load(w_step + c0 * 32, mask=mask_n & (c0 + rk // 32 < c_hi)[None, :], other=0)
                 wb2 = tl.load(w_step + (c0 + CHUNKS) * 32, mask=mask_n & (c0 + CHUNKS + rk // 32 < c_hi)[None, :],
                               other=0)
-                if WORD_SUMS:
-                    aw = _step_words(a_words, c0, c_hi, rw, rows_ok, K)
-                    aw2 = _step_words(a_words, c0 + CHUNKS, c_hi, rw, rows_ok, K)
-                acc0, acc_b, asum, facc = _mma_folded_pair(
+                acc0, acc_b, asum, facc, asum2 = _mma_folded_pair(
                     wb, wb2, c0, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc_b, asum,
-                    facc, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT, CHUNKS)
-                if WORD_SUMS:
-                    asum2 = dp4a(aw, sign[None, :], asum2, USE_ASM)
-                    asum2 = dp4a(aw2, sign[None, :], asum2, USE_ASM)
+                    facc, a_words, rw, rows_ok, sign, asum2, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT, CHUNKS,
+                    WORD_SUMS, USE_ASM)
             acc0 = acc0 + acc_b
         else:
             gdc_prologue(USE_GDC)
