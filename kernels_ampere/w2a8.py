@@ -102,6 +102,11 @@ program takes ``block_m + tail_m`` rows, each weight tile decoded once for both,
 just past a power of two stops paying for the padding to the next one (on 8 of the H200's
 SMs the 2B stack took 6861 µs at M = 32 and 11614 at M = 33, padded to 64 rows).
 
+``LinearConfig.chains = 2`` (folded, no tail; ``_mma_folded_pair``): two K steps per iteration
+into two accumulators, so a warp has two independent chains of tensor-core ops. On the 2B stack
+8% faster at M = 9 with ``mma.sync`` on 132 SMs, slower with ``wgmma`` and on 8 SMs
+(tools/results/kernels.md, "Two chains"): a candidate the tuner times, in no default.
+
 The epilogue multiplies in the same order as the twin, ``(float(acc) * a_scale) * w_scale``
 (group scales: ``(sum of float(chunk) * w_scale[g]) * a_scale``), so results in float32 are
 bit-identical to ``w2a8_linear_reference``.
