@@ -427,15 +427,19 @@ def test_bench_reports_what_share_the_certified_head_answered():
 
     from bitmtp_edge.app.bench_report import _head_note
 
-    counts = iter([(40, 30), (240, 210)])  # at the start of the runs, at their end
-    fast = types.SimpleNamespace(certified_counts=lambda: next(counts))
+    from bitmtp_edge.runtime.decoding import DecodeStats
+
+    fast = types.SimpleNamespace(certified_counts=lambda: pytest.fail("the runs' own stats carry the counts"))
     engine = types.SimpleNamespace(head="certified", backend=types.SimpleNamespace(fast=fast))
-    before = B._certified_counts(engine)
-    calls, certified = (a - b for a, b in zip(B._certified_counts(engine), before))
-    assert (calls, certified) == (200, 180)
+    runs = [types.SimpleNamespace(stats=DecodeStats(certified_head_calls=c, certified_head_int8=i))
+            for c, i in ((120, 100), (80, 80), (0, 0))]  # a warm-up, a run, a run that made no head call
+    totals = B._certified_totals(engine, runs)
+    assert totals == {"calls": 200, "certified": 180}
+    calls, certified = totals["calls"], totals["certified"]
     note = _head_note({"head": "certified", "certified_head": {"calls": calls, "certified": certified}})
     assert note == ", certified head (180 of 200 greedy head calls answered by the int8 rows, 90%)"
     assert _head_note({"head": "certified", "certified_head": {"calls": 0, "certified": 0}}).endswith(
         "(no greedy head call in these runs)")
     assert _head_note({"head": "16bit"}) == "" and _head_note({"head": "int8"}) == ", int8 verify head"
-    assert B._certified_counts(types.SimpleNamespace(head="16bit", backend=engine.backend)) is None
+    assert B._certified_totals(types.SimpleNamespace(head="16bit", backend=engine.backend), runs) is None
+    assert B._certified_totals(types.SimpleNamespace(head="certified", backend=object()), runs) is None

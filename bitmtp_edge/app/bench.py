@@ -394,7 +394,6 @@ def run_bench(engine: Engine, prompts: Sequence[BenchPrompt], routes: Sequence[R
     progress = progress or Progress()
     report = BenchReport(meta=describe_run(engine, posture, config, command, workload_source), routes=list(routes),
                          prompts=list(prompts), runs=[], t0=time.monotonic())
-    certified_before = _certified_counts(engine)
     if sampler is not None:
         sampler.start()  # SourceUnavailable propagates: the caller asked for that source
     try:
@@ -435,19 +434,21 @@ def run_bench(engine: Engine, prompts: Sequence[BenchPrompt], routes: Sequence[R
                           "notes": [], "error": None}
     chooser = getattr(engine, "candidate_chooser", None)  # where fused c=auto stood after the runs
     report.meta["engine"]["candidate_chooser"] = chooser.to_dict() if chooser is not None else None
-    if certified_before is not None:  # the greedy head calls of these runs (warm-ups included)
-        calls, certified = (a - b for a, b in zip(_certified_counts(engine), certified_before))
-        report.meta["engine"]["certified_head"] = {"calls": calls, "certified": certified}
+    certified = _certified_totals(engine, report.runs)
+    if certified is not None:
+        report.meta["engine"]["certified_head"] = certified
     report.notes = _bench_notes(report, config)
     return report
 
 
-def _certified_counts(engine: Engine) -> tuple[int, int] | None:
-    """(greedy head calls, those the int8 rows answered) of a certified head, else None."""
-    fast = getattr(engine.backend, "fast", None)
-    if engine.head != "certified" or fast is None:
+def _certified_totals(engine: Engine, runs: list) -> dict | None:
+    """A certified head's greedy head calls over ``runs`` (warm-ups included) and those the int8
+    rows answered alone, summed from each run's stats (``Engine.count_head_calls`` read the
+    device counters around it); None for any other head."""
+    if engine.head != "certified" or getattr(engine.backend, "fast", None) is None:
         return None
-    return fast.certified_counts()
+    return {"calls": sum(r.stats.certified_head_calls for r in runs),
+            "certified": sum(r.stats.certified_head_int8 for r in runs)}
 
 
 def _source_for(engine: Engine, config: BenchConfig):
