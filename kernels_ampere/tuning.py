@@ -215,7 +215,7 @@ CHAINS_MAX_M = 16  # widths the tuner also times with two K steps in flight (``L
 # layer's weights that is depends on all of its launches together. H200, 2B stack, every folded
 # launch at 256 bytes in one stage: M = 9 788 -> 682 µs, 16 838 -> 734 (128 bytes, one stage:
 # M = 24 1012 -> 949); one projection changed alone was slower in every case; the decode replays
-# gained 3-5% (tools/results/kernels.md, "Longer K steps, all projections together").
+# gained 3-5% (tools/results/kernels.md, "Two chains, and longer K steps").
 LAYER_STEP_VARIANTS = ((128, 1), (128, 2), (256, 1), (256, 2))
 # Which W2A8 kernels the untuned default picks (BITMTP_W2A8_KERNELS):
 # "v1" = gemv (M <= 2) / dot; "v2" = lanes / mma without software pipelining;
@@ -439,7 +439,8 @@ def tail_config(cfg: LinearConfig, m: int) -> LinearConfig:
     program pads it to a power of two P: split into a main tile of P/2 rows and a tail of the
     smallest power of two (>= 16) that holds the rest, when the tail is the smaller tile:
     M = 33..48 -> 32 + 16 rows instead of 64, 65..80 -> 64 + 16 and 81..96 -> 64 + 32 instead
-    of 128. Other kernels, launches already tiled below the width (``block_m``), and the widths
+    of 128. Other kernels, launches already tiled below the width (``block_m``) or with two
+    chains (``chains``: no tail in that loop), and the widths
     where no tail is smaller (M <= 32, 49..64, 97..) keep ``cfg``. The untuned defaults take it
     at M = 33..48 on up to ``TAIL_MAX_SMS`` SMs (generation v7, where it was measured)."""
     if cfg.kernel != MMA or not cfg.fold_lanes or cfg.tail_m or cfg.chains > 1 or not 32 < m <= 128:
