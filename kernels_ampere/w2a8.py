@@ -682,6 +682,7 @@ def _mma_folded_pair(wa, wb, c0, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, s
     makes one. Group scales (CHUNKS == 1): each step's exact sum is scaled and added to
     ``facc`` in K order, ``a`` then ``b``, as one step after the other would. ``WORD_SUMS``:
     both steps' activation words loaded before the dots and summed into ``asum2`` after them."""
+    tl.static_assert(not GROUPED or CHUNKS == 1, "group scales: one chunk per step, its own scale")
     if WORD_SUMS:
         aw_a = _step_words(a_words, c0, c_hi, rw, rows_ok, K)
         aw_b = _step_words(a_words, c0 + CHUNKS, c_hi, rw, rows_ok, K)
