@@ -99,11 +99,22 @@ def int_matmul(a_int8: torch.Tensor, w_int8: torch.Tensor) -> torch.Tensor:
 
 # --- rotary position embedding (the rope_cache kernel's twin uses it) ---------------------
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """positions [..., S] -> cos, sin [..., S, head_dim] (half-split / rotate_half convention)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim))
-    freqs = positions.float().unsqueeze(-1) * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
+def rope_inv_freq(head_dim: int, theta: float, device=None) -> torch.Tensor:
+    """[head_dim] float32: the inverse frequencies, repeated for both halves (half-split /
+    rotate_half convention). A constant: a decode step that computed it would pay five
+    launches for it every step."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+    return torch.cat((inv_freq, inv_freq))
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype,
+                 inv_freq: torch.Tensor | None = None):
+    """positions [..., S] -> cos, sin [..., S, head_dim] (half-split / rotate_half convention);
+    ``inv_freq``: ``rope_inv_freq(head_dim, theta)`` on the positions' device, if kept."""
+    if inv_freq is None:
+        inv_freq = rope_inv_freq(head_dim, theta, positions.device)
+    # integer positions become float32 inside the product, as .float() would make them
+    emb = (positions.float() if positions.is_floating_point() else positions).unsqueeze(-1) * inv_freq
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 

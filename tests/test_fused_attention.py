@@ -87,3 +87,21 @@ def test_bad_visibility_arguments_are_named():
         small_width_attention(q, k, v, None, hist, capacity=16)
     with pytest.raises(ValueError, match="row_spans must be a contiguous int32"):
         small_width_attention(q, k, v, None, hist, capacity=16, row_spans=torch.zeros(2, 3, dtype=torch.long))
+
+
+def test_length_affine_spans_and_slots_match_their_builders():
+    """The graph backend evaluates a step's spans and write slots as base + length * coef in
+    one launch (``masks.LengthAffine``): at any length they must be what the builders give."""
+    from bitmtp_edge.runtime.masks import LengthAffine
+
+    gen = torch.Generator().manual_seed(5)
+    builders = [lambda n: history_step_spans(n, 1), lambda n: history_step_spans(n - 9, 9),
+                lambda n: draft_in_place_spans(n - 3, 3, 8),
+                lambda n: torch.cat([n + torch.arange(2), 300 + torch.arange(8)])]
+    for build in builders:
+        moving = LengthAffine.of(build, DEVICE)
+        for n in torch.randint(9, 5000, (6,), generator=gen).tolist():
+            length = torch.tensor([n], dtype=moving.base.dtype, device=DEVICE)
+            assert torch.equal(moving.at(length).cpu(), build(n).to(moving.base.dtype))
+    with pytest.raises(ValueError, match="linearly"):
+        LengthAffine.of(lambda n: torch.tensor([n * n]))

@@ -58,3 +58,28 @@ def test_rope_cache_rejects_mismatched_shapes():
         rope_qkv_to_cache(qkv, cos, sin, k_buf, v_buf, slots.int(), num_heads=4)
     with pytest.raises(ValueError, match="both q_norm and k_norm"):
         rope_qkv_to_cache(qkv, cos, sin, k_buf, v_buf, slots, num_heads=4, q_norm=qn)
+
+
+def _rope_cos_sin_per_call(positions, hd, theta):
+    """The formula before the inverse frequencies were kept: computed from scratch, one half
+    at a time, then concatenated."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64, device=positions.device).float() / hd))
+    freqs = positions.float().unsqueeze(-1) * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float64])
+@pytest.mark.parametrize("hd,theta", [(64, 10000.0), (128, 500000.0)])
+def test_kept_inverse_frequencies_give_the_same_bits(dtype, hd, theta):
+    """A runtime keeps ``rope_inv_freq`` and multiplies the positions in (integer positions
+    cast inside the product): cos and sin must be the per-call formula's, bit for bit."""
+    from kernels_ampere.numerics import rope_inv_freq
+
+    gen = torch.Generator().manual_seed(hd)
+    positions = torch.randint(0, 200_000, (17,), generator=gen).to(DEVICE, dtype)
+    kept = rope_inv_freq(hd, theta, positions.device)
+    want_cos, want_sin = _rope_cos_sin_per_call(positions, hd, theta)
+    for inv_freq in (kept, None):
+        cos, sin = rope_cos_sin(positions, hd, theta, torch.float32, inv_freq)
+        assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)

@@ -40,7 +40,7 @@ def flag_non_finite(hidden: torch.Tensor, tokens: torch.Tensor, confidences: tor
     ok = torch.isfinite(hidden).all(dim=-1)
     if confidences is not None:
         ok = ok & torch.isfinite(confidences)
-    return torch.where(ok, tokens, torch.full_like(tokens, NON_FINITE_TOKEN))
+    return torch.where(ok, tokens, NON_FINITE_TOKEN)
 
 
 class DraftResult:

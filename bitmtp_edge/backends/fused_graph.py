@@ -108,7 +108,7 @@ def fused_body(fast, k_cache, v_cache, capacity: int, history_len: torch.Tensor,
     x = fast.forward(step_tokens, positions, k_cache, v_cache, slots, None, attn_rows, capacity=capacity,
                      row_spans=spans)
     c = chosen.shape[0]
-    rows = x.index_select(0, io.head_rows[(n, c)])  # the causal rows, then every block's rows 1..D-1
+    rows = x[io.head_rows[(n, c)]]  # the causal rows, then every block's rows 1..D-1 (one gather launch)
     top, conf = fast.verify_top1(rows)  # verify rows: the AR greedy token of each; the rest: drafts
     wanted = torch.empty(d - 1, dtype=torch.long, device=x.device)
     accept = fk.fused_accept if kernels else fused_accept_reference

@@ -69,7 +69,7 @@ from ..format.config import AUTO_CANDIDATES
 from ..format.segments import KVPlan
 from ..runtime.calibration import ConfidenceCalibration
 from ..runtime.kv import KVStore
-from ..runtime.masks import draft_in_place_spans, history_step_spans, prefill_mask
+from ..runtime.masks import LengthAffine, draft_in_place_spans, history_step_spans, prefill_mask
 from ..runtime.replay import ReplayState
 from ..runtime.sampling import filtered_probs, inverse_cdf, penalize, sample_drafts, speculative_accept, target_probs
 from .base import (NON_FINITE_TOKEN, PREFILL_CHUNK, DraftResult, FusedResult, StepLog, VerifyResult, check_pending,
@@ -175,16 +175,32 @@ class StaticInputs:
     verify_tokens: torch.Tensor  # [D + 1] int64: [anchor, d_1..d_D]
     mask_ids: torch.Tensor  # [D - 1] int64: the mask token, constant
     readback: torch.Tensor  # [2 + 2D] float64: a, v, d_1..d_D, c_1..c_D
-    workspace_rows: torch.Tensor  # [W] int64: 0..W-1, constant
     draft_offsets: dict[int, torch.Tensor]  # k -> [k + D] int64: positions of a width-(k + D) draft after L
+    verify_offsets: torch.Tensor  # [D + 1] int64: -1..D-1, the verify rows' positions after L
+    # in attn_rows (L + the rows a step keeps): ("ar" | "verify" | "draft", k) -> the step's [M, 3] spans
+    spans: dict[tuple[str, int], LengthAffine]
+    draft_slots: dict[tuple[int, int], LengthAffine]  # (segment, k) -> in L: a draft's [k + D] write slots
     fused: FusedInputs | None  # the fused steps' inputs and readback (D >= 2)
 
     @classmethod
-    def allocate(cls, block_size: int, workspace: int, mask_token_id: int | None, device) -> "StaticInputs":
+    def allocate(cls, block_size: int, mask_token_id: int | None, device,
+                 capacities: tuple[int, ...] = ()) -> "StaticInputs":
+        """``capacities``: each segment's history capacity (a draft's block rows go past it)."""
         d = block_size
 
         def longs(n):
             return torch.zeros(n, dtype=torch.long, device=device)
+
+        # A step keeping h rows from L on has attn_rows a = L + h: the AR row is at L = a - 1,
+        # the verify rows from the anchor's slot L - 1 = a - D - 1, the draft's pending from a - k.
+        spans = {("ar", 1): LengthAffine.of(lambda a: history_step_spans(a - 1, 1), device)}
+        if d:
+            spans[("verify", d + 1)] = LengthAffine.of(lambda a: history_step_spans(a - d - 1, d + 1), device)
+        for k in range(1, d + 1):
+            spans[("draft", k)] = LengthAffine.of(lambda a, k=k: draft_in_place_spans(a - k, k, d), device)
+        draft_slots = {(seg, k): LengthAffine.of(lambda n, k=k, cap=cap: torch.cat(
+            [n + torch.arange(k), cap + torch.arange(d)]), device)
+            for seg, cap in enumerate(capacities) for k in range(1, d + 1)}
 
         return cls(
             history_len=longs(1), attn_rows=torch.zeros(1, dtype=torch.int32, device=device),
@@ -192,9 +208,9 @@ class StaticInputs:
             mask_ids=torch.full((max(d - 1, 0),), mask_token_id if mask_token_id is not None else 0,
                                 dtype=torch.long, device=device),
             readback=torch.zeros(2 + 2 * d, dtype=torch.float64, device=device),
-            workspace_rows=torch.arange(workspace, device=device),
             draft_offsets={k: torch.tensor(list(range(k)) + list(range(k - 1, k - 1 + d)), device=device)
                            for k in range(1, d + 1)},
+            verify_offsets=torch.arange(-1, d, device=device), spans=spans, draft_slots=draft_slots,
             fused=FusedInputs.allocate(d, device) if d > 1 else None,
         )
 
@@ -270,7 +286,8 @@ class GraphBackend:
         fused_workspace = (d + 1) * d if d > 1 else None
         self.kv = KVStore(fast.cfg, plan, options.kv_dtype, self.device, workspace=fused_workspace)
         self.kv_bytes = self.kv.nbytes
-        self.static = StaticInputs.allocate(d, plan.workspace, mask_token_id, self.device)
+        self.static = StaticInputs.allocate(d, mask_token_id, self.device,
+                                           capacities=tuple(seg.capacity for seg in plan.segments))
         self.staged = Staged()
         self.log = StepLog()
         self.graphs: dict[ReplayState, torch.cuda.CUDAGraph] = {}
@@ -341,19 +358,19 @@ class GraphBackend:
         bits of the attention output, which flipped an exact bf16 tie of the head."""
         return self.kv.view(seg, workspace=self.kv.allocated_workspace)
 
-    def _forward(self, seg, tokens, positions, write_slots, spans, history_rows):
-        """One step over segment ``seg`` with row spans ``spans`` [M, 3]; ``history_rows`` =
-        rows this step writes at slots from L on (attention skips history slots past L + history_rows)."""
+    def _forward(self, seg, tokens, positions, write_slots, spans: tuple[str, int], history_rows):
+        """One step over segment ``seg`` with the row spans ``StaticInputs.spans[spans]``;
+        ``history_rows`` = rows this step writes at slots from L on (attention skips history
+        slots past L + history_rows). One launch each for attn_rows and the spans."""
         st, kv = self.static, self._step_view(seg)
-        st.attn_rows.copy_(st.history_len + history_rows)
+        torch.add(st.history_len, history_rows, out=st.attn_rows)
         return self.fast.forward(tokens, positions, kv.k, kv.v, write_slots, None, st.attn_rows,
-                                 capacity=kv.capacity, row_spans=spans)
+                                 capacity=kv.capacity, row_spans=st.spans[spans].at(st.attn_rows))
 
     def _ar_body(self, seg: int, sampled: bool | None = None) -> None:
         """``sampled``: None = greedy; else sample (True: with penalty counts)."""
         st = self.static
-        spans = history_step_spans(st.history_len, 1)
-        x = self._forward(seg, st.ar_token, st.history_len, st.history_len, spans, 1)
+        x = self._forward(seg, st.ar_token, st.history_len, st.history_len, ("ar", 1), 1)
         if sampled is None:
             top, conf = self.fast.verify_greedy(x)
             top = flag_non_finite(x, top, conf)  # read with the token: no extra sync
@@ -367,16 +384,15 @@ class GraphBackend:
             top = flag_non_finite(x, top, logits.max(-1).values)
         st.history_len += 1
         st.ar_out.copy_(top)
-        st.ar_token.copy_(top.clamp_min(0))  # a flagged row must not index the embedding
+        torch.clamp(top, min=0, out=st.ar_token)  # a flagged row must not index the embedding
 
     def _draft_body(self, seg: int, k: int, sampled: bool | None = None) -> None:
-        st, d, cap = self.static, self.block_size, self.plan.segments[seg].capacity
-        pending, rows, L = st.pending[:k], st.workspace_rows, st.history_len
+        st, d = self.static, self.block_size
+        pending, L = st.pending[:k], st.history_len
         tokens = torch.cat([pending, pending[-1:], st.mask_ids])  # [k + D]
         # Pending rows at their own history slots, the block in the workspace.
-        slots = torch.cat([L + rows[:k], cap + rows[:d]])
-        spans = draft_in_place_spans(L, k, d)
-        x = self._forward(seg, tokens, L + st.draft_offsets[k], slots, spans, k)
+        slots = st.draft_slots[(seg, k)].at(L)
+        x = self._forward(seg, tokens, L + st.draft_offsets[k], slots, ("draft", k), k)
         if sampled is None:
             top, conf = self.fast.draft_top1(x[k:])
             if self.calibration is not None:
@@ -393,13 +409,13 @@ class GraphBackend:
         st.readback[2 + d:].copy_(conf)
         if self.opts.hoist_verify:  # M3: the verifier's inputs are ready before the host looks
             st.verify_tokens[:1].copy_(pending[-1:])
-            st.verify_tokens[1:].copy_(top.clamp_min(0))
+            torch.clamp(top, min=0, out=st.verify_tokens[1:])
 
     def _verify_body(self, seg: int, sampled: bool | None = None) -> None:
         st, d = self.static, self.block_size
-        first = st.history_len - 1  # the anchor's own slot; its row is recomputed bit for bit
-        positions = first + st.workspace_rows[: d + 1]
-        x = self._forward(seg, st.verify_tokens, positions, positions, history_step_spans(first, d + 1), d)
+        # from the anchor's own slot L - 1 (its row is recomputed bit for bit)
+        positions = st.history_len + st.verify_offsets
+        x = self._forward(seg, st.verify_tokens, positions, positions, ("verify", d + 1), d)
         if sampled is None:
             greedy, conf = self.fast.verify_greedy(x, drafts=st.verify_tokens[1:])  # [D + 1]
             greedy = flag_non_finite(x, greedy, conf)
@@ -413,7 +429,7 @@ class GraphBackend:
         st.history_len += accepted  # d_1..d_a are already at their slots
         st.readback[0:1].copy_(accepted)
         st.readback[1:2].copy_(verifier)
-        st.pending[:1].copy_(verifier.clamp_min(0))
+        torch.clamp(verifier, min=0, out=st.pending[:1])
 
     def _fused_body(self, seg: int, count: int) -> None:
         """[v, e_1..e_{D-1}] as the last fused graph left them, or [anchor, d_1..d_{D-1}] as

@@ -24,6 +24,9 @@ tensor comparisons only, so a captured graph can rebuild them from device tensor
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
 
@@ -171,3 +174,31 @@ def fused_step_mask(capacity: int, workspace: int, first, causal: int, candidate
     was trained on, anchored at d_j."""
     spans = fused_step_spans(first, causal, candidates, block, anchor_row)
     return spans_to_mask(spans, capacity, capacity + workspace)
+
+
+# --- a step's index tensors as one launch ---------------------------------------------------
+
+@dataclass(frozen=True)
+class LengthAffine:
+    """An index tensor of one step shape that moves with one length on the device:
+    ``value(n) = base + n * coef``. Every step's spans and slots are affine in the history
+    length (``history_step_spans``, ``draft_in_place_spans``: the length is added, never
+    multiplied), so a captured step evaluates them in one launch (``at``) where building
+    them costs the arange / stack / cat launches of the functions above (5-12 per step,
+    each a latency of its own on a board)."""
+
+    base: torch.Tensor
+    coef: torch.Tensor
+
+    @classmethod
+    def of(cls, value_at: Callable[[int], torch.Tensor], device=None) -> "LengthAffine":
+        """``value_at(n)`` (n a Python int) -> the tensor at length n; checked affine at n = 2."""
+        at0, at1, at2 = (value_at(n).to(device) for n in (0, 1, 2))
+        coef = at1 - at0
+        if not torch.equal(at2, at0 + 2 * coef):
+            raise ValueError("LengthAffine.of: the tensor does not move linearly with the length")
+        return cls(at0, coef)
+
+    def at(self, length: torch.Tensor) -> torch.Tensor:
+        """``length`` [1] on the device (the dtype of ``base``) -> ``base + length * coef``."""
+        return torch.addcmul(self.base, self.coef, length)
