@@ -273,6 +273,18 @@ def _pdl_unsupported(index: int) -> str | None:
     return "this Triton cannot launch it"
 
 
+def programmatic_launch_ready() -> bool:
+    """Whether compiled kernels launched now on the current CUDA device launch programmatically
+    (``pdl_options``' answer for a compiled kernel): the switch on, sm_90+, a Triton with PDL."""
+    if not _PDL_ENABLED[0] or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    try:  # not torch.cuda.is_available(): a driver query per call (see pdl_options)
+        device = torch.cuda.current_device()
+    except (AssertionError, RuntimeError):
+        return False
+    return _pdl_unsupported(device) is None
+
+
 def pdl_status() -> tuple[bool, str]:
     """(on, why) for the current CUDA device: what ``bitmtp doctor`` reports."""
     if not _PDL_ENABLED[0]:

@@ -281,8 +281,18 @@ LAYER_STEP_VARIANTS = ((128, 1), (128, 2), (256, 1), (256, 2))
 # the 2B stack at M = 1 / 9 / 16 on 8 SMs 3066 / 3216 / 3307 → 3000 / 3168 / 3221 µs, on 16 SMs
 # 1960 / 2073 / 2131 → 1733 / 1847 / 1910; slicing the QKV projection's 30 programs (fill 0.94)
 # was 1-3% slower on 8 and on 16 SMs.
-W2A8_GENERATIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8")
-W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v8")
+# "v9" (the default) = v8, except that on a GPU of more SMs than ``BOARD_MAX_SMS`` whose launches
+# are programmatic (``programmatic``: sm_90+, Triton with launch_pdl, BITMTP_PDL on) every folded
+# launch without a tail tile takes a layer-wide K step (``layer_step_variant``): 256 bytes in
+# one stage at M = 3..16, 128 bytes in one stage at M = 17..24 (``LAYER_STEPS``). Each launch
+# then has more of its weights in flight before it waits for the previous kernel. Measured on the
+# H200, the BitNet-2B stack, all launches changed together (session 21, the table's entries):
+# M = 9 788 -> 682 µs, 16 838 -> 734, 24 1012 -> 949; at M = 32 256 bytes in one stage won on the
+# stack (1125 -> 1024) but lost 1.5% in the decode replays, so wider widths keep v8's. A board (no
+# programmatic launch on sm_87; longer steps measured 5-40% slower on 8 SMs in session 16) keeps v8.
+W2A8_GENERATIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9")
+W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v9")
+LAYER_STEPS = ((16, 256, 1), (24, 128, 1))  # v9: (up to M, bytes per K step, stages) under programmatic launch
 BOARD_MAX_SMS = 16  # v8: the board tiles up to this many SMs (measured on 8 and 16)
 BOARD_WAVE_FILL = 0.9  # v8 at M <= 16: K sliced until the programs fill their waves this well
 TAIL_MAX_SMS = 16  # v7: tail tiles up to this many SMs (measured on 8 and 16)
@@ -312,7 +322,8 @@ def group_k_slices(k: int) -> int:
 
 
 def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int | None = None,
-                   k: int | None = None, sms: int | None = None, generation: str | None = None) -> LinearConfig:
+                   k: int | None = None, sms: int | None = None, generation: str | None = None,
+                   programmatic: bool | None = None) -> LinearConfig:
     """The launch of a packed linear on a GPU without a tuned entry, from the shape and the
     device's SM count (``sms``; None: sized as for a large GPU). ``n`` and ``k`` (when
     known) size the tiles and the split-K so that the programs cover every SM a few times:
@@ -333,7 +344,9 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     with a tail tile at M = 33..48 on up to 16 SMs (32 + 16 rows instead of 64, ``tail_config``).
     v8 (the default) is v7 with every folded launch on up to 16 SMs on 4 warps of 128 weight rows
     (256 at M = 65..128), where those programs still give each SM one at least, and at M <= 16 K
-    sliced until they fill their waves to ``BOARD_WAVE_FILL``.
+    sliced until they fill their waves to ``BOARD_WAVE_FILL``. v9 (the default) is v8 with, on more
+    than ``BOARD_MAX_SMS`` SMs and ``programmatic`` launches (None: whether the current CUDA device
+    launches W2A8 kernels programmatically), the folded launches of M <= 24 in ``LAYER_STEPS``.
     """
     chunks = _cdiv(k, 128) if k else 0
     sms = sms or 132
@@ -341,6 +354,18 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     if generation not in W2A8_GENERATIONS:
         raise ValueError(f"W2A8 kernel generation must be one of {W2A8_GENERATIONS} (BITMTP_W2A8_KERNELS), "
                          f"got {generation!r}")
+    if not weight_only and generation == "v9":
+        cfg = default_linear(m, grouped, n=n, k=k, sms=sms, generation="v8")
+        if programmatic is None:
+            from .common import programmatic_launch_ready  # common imports triton: only when asked
+
+            programmatic = programmatic_launch_ready()
+        if sms <= BOARD_MAX_SMS or not programmatic or grouped or cfg.tail_m or cfg.chains > 1:
+            return cfg
+        for max_m, block_kb, num_stages in LAYER_STEPS:
+            if m <= max_m:
+                return layer_step_variant(cfg, block_kb, num_stages)
+        return cfg
     if not weight_only and generation == "v8":
         cfg = default_linear(m, grouped, n=n, k=k, sms=sms, generation="v7")
         if sms > BOARD_MAX_SMS or m > MMA_TILED_MAX_M or cfg.kernel != MMA or not cfg.fold_lanes or grouped:

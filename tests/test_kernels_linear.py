@@ -567,10 +567,10 @@ def test_untuned_defaults_follow_the_sm_count():
     assert orin.split_k == 1 < h200.split_k and wide.split_k < h200.split_k
     assert default_linear(129, False, n=2560, k=2560, sms=132, generation="v4").block_m == 32  # v3's beyond 128
     with pytest.raises(ValueError, match="generation"):
-        default_linear(1, False, generation="v9")
+        default_linear(1, False, generation="v10")
 
 
-@pytest.mark.parametrize("generation", ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8"])
+@pytest.mark.parametrize("generation", ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9"])
 @pytest.mark.parametrize("m", (1, 2, 9, 21, 70))
 def test_w2a8_defaults_of_both_generations_match_the_twin(generation, m):
     n, k = 72, 640
@@ -827,6 +827,41 @@ def test_w2a8_v8_default_gives_a_board_four_warps_of_wide_weight_tiles():
 V8_LAUNCHES = [(1, 2, 300, 600, 128, 1), (9, 2, 300, 600, 128, 1), (16, 2, 300, 600, 128, 1),
                (27, 2, 300, 600, 128, 1), (40, 2, 300, 600, 128, 1), (80, 2, 300, 600, 256, 1),
                (1, 4, 600, 1920, 128, 3), (9, 4, 600, 1920, 128, 3), (16, 4, 600, 1920, 128, 3)]
+
+
+def test_w2a8_v9_default_takes_layer_wide_k_steps_only_under_programmatic_launch():
+    """v9 (the default): v8, except that on more than 16 SMs with programmatic launch every folded
+    launch without a tail of M = 3..16 steps K 256 bytes at a time in one stage and of M = 17..24
+    128 bytes; a board, a GPU without programmatic launch, group-128 weights, gemv (M <= 2 there)
+    and widths past 24 keep v8's launch."""
+    from kernels_ampere.tuning import LAYER_STEPS
+
+    assert LAYER_STEPS == ((16, 256, 1), (24, 128, 1))
+    for n, k in ((3840, 2560), (2560, 6912), (13824, 2560), (768, 512)):
+        for m, (block_kb, stages) in ((3, (256, 1)), (9, (256, 1)), (16, (256, 1)), (17, (128, 1)), (24, (128, 1))):
+            v8 = default_linear(m, False, n=n, k=k, sms=132, generation="v8")
+            v9 = default_linear(m, False, n=n, k=k, sms=132, generation="v9", programmatic=True)
+            assert v8.kernel == MMA and v8.fold_lanes and (v8.block_kb, v8.num_stages) == (64, 3)
+            assert v9 == replace(v8, block_kb=block_kb, num_stages=stages)
+            assert default_linear(m, False, n=n, k=k, sms=132, generation="v9", programmatic=False) == v8
+        for m, sms, grouped in ((1, 132, False), (2, 132, False), (25, 132, False), (80, 132, False),
+                                (9, 16, False), (9, 8, False), (9, 132, True)):
+            assert default_linear(m, grouped, n=n, k=k, sms=sms, generation="v9", programmatic=True) == default_linear(
+                m, grouped, n=n, k=k, sms=sms, generation="v8")
+    # without CUDA (CI) nothing launches programmatically: the default is v8's launch
+    if not torch.cuda.is_available():
+        assert default_linear(9, False, n=3840, k=2560, sms=132) == default_linear(9, False, n=3840, k=2560, sms=132,
+                                                                                   generation="v8")
+
+
+@pytest.mark.parametrize("m,n,k", [(3, 72, 640), (9, 40, 1152), (16, 136, 2560), (20, 200, 640), (24, 72, 300)])
+def test_w2a8_v9_launches_match_the_twin(m, n, k):
+    """v9's launches on a large GPU with programmatic launch (as the H200 runs them; K steps past a
+    slice, slices shorter than a step, K padded to whole chunks) with the residual fused: the twin's bits."""
+    packed, a, a_s, w_s, res, ref = residual_case(m, n, k, False, seed=1100 + m + n)
+    cfg = default_linear(m, False, n=n, k=k, sms=132, generation="v9", programmatic=True)
+    assert cfg.block_kb == (256 if m <= 16 else 128) and cfg.num_stages == 1 and cfg.fold_lanes
+    assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res, config=cfg), ref, f"{cfg}")
 
 
 @pytest.mark.parametrize("m,sms,n,k,block_n,slices", V8_LAUNCHES)
