@@ -24,5 +24,5 @@ rep . after "shipped=shipped,untuned=none,shipped-nopdl=shipped" --profile-table
 rep /tmp/before before "shipped=shipped,shipped-nopdl=shipped" --profile-tables shipped-nopdl --profile 1,d9,16
 rep . after2 "shipped=shipped" --profile ""
 rep /tmp/before before2 "shipped=shipped" --profile ""
-tar czf $OUT/logs.tgz -C $OUT stack.txt after.txt before.txt after2.txt before2.txt stack 2>/dev/null
-ls $OUT
+cd $OUT && tar czf results.tgz --exclude=results.tgz --exclude=pytest_call2.txt . && \
+  find . -mindepth 1 -maxdepth 1 ! -name results.tgz ! -name pytest_call2.txt -exec rm -rf {} + && ls $OUT
