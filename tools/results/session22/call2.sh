@@ -13,10 +13,11 @@ timeout 110 python -m pytest -q -p no:cacheprovider tests/test_graph_backend.py 
 timeout 80 python tools/bench_kernels.py --only stack --stack-models bitnet-2b --stack-widths 1,9,16,24 \
   --stack-schemes "shipped,v8 untuned,v9 untuned" --replays 5 --jobs 14 --out $OUT/stack > $OUT/stack.txt 2>&1
 echo "stack exit $?"; grep -E "stack bitnet-2b|rror" $OUT/stack.txt | cut -c1-150
-rep() {  # tree name tables extra...
+rep() {  # tree name tables extra...: skipped when less than a minute of the call's 560 s is left
   local tree=$1 name=$2 tables=$3; shift 3
+  local left=$((560 - SECONDS)); [ $left -lt 60 ] && { echo "$name skipped ($left s left)"; return; }
   local art=(); [ -f "$ART/manifest.json" ] && art=(--artifact "$ART")
-  (cd $tree && timeout 100 python tools/bench_replay_widths.py --tables "$tables" --widths 1,d9,16,24 \
+  (cd $tree && timeout $((left < 130 ? left - 10 : 120)) python tools/bench_replay_widths.py --tables "$tables" --widths 1,d9,16,24 \
     --jobs 15 --work $W "${art[@]}" --out $OUT/$name "$@") > $OUT/$name.txt 2>&1
   echo "$name exit $?"; grep -E "^\| [a-z]" $OUT/$name/replay_widths.md | head -4
 }
