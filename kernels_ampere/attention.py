@@ -39,7 +39,6 @@ the scale). A row that sees no slot at all gets zeros (the twin matches).
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -50,73 +49,8 @@ from .common import (alignment_blind, bf16_dot_upcast, check_dtype, check_launch
 from .tuning import AttentionConfig, default_attention, lookup, sm_count
 
 LOG2E = 1.4426950408889634
-# The last history tile and a step's one workspace tile in one update (``_attend_pair``); off
-# (BITMTP_ATTENTION_PAIR=0): one loop iteration each, as before session 22.
-PAIR_LAST_TILES = [os.environ.get("BITMTP_ATTENTION_PAIR", "1") != "0"]
 QUERY_TILE = 16  # query rows (m, g) per program, whatever the width
 QKV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-@triton.jit
-def _tile_scores(q, k_ptr, v_ptr, mask_ptr, row_m, row_ok, s, s_end, stride_ks, stride_vs, stride_mm, qk_scale, HD,
-                 hist_end, ws_begin, ws_end, capacity,
-                 BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, SPANS: tl.constexpr):
-    """One key tile (slots ``s``, live below ``s_end``) -> (scaled scores [BLOCK_Q, BLOCK_S] with
-    -inf where a row may not look, its values [BLOCK_S, BLOCK_D])."""
-    rd = tl.arange(0, BLOCK_D)
-    mask_d = rd < HD
-    mask_s = s < s_end
-    k = tl.load(k_ptr + s[:, None] * stride_ks + rd[None, :],
-                mask=mask_s[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
-    v = tl.load(v_ptr + s[:, None] * stride_vs + rd[None, :],
-                mask=mask_s[:, None] & mask_d[None, :], other=0.0)
-    if SPANS:  # history below the row's end, or inside its run of workspace rows
-        w = s[None, :] - capacity
-        visible = ((s[None, :] < capacity) & (s[None, :] < hist_end[:, None])) | \
-            ((w >= ws_begin[:, None]) & (w < ws_end[:, None]))
-        visible = visible & row_ok[:, None] & mask_s[None, :]
-    else:
-        allowed = tl.load(mask_ptr + row_m[:, None] * stride_mm + s[None, :],
-                          mask=row_ok[:, None] & mask_s[None, :], other=0)  # [BLOCK_Q, BLOCK_S]
-        visible = allowed != 0
-    if UPCAST:
-        scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-    else:
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-    return tl.where(visible, scores * qk_scale, float("-inf")), v
-
-
-@triton.jit
-def _attend_pair(acc, m_i, l_i, q, k_ptr, v_ptr, mask_ptr, row_m, row_ok, s_hist, hi, ws_hi,
-                 stride_ks, stride_vs, stride_mm, qk_scale, HD, hist_end, ws_begin, ws_end, capacity,
-                 BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                 PRECISION: tl.constexpr, UPCAST: tl.constexpr, SPANS: tl.constexpr):
-    """The last history tile (from slot ``s_hist``) and the one workspace tile in one online-softmax
-    update: both tiles' loads and score dots are independent, so they overlap instead of making
-    two rounds of load -> dot -> softmax -> dot. A row that sees no workspace slot gets exactly
-    the bits of the history tile alone (its workspace scores are -inf: p = 0, and the sums and
-    the second dot add zeros), so AR and verify rows stay invariant to the tile they share."""
-    rs = tl.arange(0, BLOCK_S)
-    sc_h, v_h = _tile_scores(q, k_ptr, v_ptr, mask_ptr, row_m, row_ok, s_hist + rs, hi, stride_ks, stride_vs,
-                             stride_mm, qk_scale, HD, hist_end, ws_begin, ws_end, capacity,
-                             BLOCK_D, PRECISION, UPCAST, SPANS)
-    sc_w, v_w = _tile_scores(q, k_ptr, v_ptr, mask_ptr, row_m, row_ok, capacity + rs, ws_hi, stride_ks, stride_vs,
-                             stride_mm, qk_scale, HD, hist_end, ws_begin, ws_end, capacity,
-                             BLOCK_D, PRECISION, UPCAST, SPANS)
-    m_new = tl.maximum(tl.maximum(m_i, tl.max(sc_h, axis=1)), tl.max(sc_w, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p_h = tl.exp2(sc_h - m_safe[:, None])
-    p_w = tl.exp2(sc_w - m_safe[:, None])
-    l_i = l_i * alpha + (tl.sum(p_h, axis=1) + tl.sum(p_w, axis=1))
-    # the history tile's update written as _attend_tiles writes it (the same rounding), then the workspace's
-    if UPCAST:
-        acc = acc * alpha[:, None] + tl.dot(p_h, v_h.to(tl.float32), input_precision="ieee")
-        acc = acc + tl.dot(p_w, v_w.to(tl.float32), input_precision="ieee")
-    else:
-        acc = acc * alpha[:, None] + tl.dot(p_h.to(v_h.dtype), v_h, input_precision=PRECISION)
-        acc = acc + tl.dot(p_w.to(v_w.dtype), v_w, input_precision=PRECISION)
-    return acc, m_new, l_i
 
 
 @triton.jit
@@ -131,12 +65,31 @@ def _attend_tiles(acc, m_i, l_i, q, k_ptr, v_ptr, mask_ptr, row_m, row_ok,
     the last history tile computes; each tile is the same computation, in the same order, as
     in two loops one after the other."""
     rs = tl.arange(0, BLOCK_S)
+    rd = tl.arange(0, BLOCK_D)
+    mask_d = rd < HD
     for t in range(0, n_tiles):
         in_hist = t < n_hist
         s0 = tl.where(in_hist, lo + t * BLOCK_S, capacity + (t - n_hist) * BLOCK_S)
-        scores, v = _tile_scores(q, k_ptr, v_ptr, mask_ptr, row_m, row_ok, s0 + rs, tl.where(in_hist, hi, ws_hi),
-                                 stride_ks, stride_vs, stride_mm, qk_scale, HD, hist_end, ws_begin, ws_end, capacity,
-                                 BLOCK_D, PRECISION, UPCAST, SPANS)
+        s = s0 + rs
+        mask_s = s < tl.where(in_hist, hi, ws_hi)
+        k = tl.load(k_ptr + s[:, None] * stride_ks + rd[None, :],
+                    mask=mask_s[:, None] & mask_d[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
+        v = tl.load(v_ptr + s[:, None] * stride_vs + rd[None, :],
+                    mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+        if SPANS:  # history below the row's end, or inside its run of workspace rows
+            w = s[None, :] - capacity
+            visible = ((s[None, :] < capacity) & (s[None, :] < hist_end[:, None])) | \
+                ((w >= ws_begin[:, None]) & (w < ws_end[:, None]))
+            visible = visible & row_ok[:, None] & mask_s[None, :]
+        else:
+            allowed = tl.load(mask_ptr + row_m[:, None] * stride_mm + s[None, :],
+                              mask=row_ok[:, None] & mask_s[None, :], other=0)  # [BLOCK_Q, BLOCK_S]
+            visible = allowed != 0
+        if UPCAST:
+            scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        scores = tl.where(visible, scores * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         # rows that have seen nothing yet keep m = -inf; shift by 0 there to avoid inf - inf
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -183,7 +136,6 @@ def _attention_split_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, SPANS: tl.constexpr = False,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
     PREFETCH: tl.constexpr = False,  # the first history tile's keys and values asked of the L2 before the wait
-    PAIR: tl.constexpr = False,  # one workspace tile after history: with the last history tile (_attend_pair)
 ):
     kvh = tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -224,21 +176,11 @@ def _attention_split_kernel(
     acc = tl.zeros((BLOCK_Q, BLOCK_D), tl.float32)
     m_i = tl.full((BLOCK_Q,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_Q,), tl.float32)
-    paired = 0
-    if PAIR:
-        paired = tl.where((n_ws == 1) & (n_hist > 0), 1, 0)
     acc, m_i, l_i = _attend_tiles(acc, m_i, l_i, q, k_ptr + kvh * stride_kh, v_ptr + kvh * stride_vh, mask_ptr,
-                                  row_m, row_ok, lo, hi, n_hist, ws_hi, n_hist + n_ws - 2 * paired,
+                                  row_m, row_ok, lo, hi, n_hist, ws_hi, n_hist + n_ws,
                                   stride_ks, stride_vs, stride_mm, qk_scale, HD,
                                   hist_end, ws_begin, ws_end, capacity,
                                   BLOCK_S, BLOCK_D, PRECISION, UPCAST, SPANS)
-    if PAIR:
-        if paired == 1:
-            acc, m_i, l_i = _attend_pair(acc, m_i, l_i, q, k_ptr + kvh * stride_kh, v_ptr + kvh * stride_vh, mask_ptr,
-                                         row_m, row_ok, lo + (n_hist - 1) * BLOCK_S, hi, ws_hi,
-                                         stride_ks, stride_vs, stride_mm, qk_scale, HD,
-                                         hist_end, ws_begin, ws_end, capacity,
-                                         BLOCK_S, BLOCK_D, PRECISION, UPCAST, SPANS)
 
     if DIRECT:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -351,7 +293,6 @@ def small_width_attention(
         UPCAST=bf16_dot_upcast(_attention_split_kernel, q), SPANS=row_spans is not None,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl,
         PREFETCH=pdl["USE_GDC"],  # the prefetch overlaps the previous kernel: only under programmatic launch
-        PAIR=PAIR_LAST_TILES[0],
     )
     if not direct:
         _attention_combine_kernel[(m * hq,)](

@@ -106,29 +106,3 @@ def test_length_affine_spans_and_slots_match_their_builders():
     with pytest.raises(ValueError, match="linearly"):
         LengthAffine.of(lambda n: torch.tensor([n * n]))
 
-
-@pytest.mark.parametrize("dtype,hq,hkv,causal,cands", [
-    (torch.float16, 8, 2, 9, [0, 3]), (torch.bfloat16, 8, 2, 5, [2]), (torch.float32, 12, 3, 9, [1, 4, 6]),
-    (torch.float16, 8, 2, 4, [])], ids=["f16-D8", "bf16-D4", "f32-G4", "ar-like"])
-def test_last_history_tile_paired_with_the_workspace_tile(dtype, hq, hkv, causal, cands, monkeypatch):
-    """With one workspace tile after the history, the kernel updates the softmax once for the last
-    history tile and the workspace tile (``attention._attend_pair``) instead of one loop iteration
-    each: rows that see no workspace slot (the causal rows, cut across 16-row query tiles with
-    draft-block rows here) keep their bits exactly; the block rows stay within the twin's tolerance."""
-    from kernels_ampere import attention
-
-    gen = torch.Generator().manual_seed(causal + 7 * len(cands) + hq)
-    capacity, first, block = 128, 83, 8
-    cand = torch.tensor(cands, dtype=torch.long, device=DEVICE)
-    spans = fused_step_spans(first, causal, cand, block).to(DEVICE)
-    q, k, v = qkv(spans.shape[0], hq, hkv, 32, capacity + 64, dtype, gen)
-    hist = torch.tensor([first + causal], dtype=torch.int32, device=DEVICE)
-    config = AttentionConfig(block_s=32, split_slots=128)  # history tiles 0..2, the blocks in one workspace tile
-    outs = {}
-    for paired in (True, False):
-        monkeypatch.setattr(attention, "PAIR_LAST_TILES", [paired])
-        outs[paired] = small_width_attention(q, k, v, None, hist, capacity=capacity, config=config, row_spans=spans)
-    assert torch.equal(outs[True][:causal], outs[False][:causal])
-    ref = small_width_attention_reference(q, k, v, None, hist, capacity=capacity, row_spans=spans)
-    for out in outs.values():
-        assert (out.float() - ref.float()).abs().max().item() <= TOL[dtype]
