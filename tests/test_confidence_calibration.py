@@ -15,7 +15,7 @@ import torch
 from bitmtp_edge.format.config import ConfigError, MTPConfig
 from bitmtp_edge.runtime.calibration import ConfidenceCalibration, calibrate_confidences
 from bitmtp_edge.runtime.policies import POLICIES
-from tests.helpers import fast_backend, needs_gpu, random_model, reference_backend, write_test_artifact
+from tests.helpers import DEVICE, fast_backend, needs_gpu, random_model, reference_backend, write_test_artifact
 from tests.test_decoding import run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -143,12 +143,14 @@ def test_the_triton_kernels_path_maps_like_the_twins():
     """The graph backend on the Triton kernels (interpreted on the CPU) against its twins, both
     calibrated: hybrid skips the verifier where the twins do, fused verifies the same lengths."""
     pytest.importorskip("triton")
-    cal = ConfidenceCalibration(random_pairs(4), "cpu")
     model = random_model(9, layers=1)
     for policy in ("hybrid", "fused"):
-        outs = [run(fast_backend(model, max_context=64, smallest=16, kernels=k, head_dtype=torch.float16,
-                                 calibration=cal), PROMPT, policy, n=12, block_size=D, tau=0.6, min_prefix=2)
-                for k in (False, True)]
+        outs = []
+        for k, device in ((False, "cpu"), (True, DEVICE)):  # the kernels compiled where there is a GPU
+            cal = ConfidenceCalibration(random_pairs(4), device)
+            outs.append(run(fast_backend(model, max_context=64, smallest=16, kernels=k, head_dtype=torch.float16,
+                                         calibration=cal, device=device), PROMPT, policy, n=12, block_size=D,
+                            tau=0.6, min_prefix=2))
         (twin, ts), (kern, ks) = outs
         assert kern == twin and (ks.iterations, ks.verifier_calls) == (ts.iterations, ts.verifier_calls), policy
 

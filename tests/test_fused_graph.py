@@ -14,7 +14,7 @@ import torch
 from bitmtp_edge.backends.fused_graph import FusedInputs, fused_width
 from bitmtp_edge.backends.graph import RuntimeOptions
 from bitmtp_edge.runtime.decoding import DecodeOptions, DecodeStats, decode
-from tests.helpers import fast_backend, needs_gpu, random_model, reference_backend, write_test_artifact
+from tests.helpers import DEVICE, fast_backend, needs_gpu, random_model, reference_backend, write_test_artifact
 from tests.test_decoding import run
 
 PROMPT = [3, 14, 15, 92, 65, 35]
@@ -107,7 +107,8 @@ def test_fused_on_the_triton_kernels_chooses_the_twins_tokens():
     in the attention kernel, the heads on their rows, same tokens as AR."""
     pytest.importorskip("triton")
     model = random_model(9, layers=1)
-    outs = [run(fast_backend(model, max_context=64, smallest=16, kernels=k, head_dtype=torch.float16),
+    outs = [run(fast_backend(model, max_context=64, smallest=16, kernels=k, head_dtype=torch.float16,
+                             device=DEVICE if k else "cpu"),
                 PROMPT, "fused", n=10, block_size=4, candidates=2)[0] for k in (False, True)]
     assert outs[0] == outs[1]
 

@@ -15,7 +15,7 @@ import torch
 
 from bitmtp_edge.backends.graph import RuntimeOptions
 from bitmtp_edge.runtime.policies import POLICIES
-from tests.helpers import fast_backend, needs_gpu, random_model, reference_backend, write_test_artifact
+from tests.helpers import DEVICE, fast_backend, needs_gpu, random_model, reference_backend, write_test_artifact
 from tests.test_decoding import run
 
 PROMPT = [3, 14, 15, 92, 65, 35]
@@ -167,7 +167,8 @@ def test_triton_kernels_choose_the_twins_tokens():
     model = random_model(9, layers=1)
     for policy in ("ar", "speculative"):
         bs = None if policy == "ar" else 4
-        outs = [run(fast_backend(model, max_context=64, smallest=16, kernels=k, head_dtype=torch.float16),
+        outs = [run(fast_backend(model, max_context=64, smallest=16, kernels=k, head_dtype=torch.float16,
+                                 device=DEVICE if k else "cpu"),
                     PROMPT, policy, n=12, block_size=bs)[0] for k in (False, True)]
         assert outs[0] == outs[1], policy
 

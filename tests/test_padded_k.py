@@ -44,10 +44,11 @@ def test_fast_backend_matches_reference_with_a_padded_ffn(policy):
 
 
 def test_triton_kernels_choose_the_twins_tokens_with_a_padded_ffn():
-    from tests.helpers import fast_backend
+    from tests.helpers import DEVICE, fast_backend
 
     pytest.importorskip("triton")  # interpreted without CUDA (tests/__init__.py)
     model = random_model(12, layers=1, intermediate=FFN)
-    outs = [run(fast_backend(model, max_context=64, smallest=16, kernels=k, head_dtype=torch.float16),
+    outs = [run(fast_backend(model, max_context=64, smallest=16, kernels=k, head_dtype=torch.float16,
+                             device=DEVICE if k else "cpu"),
                 PROMPT, "speculative", n=8, block_size=4)[0] for k in (False, True)]
     assert outs[0] == outs[1]
