@@ -200,8 +200,9 @@ class FastModel:
         attention = attention or ops.small_width_attention
         m = tokens.shape[0]
         hq, hd = cfg.num_heads, cfg.head_dim
-        # indexing gathers the rows at once: index_select took 7.7 µs for 16 rows on an H200, 2.1 for one
-        x = self.embed[tokens]  # [M, H] float32
+        # [M, H] float32. On the H200 index_select gathers row after row (7.7 µs for 16 rows, 5.3 for 9)
+        # where indexing gathers them at once (1.6 µs); for one row index_select took 2.5 µs, indexing 4.7.
+        x = self.embed.index_select(0, tokens) if m == 1 else self.embed[tokens]
         cos, sin = rope_cos_sin(positions, hd, cfg.rope_theta, torch.float32, self.rope_inv_freq)  # [M, hd] each
         for i, layer in enumerate(self.layers):
             qkv = self._project_normed(x, layer.input_norm, layer.qkv)  # [M, (Hq + 2 Hkv) hd] float32
