@@ -261,7 +261,7 @@ LAYER_STEP_VARIANTS = ((128, 1), (128, 2), (256, 1), (256, 2))
 # stack, mma.sync (an Orin's instruction), µs per step, v6 vs v7 (session 14; sm_partition_stack
 # --tail): 8 SMs M = 33 11636 vs 9151, 40 11859 vs 9370, 48 12162 vs 9672 (M = 32 unchanged,
 # 6901 vs 6897); 16 SMs M = 33 6553 vs 5199, 40 6681 vs 5337. Larger GPUs keep v6 (not measured).
-# "v8" (the default) = v7, except that on a GPU of few SMs (up to ``BOARD_MAX_SMS``) every folded
+# "v8" = v7, except that on a GPU of few SMs (up to ``BOARD_MAX_SMS``) every folded
 # launch runs 4 warps of 32 or 64 weight rows each (two or four independent tensor-core tiles per
 # warp and lane, and fewer activation reads per weight): M = 1..64 in 128 weight rows (M = 17..64
 # kept v7's 128 rows on 8 warps; M <= 16 had 64 rows), M = 65..128 (32-row tiles of the width
@@ -342,7 +342,7 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     SMs) and M = 2 (up to 64) on the M = 3 launch: on few SMs a launch spans many waves and
     decoding each weight once for the width beats gemv's once per row. v7 is v6
     with a tail tile at M = 33..48 on up to 16 SMs (32 + 16 rows instead of 64, ``tail_config``).
-    v8 (the default) is v7 with every folded launch on up to 16 SMs on 4 warps of 128 weight rows
+    v8 is v7 with every folded launch on up to 16 SMs on 4 warps of 128 weight rows
     (256 at M = 65..128), where those programs still give each SM one at least, and at M <= 16 K
     sliced until they fill their waves to ``BOARD_WAVE_FILL``. v9 (the default) is v8 with, on more
     than ``BOARD_MAX_SMS`` SMs and ``programmatic`` launches (None: whether the current CUDA device
