@@ -439,3 +439,81 @@ def test_gpu_graphs_captured_on_a_given_stream_replay_the_same_tokens(tmp_path):
         eng = Engine.load(art, backend="ampere", device="cuda", runtime="full")
         got = [eng.generate(PROMPT, max_new_tokens=64, policy=p).token_ids for p in ("ar", "fused")]
     assert got == want and want[0] == want[1]
+
+
+# --- the torch launches a step makes around the model ------------------------------------------
+
+def _ops_around_the_model(backend, state) -> list[str]:
+    """The torch ops (each a kernel launch on a GPU; views and allocations excluded) one eager
+    run of ``state``'s body issues outside the model's forward and heads, which are stubbed
+    with fixed outputs here: the step's own bookkeeping."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    fast, d = backend.fast, backend.block_size
+    x = torch.randn(state.width, fast.cfg.hidden_size)
+    rows = state.width - (d if state.role == "draft" else 0)
+    top, conf = torch.randint(0, 9, (rows,)), torch.rand(rows)
+    stubs = {"forward": lambda *a, **k: x, "verify_greedy": lambda *a, **k: (top[:rows], conf[:rows]),
+             "draft_top1": lambda *a, **k: (top[:d], conf[:d])}
+    ops = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            # (scalar_tensor: a Python number wrapped for an op, on the host: no launch)
+            if not func.is_view and func.__name__.split(".")[0] not in ("empty", "empty_like", "empty_strided",
+                                                                           "scalar_tensor"):
+                ops.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    saved = [t.clone() for t in backend.static.mutable()]
+    for name, stub in stubs.items():
+        setattr(fast, name, stub)
+    try:
+        backend.static.history_len.fill_(20)
+        with Count():
+            backend._body(state)()
+    finally:
+        for name in stubs:
+            delattr(fast, name)  # the class's methods again
+        for t, s in zip(backend.static.mutable(), saved):
+            t.copy_(s)
+    return ops
+
+
+def test_a_step_makes_few_torch_launches_around_the_model():
+    """Each torch op between the kernels is a launch of its own (1-2 µs on an H200, more on a
+    board): a step's spans, slots and bookkeeping take one op each (``masks.LengthAffine``,
+    adds and clamps into their outputs, the finiteness flag in six), not the 5-12 of building
+    them. Counted with the model stubbed out: the AR step 11 ops, the verify 18 (five of them the
+    accept), a draft step 16 (session 21's code: 24, 32, 39)."""
+    from bitmtp_edge.runtime.replay import ReplayState
+
+    backend = fast_backend(random_model(4, layers=1), block_size=4, max_context=64, smallest=32)
+    d = backend.block_size
+    budget = {ReplayState(1, 0, "verify"): 11, ReplayState(d + 1, 0, "verify"): 18}
+    budget.update({ReplayState(k + d, 0, "draft"): 16 for k in (1, d)})
+    for state, most in budget.items():
+        ops = _ops_around_the_model(backend, state)
+        assert len(ops) <= most, (state, ops)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_flag_non_finite_marks_exactly_the_rows_isfinite_marks(seed):
+    """``flag_non_finite`` (a row times zero sums to zero exactly when it is finite) against
+    ``isfinite(...).all()``: NaN, +inf and -inf anywhere in a row or its confidence, and finite
+    rows near the float32 limit whose plain sum would overflow."""
+    from bitmtp_edge.backends.base import NON_FINITE_TOKEN, flag_non_finite
+
+    gen = torch.Generator().manual_seed(seed)
+    m, h = 12, 64
+    hidden = torch.randn(m, h, generator=gen) * 3e37  # sums overflow; every value finite
+    conf = torch.rand(m, generator=gen)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        hidden[torch.randint(0, m, (2,), generator=gen), torch.randint(0, h, (2,), generator=gen)] = bad
+        conf[torch.randint(0, m, (1,), generator=gen)] = bad
+    tokens = torch.randint(0, 100, (m,), generator=gen)
+    for c in (conf, None):
+        ok = torch.isfinite(hidden).all(-1) & (torch.isfinite(c) if c is not None else True)
+        want = torch.where(ok, tokens, torch.full_like(tokens, NON_FINITE_TOKEN))
+        got = flag_non_finite(hidden, tokens, c)
+        assert torch.equal(got, want) and 0 < int(ok.sum()) < m

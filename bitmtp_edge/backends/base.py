@@ -36,11 +36,15 @@ NON_FINITE_TOKEN = -1
 
 def flag_non_finite(hidden: torch.Tensor, tokens: torch.Tensor, confidences: torch.Tensor | None = None) -> torch.Tensor:
     """``tokens`` [M] with ``NON_FINITE_TOKEN`` where the row of ``hidden`` [M, H] is not
-    finite, or its ``confidences`` [M] (max-softmax: NaN as soon as one logit is) are not."""
-    ok = torch.isfinite(hidden).all(dim=-1)
+    finite, or its ``confidences`` [M] (max-softmax: NaN as soon as one logit is) are not.
+
+    Times zero, a finite value is a zero and a NaN or an infinity a NaN, so a row sums to zero
+    exactly when it is finite: six ops (kernel launches in a captured step) where
+    ``isfinite(...).all()`` took eleven (``isfinite`` is four ops of its own)."""
+    zeros = (hidden * 0).sum(dim=-1)
     if confidences is not None:
-        ok = ok & torch.isfinite(confidences)
-    return torch.where(ok, tokens, NON_FINITE_TOKEN)
+        zeros = zeros + confidences * 0
+    return torch.where(zeros == 0, tokens, NON_FINITE_TOKEN)
 
 
 class DraftResult:
