@@ -792,9 +792,8 @@ def test_w2a8_v8_default_gives_a_board_four_warps_of_wide_weight_tiles():
     """v8 (what v9, the default, gives a board): v7, except that on up to 16 SMs every folded
     launch runs on 4 warps of 128 weight rows (M <= 64; with v7's tail tile at 33..48) or 256
     (M = 65..128, 32-row tiles of the width), where those programs still give every SM one; a
-    narrow projection on a board
-    (the embedded model's 512 rows on 8 SMs) keeps v7's launch at M <= 16 and 65..96; larger
-    GPUs, widths beyond 128 and group-128 weights keep v7."""
+    narrow projection on a board (the embedded model's 512 rows on 8 SMs) keeps v7's launch at
+    M <= 16 and 65..96; larger GPUs, widths beyond 128 and group-128 weights keep v7."""
     for sms, slices in ((8, 2), (16, 3)):
         for m in (1, 2, 3, 9, 16, 17, 32, 33, 48, 64):
             v7, v8 = (default_linear(m, False, n=2560, k=6912, sms=sms, generation=g) for g in ("v7", "v8"))
