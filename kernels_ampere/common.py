@@ -274,13 +274,17 @@ def _pdl_unsupported(index: int) -> str | None:
 
 
 def programmatic_launch_ready() -> bool:
-    """Whether compiled kernels launched now on the current CUDA device launch programmatically
-    (``pdl_options``' answer for a compiled kernel): the switch on, sm_90+, a Triton with PDL."""
-    if not _PDL_ENABLED[0] or os.environ.get("TRITON_INTERPRET") == "1":
+    """Whether a compiled kernel launched now on the current CUDA device launches
+    programmatically: the switch on, sm_90+, a Triton with PDL.
+
+    Per launch, so the checks are cheap: a compiled kernel launches on a CUDA device, whose
+    capability check is cached (``pdl_status``'s ``torch.cuda.is_available`` asks the driver
+    for the device count each time: ~20,000 launches at a 2B model's load)."""
+    if not _PDL_ENABLED[0]:
         return False
-    try:  # not torch.cuda.is_available(): a driver query per call (see pdl_options)
+    try:
         device = torch.cuda.current_device()
-    except (AssertionError, RuntimeError):
+    except (AssertionError, RuntimeError):  # no CUDA here (a CPU build, no driver): a plain launch
         return False
     return _pdl_unsupported(device) is None
 
@@ -296,19 +300,11 @@ def pdl_status() -> tuple[bool, str]:
 
 
 def pdl_options(kernel) -> dict:
-    """Launch keywords for ``kernel``: programmatic dependent launch where the current CUDA
-    device and Triton support it and the switch is on; the plain launch otherwise.
-
-    Per launch, so the checks are cheap: a compiled kernel launches on a CUDA device, whose
-    capability check is cached (``pdl_status``'s ``torch.cuda.is_available`` asks the driver
-    for the device count each time: ~20,000 launches at a 2B model's load)."""
-    if is_interpreted(kernel) or not _PDL_ENABLED[0]:
+    """Launch keywords for ``kernel``: programmatic dependent launch where it is compiled and
+    ``programmatic_launch_ready``; the plain launch otherwise."""
+    if is_interpreted(kernel) or not programmatic_launch_ready():
         return {"USE_GDC": False}
-    try:
-        device = torch.cuda.current_device()
-    except (AssertionError, RuntimeError):  # no CUDA here (a CPU build, no driver): a plain launch
-        return {"USE_GDC": False}
-    return {"USE_GDC": True, "launch_pdl": True} if _pdl_unsupported(device) is None else {"USE_GDC": False}
+    return {"USE_GDC": True, "launch_pdl": True}
 
 
 def is_interpreted(kernel) -> bool:

@@ -359,8 +359,8 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
         if programmatic is None:
             from .common import programmatic_launch_ready  # common imports triton: only when asked
 
-            programmatic = programmatic_launch_ready()
-        if sms <= BOARD_MAX_SMS or not programmatic or grouped or cfg.tail_m or cfg.chains > 1:
+            programmatic = programmatic_launch_ready()  # what w2a8_linear's launch will be
+        if sms <= BOARD_MAX_SMS or not programmatic or grouped or cfg.tail_m:
             return cfg
         for max_m, block_kb, num_stages in LAYER_STEPS:
             if m <= max_m:

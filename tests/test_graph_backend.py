@@ -451,10 +451,10 @@ def _ops_around_the_model(backend, state) -> list[str]:
 
     fast, d = backend.fast, backend.block_size
     x = torch.randn(state.width, fast.cfg.hidden_size)
-    rows = state.width - (d if state.role == "draft" else 0)
+    rows = d if state.role == "draft" else state.width  # a draft's head reads its block's D rows
     top, conf = torch.randint(0, 9, (rows,)), torch.rand(rows)
-    stubs = {"forward": lambda *a, **k: x, "verify_greedy": lambda *a, **k: (top[:rows], conf[:rows]),
-             "draft_top1": lambda *a, **k: (top[:d], conf[:d])}
+    stubs = {"forward": lambda *a, **k: x, "verify_greedy": lambda *a, **k: (top, conf),
+             "draft_top1": lambda *a, **k: (top, conf)}
     ops = []
 
     class Count(TorchDispatchMode):
