@@ -20,6 +20,14 @@ Fine-tuning and self-distillation (issue 14)::
     python -m tools.train --init tools/checkpoints/bitmtp-d8-27m --distill runs/distill --kl-weight 1 ...
     # two GPUs of one host (DistributedDataParallel; --batch-size is the global batch)
     torchrun --nproc-per-node 2 -m tools.train ...
+    # a model that does not fit one GPU: parameters, gradients and optimiser state sharded (FSDP2)
+    torchrun --nproc-per-node 2 -m tools.train --fsdp ...
+
+Under ``--fsdp`` (``tools.fsdp``) each decoder layer is one shard unit, gathered for its forward
+and backward; checkpoints are written whole by rank 0 (the same files as without it), and
+``resume.pt`` holds the optimiser state whole, keyed by parameter name, so a paused sharded run
+resumes with ``--fsdp`` on the same process count. A frozen ``--ntp-teacher`` stays whole on
+every GPU.
 
 With ``--distill DIR`` a fraction ``--distill-frac`` of every batch are rows of the model's
 own greedy continuations (``tools.distill``): their blocks are anchored in the generated part,
@@ -132,6 +140,7 @@ class TrainConfig:
     precision: str = "auto"  # bf16 (autocast) | fp32 | auto: bf16 on CUDA
     compile: str = "auto"  # on | off | auto: on for CUDA
     resume: bool = False
+    fsdp: bool = False  # under torchrun: shard parameters, gradients and optimiser state (tools.fsdp)
     stop_at: int | None = None  # pause after this step: save everything, continue later with --resume
     share_plan: str | None = None
     steps_from: str | None = None
@@ -410,8 +419,12 @@ def fixed_val_rows(tokens: np.ndarray, layout: BlockLayout, n_rows: int, seed: i
 
 
 @torch.no_grad()
-def evaluate(model, val: Batches, offsets, anchors, tc: TrainConfig, autocast) -> dict:
-    """Validation NTP / MTP loss and per-slot top-1 accuracy of the blocks (eager)."""
+def evaluate(model, val: Batches, offsets, anchors, tc: TrainConfig, autocast, logits_fn=None) -> dict:
+    """Validation NTP / MTP loss and per-slot top-1 accuracy of the blocks (eager). ``logits_fn``
+    (ids, pos, mask) -> logits: the model's forward and head when not given."""
+    if logits_fn is None:
+        def logits_fn(ids, pos, mask):
+            return model.verify_logits(model(ids, pos, mask, adapter_from=val.layout.clean_len))
     model.eval()
     layout = val.layout
     ntp_sum = mtp_sum = 0.0
@@ -421,7 +434,7 @@ def evaluate(model, val: Batches, offsets, anchors, tc: TrainConfig, autocast) -
     for i in range(0, len(offsets), tc.batch_size):
         ids, pos, mask, tgt, _ = val.rows(offsets[i:i + tc.batch_size], anchors[i:i + tc.batch_size])
         with autocast():
-            logits = model.verify_logits(model(ids, pos, mask, adapter_from=layout.clean_len))
+            logits = logits_fn(ids, pos, mask)
         L, v = layout.clean_len, logits.shape[-1]
         ntp_sum += float(F.cross_entropy(logits[:, :L].reshape(-1, v), tgt[:, :L].reshape(-1), reduction="sum"))
         n_ntp += tgt[:, :L].numel()
@@ -449,6 +462,7 @@ RESUME_SAME = ("seq_len", "block_size", "blocks", "mtp_weight", "kl_weight", "sl
 RESUME_SAME_PATHS = ("init", "distill", "ntp_teacher")
 MODEL_SHAPE = ("family", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                "num_kv_heads", "head_dim")
+FSDP_OPTIMIZER_FORM = "fsdp-full"  # resume.pt's optimizer_form under --fsdp (tools.fsdp.full_optimizer_state)
 RESUME_STEP = "resume_step"  # latest/model.safetensors metadata: the step its weights are
 
 
@@ -605,6 +619,9 @@ class Trainer:
         self.deadline = self.t_start + tc.time_budget_s if tc.time_budget_s else None
         if tc.max_steps == 0 and not tc.time_budget_s and not tc.steps_from:
             raise ValueError("--max-steps 0 fits the run to --time-budget-s; give a budget (or a step count)")
+        if tc.fsdp and self.dist.world == 1:
+            raise ValueError("--fsdp shards the model over the processes torchrun starts: run it under "
+                             "torchrun --nproc-per-node N (N >= 2), or drop --fsdp")
         if tc.batch_size % self.dist.world:
             raise ValueError(f"--batch-size {tc.batch_size} (the global batch) is not a multiple of the "
                              f"{self.dist.world} processes")
@@ -660,20 +677,6 @@ class Trainer:
         self.slot_weights = (torch.tensor(tc.slot_weights, dtype=torch.float32, device=self.device)
                              if tc.slot_weights is not None else None)
         self.ntp_teacher, self.ntp_teacher_info = self._load_ntp_teacher()
-        self.model.to(self.device).train()
-        self.logits_model = LogitsModel(self.model, tc.layout.clean_len if self.mask_rows_only else None)
-        if self.dist.world > 1:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            # Broadcasts rank 0's weights; gradients are averaged over ranks in backward.
-            self.logits_model = DDP(self.logits_model, device_ids=[self.device.index] if self.device.type == "cuda"
-                                    else None)
-        trained = [p for p in self.model.parameters() if p.requires_grad]
-        decay = [p for p in trained if p.dim() >= 2 and p is not self.model.mask_slot_embedding]
-        no_decay = [p for p in trained if p.dim() < 2 or p is self.model.mask_slot_embedding]
-        self.opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=tc.lr, betas=(tc.beta1, tc.beta2), fused=self.device.type == "cuda")
         self.step = 0
         self.max_steps = tc.max_steps
         self.history: list[dict] = []
@@ -685,8 +688,32 @@ class Trainer:
         self.plan_out = PlanFile(tc.share_plan if self.dist.main else None)
         self.plan_in = PlanFile(tc.steps_from if self.dist.main else None)
         self.elapsed_before = 0.0
-        if tc.resume:
-            self._resume()
+        # --resume: the weights go into the model before it is placed (sharded, it holds no whole tensor)
+        resumed_optimizer = self._resume() if tc.resume else None
+        self.model.train()
+        self.logits_model = LogitsModel(self.model, tc.layout.clean_len if self.mask_rows_only else None)
+        self.shell = None  # --fsdp: what rank 0 writes checkpoints through (tools.fsdp.meta_shell)
+        if tc.fsdp:
+            from tools import fsdp
+
+            self.shell = fsdp.meta_shell(self.model) if self.dist.main else None
+            fsdp.shard(self.logits_model, self.model.model.layers, self.device)
+        else:
+            self.model.to(self.device)
+            if self.dist.world > 1:
+                from torch.nn.parallel import DistributedDataParallel as DDP
+
+                # Broadcasts rank 0's weights; gradients are averaged over ranks in backward.
+                self.logits_model = DDP(self.logits_model, device_ids=[self.device.index]
+                                        if self.device.type == "cuda" else None)
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        decay = [p for p in trained if p.dim() >= 2 and p is not self.model.mask_slot_embedding]
+        no_decay = [p for p in trained if p.dim() < 2 or p is self.model.mask_slot_embedding]
+        self.opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=tc.lr, betas=(tc.beta1, tc.beta2), fused=self.device.type == "cuda" and not tc.fsdp)
+        if resumed_optimizer is not None:
+            self._load_optimizer(resumed_optimizer)
         self.out.mkdir(parents=True, exist_ok=True)  # only once every input checked out
 
     def _mask_rows_only(self) -> None:
@@ -778,7 +805,8 @@ class Trainer:
     def _load_resume_state(self, path: Path) -> dict:
         """resume.pt as the trainer wrote it: tensors and plain containers only (``weights_only``)."""
         try:
-            s = torch.load(path, map_location=self.device, weights_only=True)
+            # on the CPU: the optimiser moves its state to its parameters' devices (or shards) as it loads
+            s = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # torch raises RuntimeError / UnpicklingError / EOFError for a bad file
             raise ValueError(f"{path}: not a resume state tools.train wrote ({type(e).__name__}: "
                              f"{str(e).splitlines()[0][:160]}); start the run again without --resume") from None
@@ -786,7 +814,10 @@ class Trainer:
             raise ValueError(f"{path}: not a resume state tools.train wrote; start the run again without --resume")
         return s
 
-    def _resume(self) -> None:
+    def _resume(self) -> dict:
+        """The run folder's weights into the (not yet placed) model, its data generators and
+        history into this trainer; -> the optimiser state, for ``_load_optimizer`` once the
+        optimiser exists."""
         state_path = self.out / "resume.pt"
         if not state_path.is_file():
             raise FileNotFoundError(f"{state_path}: nothing to resume from; run without --resume first")
@@ -821,9 +852,13 @@ class Trainer:
         if not (latest / "config.json").is_file():
             raise FileNotFoundError(f"{latest}: missing or incomplete, so {state_path} has no weights to go with; "
                                     "start the run again without --resume")
+        saved_sharded = s.get("optimizer_form") == FSDP_OPTIMIZER_FORM
+        if saved_sharded != self.tc.fsdp:
+            was = "with" if saved_sharded else "without"
+            raise ValueError(f"{state_path}: the run was saved {was} --fsdp (its optimiser state has that form); "
+                             f"resume it {was} --fsdp, or start a new run from its weights: --init {latest} --out NEW")
         model, _ = load_latent_model(latest)
         self.model.load_state_dict(model.state_dict())
-        self.opt.load_state_dict(s["optimizer"])
         ranks = s["data"]
         if len(ranks) != self.dist.world:
             raise ValueError(f"{state_path}: saved by {len(ranks)} process(es), resumed with {self.dist.world}; "
@@ -835,6 +870,15 @@ class Trainer:
         self.step, self.max_steps = s["step"], s["max_steps"] if self.tc.max_steps == 0 else self.tc.max_steps
         self.history, self.evals, self.elapsed_before = s["history"], s["evals"], s["elapsed_s"]
         self._note(f"resumed at step {self.step} of {self.max_steps}")
+        return s["optimizer"]
+
+    def _load_optimizer(self, state: dict) -> None:
+        if self.tc.fsdp:
+            from tools.fsdp import load_optimizer_state
+
+            load_optimizer_state(self.model, self.opt, state)
+        else:
+            self.opt.load_state_dict(state)
 
     def _save_resume(self) -> None:
         """Collective under torchrun (every rank's data generators); rank 0 writes.
@@ -842,16 +886,37 @@ class Trainer:
         is interrupted, --resume finds a consistent pair, completes it from resume.pt.tmp, or
         refuses; it never pairs one save's weights with another's optimiser (``_resume``)."""
         data = self.dist.gather(self._data_state())
+        model = self._whole_model()
+        if self.tc.fsdp:
+            from tools.fsdp import full_optimizer_state
+
+            optimizer, form = full_optimizer_state(self.model, self.opt), FSDP_OPTIMIZER_FORM
+        else:
+            optimizer, form = (self.opt.state_dict() if self.dist.main else None), "torch"
         if not self.dist.main:
             return
-        state = {"optimizer": self.opt.state_dict(), "data": data, "step": self.step,
+        state = {"optimizer": optimizer, "optimizer_form": form, "data": data, "step": self.step,
                  "max_steps": self.max_steps, "history": self.history, "evals": self.evals,
                  "elapsed_s": self.elapsed_before + time.perf_counter() - self.t_start, "world": self.dist.world,
                  "run": json.dumps(self._run_identity())}
         torch.save(state, self.out / "resume.pt.tmp")
-        save_latent(self.model, self.out / "latest", Path(self.tc.data), self.mtp, self.index.corpus_sha256,
+        save_latent(model, self.out / "latest", Path(self.tc.data), self.mtp, self.index.corpus_sha256,
                     metadata={RESUME_STEP: str(self.step)})
         os.replace(self.out / "resume.pt.tmp", self.out / "resume.pt")
+
+    def _whole_model(self) -> TernaryLM | None:
+        """The model with every tensor whole, for a checkpoint writer: the model itself, or under
+        --fsdp rank 0's shell filled with the gathered tensors (a collective: every rank calls
+        it; the others get None)."""
+        if not self.tc.fsdp:
+            return self.model
+        from tools.fsdp import full_model_state
+
+        state = full_model_state(self.model)
+        if not self.dist.main:
+            return None
+        self.shell.load_state_dict(state, assign=True)
+        return self.shell
 
     def write_log(self, summary: dict | None = None) -> None:
         if not self.dist.main:
@@ -899,6 +964,10 @@ class Trainer:
         loss, ntp, mtp, kl, ntp_kl = fn(*batch)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.grad_clip)
+        if self.tc.fsdp:  # the norm over every rank's shards, the same on all: they skip a step together
+            from tools.fsdp import whole
+
+            gnorm = whole(gnorm)
         # A non-finite gradient would make every weight NaN in one update. One such batch is
         # skipped and counted (a 56M D = 8 run lost its weights at step 925 of 2,778 to one, with
         # the loss smooth before it); MAX_SKIPPED_IN_A_ROW of them in a row end the run as diverged.
@@ -1050,17 +1119,18 @@ class Trainer:
                                      "lr": lr, "clean_tok_s": round(tok_s), "elapsed_s": round(self._elapsed(), 1)})
                 bar.set_postfix(loss=f"{loss_v:.3f}", ntp=f"{ntp_v:.3f}", mtp=f"{mtp_v:.3f}", tok_s=f"{tok_s / 1e3:.0f}k")
                 self.write_log()
-            if tc.eval_every and self.step % tc.eval_every == 0 and self.dist.main:
+            if tc.eval_every and self.step % tc.eval_every == 0 and self._evaluates():
                 self._eval()
         bar.close()
         if stop_reason == "diverged":
             self._diverged()
         self._save_resume()
         summary: dict = {}
+        final = self._eval() if self._evaluates() else None
+        model = self._whole_model()
         if self.dist.main:
-            final = self._eval()
-            save_latent(self.model, self.out / "final", Path(tc.data), self.mtp, self.index.corpus_sha256)
-            save_compact(self.model, self.out / "compact", Path(tc.data), self.mtp, self.index.corpus_sha256)
+            save_latent(model, self.out / "final", Path(tc.data), self.mtp, self.index.corpus_sha256)
+            save_compact(model, self.out / "compact", Path(tc.data), self.mtp, self.index.corpus_sha256)
             summary = {"steps": self.step, "max_steps": self.max_steps, "stop_reason": stop_reason,
                        "clean_tokens": self.step * clean_per_step,
                        "block_tokens": self.step * tc.batch_size * (tc.layout.seq_len - tc.seq_len),
@@ -1090,8 +1160,13 @@ class Trainer:
     def _elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.t_start
 
+    def _evaluates(self) -> bool:
+        """Rank 0 evaluates; under --fsdp every rank runs the (sharded) forward with it, on the same rows."""
+        return self.dist.main or self.tc.fsdp
+
     def _eval(self) -> dict:
-        r = evaluate(self.model, self.val_data, self.val_offsets, self.val_anchors, self.tc, self.autocast)
+        logits = self.logits_model if self.tc.fsdp else None  # sharded: only the root's forward gathers
+        r = evaluate(self.model, self.val_data, self.val_offsets, self.val_anchors, self.tc, self.autocast, logits)
         self.evals.append({"step": self.step, **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}})
         self.log(f"[{self.out.name}] step {self.step}: " + ", ".join(
             f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()))
@@ -1130,6 +1205,8 @@ def main(argv: list[str] | None = None) -> None:
     @click.option("--precision", type=click.Choice(["auto", "bf16", "fp32"]), default="auto", show_default=True)
     @click.option("--compile", "compile_", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True)
     @click.option("--resume", is_flag=True, help="continue from OUT/latest + OUT/resume.pt")
+    @click.option("--fsdp", is_flag=True, help="under torchrun: shard parameters, gradients and optimiser state "
+                  "over the processes (FSDP2, one unit per layer), for a model that does not fit one GPU")
     @click.option("--stop-at", type=int, default=None, help="pause after this step (save; continue with --resume)")
     @click.option("--share-plan", default=None, help="with --max-steps 0: write the fitted step count here")
     @click.option("--steps-from", default=None, help="adopt the step count another run wrote (same steps)")
