@@ -281,7 +281,7 @@ LAYER_STEP_VARIANTS = ((128, 1), (128, 2), (256, 1), (256, 2))
 # the 2B stack at M = 1 / 9 / 16 on 8 SMs 3066 / 3216 / 3307 → 3000 / 3168 / 3221 µs, on 16 SMs
 # 1960 / 2073 / 2131 → 1733 / 1847 / 1910; slicing the QKV projection's 30 programs (fill 0.94)
 # was 1-3% slower on 8 and on 16 SMs.
-# "v9" (the default) = v8, except that on a GPU of more SMs than ``BOARD_MAX_SMS`` whose launches
+# "v9" = v8, except that on a GPU of more SMs than ``BOARD_MAX_SMS`` whose launches
 # are programmatic (``programmatic``: sm_90+, Triton with launch_pdl, BITMTP_PDL on) every folded
 # launch without a tail tile takes a layer-wide K step (``layer_step_variant``): 256 bytes in
 # one stage at M = 3..16, 128 bytes in one stage at M = 17..24 (``LAYER_STEPS``). Each launch
@@ -290,8 +290,15 @@ LAYER_STEP_VARIANTS = ((128, 1), (128, 2), (256, 1), (256, 2))
 # M = 9 788 -> 682 µs, 16 838 -> 734, 24 1012 -> 949; at M = 32 256 bytes in one stage won on the
 # stack (1125 -> 1024) but lost 1.5% in the decode replays, so wider widths keep v8's. A board (no
 # programmatic launch on sm_87; longer steps measured 5-40% slower on 8 SMs in session 16) keeps v8.
-W2A8_GENERATIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9")
-W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v9")
+#
+# v10 (issue 15, the untuned default within 15% of the table): v9, plus on more than
+# ``BOARD_MAX_SMS`` SMs the folded whole-width launch of M = 17..64 (128 weight rows over two warp
+# groups) slices K by *its* tiles' count. v5 sliced that launch as if its tiles were 64 rows high
+# ("until 64-row weight tiles would cover the SMs once"), so its programs covered about half of an
+# H200's SMs: the 2B stack at M = 24 ran 18% slower than the table, whose M = 24-40 entries slice
+# the same launches 4-6 ways where v9 slices them 1-4 (session 22).
+W2A8_GENERATIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10")
+W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v10")
 LAYER_STEPS = ((16, 256, 1), (24, 128, 1))  # v9: (up to M, bytes per K step, stages) under programmatic launch
 BOARD_MAX_SMS = 16  # v8: the board tiles up to this many SMs (measured on 8 and 16)
 BOARD_WAVE_FILL = 0.9  # v8 at M <= 16: K sliced until the programs fill their waves this well
@@ -344,9 +351,11 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     with a tail tile at M = 33..48 on up to 16 SMs (32 + 16 rows instead of 64, ``tail_config``).
     v8 is v7 with every folded launch on up to 16 SMs on 4 warps of 128 weight rows
     (256 at M = 65..128), where those programs still give each SM one at least, and at M <= 16 K
-    sliced until they fill their waves to ``BOARD_WAVE_FILL``. v9 (the default) is v8 with, on more
+    sliced until they fill their waves to ``BOARD_WAVE_FILL``. v9 is v8 with, on more
     than ``BOARD_MAX_SMS`` SMs and ``programmatic`` launches (None: whether the current CUDA device
     launches W2A8 kernels programmatically), the folded launches of M <= 24 in ``LAYER_STEPS``.
+    v10 (the default) is v9 with, on more than ``BOARD_MAX_SMS`` SMs, the whole-width 128-row launch
+    of M = 17..64 sliced by its own tiles' count (v5-v9 counted 64-row tiles: half the SMs covered).
     """
     chunks = _cdiv(k, 128) if k else 0
     sms = sms or 132
@@ -354,6 +363,13 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
     if generation not in W2A8_GENERATIONS:
         raise ValueError(f"W2A8 kernel generation must be one of {W2A8_GENERATIONS} (BITMTP_W2A8_KERNELS), "
                          f"got {generation!r}")
+    if not weight_only and generation == "v10":
+        cfg = default_linear(m, grouped, n=n, k=k, sms=sms, generation="v9", programmatic=programmatic)
+        wide_tile = MMA_MAX_M // 2 < m <= TILED_MIN_M and cfg.kernel == MMA and cfg.block_n == 128
+        if sms <= BOARD_MAX_SMS or grouped or not wide_tile or cfg.tail_m or cfg.block_m or not (n and chunks):
+            return cfg
+        # K slices until the 128-row tiles cover the SMs once, five chunks per slice at least (as v5)
+        return replace(cfg, split_k=max(1, min(_cdiv(sms, _cdiv(n, cfg.block_n)), chunks // 5, 8)))
     if not weight_only and generation == "v9":
         cfg = default_linear(m, grouped, n=n, k=k, sms=sms, generation="v8")
         if programmatic is None:

@@ -567,10 +567,10 @@ def test_untuned_defaults_follow_the_sm_count():
     assert orin.split_k == 1 < h200.split_k and wide.split_k < h200.split_k
     assert default_linear(129, False, n=2560, k=2560, sms=132, generation="v4").block_m == 32  # v3's beyond 128
     with pytest.raises(ValueError, match="generation"):
-        default_linear(1, False, generation="v10")
+        default_linear(1, False, generation="v11")
 
 
-@pytest.mark.parametrize("generation", ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9"])
+@pytest.mark.parametrize("generation", ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10"])
 @pytest.mark.parametrize("m", (1, 2, 9, 21, 70))
 def test_w2a8_defaults_of_both_generations_match_the_twin(generation, m):
     n, k = 72, 640
@@ -861,6 +861,47 @@ def test_w2a8_v9_launches_match_the_twin(m, n, k):
     packed, a, a_s, w_s, res, ref = residual_case(m, n, k, False, seed=1100 + m + n)
     cfg = default_linear(m, False, n=n, k=k, sms=132, generation="v9", programmatic=True)
     assert cfg.block_kb == (256 if m <= 16 else 128) and cfg.num_stages == 1 and cfg.fold_lanes
+    assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res, config=cfg), ref, f"{cfg}")
+
+
+TWO_B_SHAPES = ((3840, 2560), (2560, 2560), (13824, 2560), (2560, 6912))  # QKV, O, gate+up, down
+
+
+def test_w2a8_v10_slices_the_whole_width_launch_by_its_own_tiles():
+    """v10 (the default): v9, except that on more than 16 SMs the folded whole-width launch of
+    M = 17..64 (128 weight rows over 8 warps) slices K until its 128-row tiles cover the SMs once,
+    five chunks per slice at least; v5-v9 counted 64-row tiles, so its programs covered half an
+    H200. Every other launch is v9's."""
+    def splits(m, generation, sms=132, programmatic=True):
+        return [default_linear(m, False, n=n, k=k, sms=sms, generation=generation, programmatic=programmatic).split_k
+                for n, k in TWO_B_SHAPES]
+
+    for m in (17, 24, 32, 33, 40, 64):
+        assert splits(m, "v9") == [3, 4, 1, 4]
+        assert splits(m, "v10") == [4, 4, 2, 7]  # 30 / 20 / 108 / 20 tiles of 128 rows on 132 SMs
+        assert splits(m, "v10", programmatic=False) == [4, 4, 2, 7]
+        for n, k in TWO_B_SHAPES:
+            v9, v10 = (default_linear(m, False, n=n, k=k, sms=132, generation=g, programmatic=True)
+                       for g in ("v9", "v10"))
+            assert (v10.block_n, v10.num_warps, v10.fold_lanes) == (128, 8, True)
+            assert v10 == replace(v9, split_k=v10.split_k)
+    assert default_linear(24, False, n=768, k=512, sms=132, generation="v10").split_k == 1  # 4 chunks: no slice
+    for n, k in TWO_B_SHAPES:
+        for m, sms, grouped in ((1, 132, False), (9, 132, False), (16, 132, False), (65, 132, False),
+                                (80, 132, False), (24, 16, False), (40, 8, False), (24, 132, True)):
+            assert default_linear(m, grouped, n=n, k=k, sms=sms, generation="v10", programmatic=True) == \
+                default_linear(m, grouped, n=n, k=k, sms=sms, generation="v9", programmatic=True)
+
+
+@pytest.mark.parametrize("m,n,k,sms", [(24, 512, 3840, 24), (40, 264, 3200, 20), (17, 1000, 2600, 32)])
+def test_w2a8_v10_launches_match_the_twin(m, n, k, sms):
+    """v10's re-sliced launches (more K slices than v9's, the last one short; K padded to whole
+    chunks in the last case), residual fused, under programmatic launch as a large GPU runs
+    them: the twin's bits."""
+    packed, a, a_s, w_s, res, ref = residual_case(m, n, k, False, seed=1300 + m + n)
+    cfg = default_linear(m, False, n=n, k=k, sms=sms, generation="v10", programmatic=True)
+    v9 = default_linear(m, False, n=n, k=k, sms=sms, generation="v9", programmatic=True)
+    assert cfg.block_n == 128 and cfg.split_k > v9.split_k
     assert_exact(w2a8_linear(a, a_s, packed, w_s, out_dtype=torch.float32, residual=res, config=cfg), ref, f"{cfg}")
 
 

@@ -60,7 +60,7 @@ def test_summarize_refuses_a_file_it_did_not_write(tmp_path):
 
 @pytest.mark.parametrize("argv,message", [(["--sms", "8"], "give --out"),
                                           (["--widths", "1,x", "--out", "o.json"], "--widths '1,x'"),
-                                          (["--generations", "v5,v10", "--out", "o.json"], "choose from v1, ")])
+                                          (["--generations", "v5,v11", "--out", "o.json"], "choose from v1, ")])
 def test_bad_arguments_say_what_to_give(argv, message):
     with pytest.raises(SystemExit, match=message):
         sps.main(argv)

@@ -149,7 +149,8 @@ def scheme_configs(stack: Stack, scheme: str, m: int, legacy_table: tuple, chose
             out[name] = tuning.lookup("w2a8_linear", key, dev) or tuning.default_linear(
                 m, g, n=n, k=k, sms=tuning.sm_count(dev))
         elif scheme in tuple(f"{g} untuned" for g in tuning.W2A8_GENERATIONS):
-            out[name] = tuning.default_linear(m, g, n=n, k=k, sms=tuning.sm_count(dev), generation=scheme[:2])
+            out[name] = tuning.default_linear(m, g, n=n, k=k, sms=tuning.sm_count(dev),
+                                              generation=scheme.removesuffix(" untuned"))
         elif scheme == "before (tuned table)":
             out[name] = tuning.find_config(legacy_table, "w2a8_linear", key) or legacy_default(m, n, k)
         elif scheme == "before (untuned)":
