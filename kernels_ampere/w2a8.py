@@ -11,9 +11,10 @@ byte ``32*g + j`` of a row holds, in bits ``2i..2i+1``, the code ``c = W + 1`` o
 decoding is a shift and a mask, nothing more.
 
 Five kernels, picked per (N, K, M) by the tuned table (``tuning.py``) or, without one, by
-``tuning.default_linear`` from the shape and the SM count. The untuned default ("v6",
-``BITMTP_W2A8_KERNELS``) is what the H200 measured fastest per width on the whole 2B stack
-and in the 2B-shape replays (tools/results/kernels.md): ``gemv`` at M <= 2 (with the L2
+``tuning.default_linear`` from the shape and the SM count. The untuned default (generation
+"v10", ``BITMTP_W2A8_KERNELS``; what each generation changed: ``default_linear``) is what the
+H200 measured fastest per width on the whole 2B stack and in the 2B-shape replays
+(tools/results/kernels.md); in outline: ``gemv`` at M <= 2 (with the L2
 prefetch below at M = 1), ``mma`` with three software-pipeline stages and folded lanes
 (below) from M = 3: v3's 64-row weight tiles to M = 16, the whole width in 128-row weight
 tiles over 8 warps at M = 17..64, 32-row tiles of the width beyond. On a GPU of few SMs (a
