@@ -115,8 +115,6 @@ bit-identical to ``w2a8_linear_reference``.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -147,9 +145,6 @@ SLICE_SUM_MAX_TILE = 64 * 16
 # "The next launch's weights"): the decode replays of widths 9, 16 and 32 1-2% faster with it,
 # the AR replay (M = 1, gemv) 4.6% slower, the stack at M = 2 2% slower.
 NEXT_WEIGHTS_MIN_M = 3
-# Experiment (session 23): ``chains = 2`` launches multiply their two K steps one after the other
-# into one accumulator (``_mma_steps_in_turn``) instead of interleaved into two.
-ONE_CHAIN_PAIRS = os.environ.get("BITMTP_W2A8_ONE_CHAIN", "0") == "1"
 
 
 @triton.jit
@@ -731,32 +726,6 @@ def _mma_folded_pair(wa, wb, c0, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, s
 
 
 @triton.jit
-def _mma_steps_in_turn(wa, wb, c0, c_hi, a_step, mask_m, a_tail, mask_t, rk, rn, N, w_scale_ptr, stride_sn, stride_sg,
-                       acc, asum, facc, a_words, rw, rows_ok, sign, asum2, K: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_M: tl.constexpr, GROUPED: tl.constexpr, ASUM_BY_DOT: tl.constexpr,
-                       CHUNKS: tl.constexpr, WORD_SUMS: tl.constexpr, USE_ASM: tl.constexpr):
-    """Two K steps whose packed tiles ``wa`` (from chunk ``c0``) and ``wb`` (``c0 + CHUNKS``) were
-    loaded together, multiplied one after the other into the one accumulator, each exactly as
-    ``_mma_folded_step`` multiplies a step (``CHAINS = 2`` with ``ONE_CHAIN``): twice the weight
-    bytes in flight per load round trip, the first iteration's before the programmatic-launch wait,
-    and no second chain of tensor-core ops (which Hopper's register-operand ``wgmma`` serialises)."""
-    placeholder = tl.zeros((BLOCK_N, 16), tl.int32)
-    placeholder_sum = tl.zeros((16, 16), tl.int32)
-    placeholder_f = tl.zeros((BLOCK_N, 16), tl.float32)
-    for half in tl.static_range(2):
-        c = c0 + half * CHUNKS
-        if WORD_SUMS:
-            aw = _step_words(a_words, c, c_hi, rw, rows_ok, K)
-        acc, asum, facc, _, _, _ = _mma_folded_step(
-            wa if half == 0 else wb, c, c_hi, a_step, mask_m, a_tail, mask_t, rk, rn, N, w_scale_ptr, stride_sn,
-            stride_sg, acc, asum, facc, placeholder, placeholder_sum, placeholder_f, K, BLOCK_N, BLOCK_M, 0, GROUPED,
-            ASUM_BY_DOT, CHUNKS)
-        if WORD_SUMS:
-            asum2 = dp4a(aw, sign[None, :], asum2, USE_ASM)
-    return acc, asum, facc, asum2
-
-
-@triton.jit
 def _mma_asum(a, i: tl.constexpr, asum, KS: tl.constexpr):
     """``asum`` (16 equal rows) minus the activation sums of lanes 0..2, plus lane 3's, on the tensor cores."""
     if i < 3:
@@ -814,7 +783,6 @@ def _w2a8_mma_kernel(
     FOLD: tl.constexpr = False,  # LinearConfig.fold_lanes: one accumulator for the four lanes, one dot per step
     TAIL_M: tl.constexpr = 0,  # FOLD: LinearConfig.tail_m, a second row tile after BLOCK_M's (0: none)
     CHAINS: tl.constexpr = 1,  # FOLD, no tail: LinearConfig.chains, K steps multiplied at once (1 or 2)
-    ONE_CHAIN: tl.constexpr = False,  # CHAINS = 2: both steps loaded at once, multiplied one after the other
 ):
     """int8 tensor cores over all BLOCK_M (<= 128) rows of the width: each weight tile is
     loaded and decoded once for every row.
@@ -912,30 +880,18 @@ def _w2a8_mma_kernel(
             wb2 = tl.load(w_step + (c_lo + CHUNKS) * 32, mask=mask_n & (c_lo + CHUNKS + rk // 32 < c_hi)[None, :],
                           other=0)
             gdc_prologue(USE_GDC)
-            if ONE_CHAIN:
-                acc0, asum, facc, asum2 = _mma_steps_in_turn(
-                    wb, wb2, c_lo, c_hi, a_step, mask_m, a_tail, mask_t, rk, rn, N, w_scale_ptr, stride_sn, stride_sg,
-                    acc0, asum, facc, a_words, rw, rows_ok, sign, asum2, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT,
-                    CHUNKS, WORD_SUMS, USE_ASM)
-            else:
-                acc0, acc_b, asum, facc, asum2 = _mma_folded_pair(
-                    wb, wb2, c_lo, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc_b,
-                    asum, facc, a_words, rw, rows_ok, sign, asum2, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT, CHUNKS,
-                    WORD_SUMS, USE_ASM)
+            acc0, acc_b, asum, facc, asum2 = _mma_folded_pair(
+                wb, wb2, c_lo, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc_b, asum,
+                facc, a_words, rw, rows_ok, sign, asum2, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT, CHUNKS, WORD_SUMS,
+                USE_ASM)
             for c0 in range(c_lo + 2 * CHUNKS, c_hi, 2 * CHUNKS):
                 wb = tl.load(w_step + c0 * 32, mask=mask_n & (c0 + rk // 32 < c_hi)[None, :], other=0)
                 wb2 = tl.load(w_step + (c0 + CHUNKS) * 32, mask=mask_n & (c0 + CHUNKS + rk // 32 < c_hi)[None, :],
                               other=0)
-                if ONE_CHAIN:
-                    acc0, asum, facc, asum2 = _mma_steps_in_turn(
-                        wb, wb2, c0, c_hi, a_step, mask_m, a_tail, mask_t, rk, rn, N, w_scale_ptr, stride_sn,
-                        stride_sg, acc0, asum, facc, a_words, rw, rows_ok, sign, asum2, K, BLOCK_N, BLOCK_M, GROUPED,
-                        ASUM_BY_DOT, CHUNKS, WORD_SUMS, USE_ASM)
-                else:
-                    acc0, acc_b, asum, facc, asum2 = _mma_folded_pair(
-                        wb, wb2, c0, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc_b,
-                        asum, facc, a_words, rw, rows_ok, sign, asum2, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT,
-                        CHUNKS, WORD_SUMS, USE_ASM)
+                acc0, acc_b, asum, facc, asum2 = _mma_folded_pair(
+                    wb, wb2, c0, c_hi, a_step, mask_m, rk, rn, N, w_scale_ptr, stride_sn, stride_sg, acc0, acc_b, asum,
+                    facc, a_words, rw, rows_ok, sign, asum2, K, BLOCK_N, BLOCK_M, GROUPED, ASUM_BY_DOT, CHUNKS,
+                    WORD_SUMS, USE_ASM)
             acc0 = acc0 + acc_b
         else:
             gdc_prologue(USE_GDC)
@@ -1117,7 +1073,6 @@ def w2a8_linear(
         asm["ASUM_BY_DOT"] = grouped or not words or config.asum_by_dot
         asm["FOLD"] = config.fold_lanes and k <= FOLD_MAX_K  # longer rows keep four accumulators
         asm["CHAINS"] = config.chains if asm["FOLD"] else 1  # (a config with two chains has no tail)
-        asm["ONE_CHAIN"] = asm["CHAINS"] == 2 and ONE_CHAIN_PAIRS
     ahead = next_weights_l2(kernel, next_weights if m >= NEXT_WEIGHTS_MIN_M else None, config.num_warps,
                             unused=packed)
     compiled = kernel[grid](
