@@ -73,6 +73,7 @@ change those, start a new run from the weights: ``--init OUT/latest --out NEW``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import os
@@ -915,8 +916,9 @@ class Trainer:
         state = full_model_state(self.model)
         if not self.dist.main:
             return None
-        self.shell.load_state_dict(state, assign=True)
-        return self.shell
+        filled = copy.deepcopy(self.shell)  # meta tensors: no memory; the gathered ones go when the caller drops it
+        filled.load_state_dict(state, assign=True)
+        return filled
 
     def write_log(self, summary: dict | None = None) -> None:
         if not self.dist.main:
