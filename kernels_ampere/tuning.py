@@ -296,7 +296,9 @@ LAYER_STEP_VARIANTS = ((128, 1), (128, 2), (256, 1), (256, 2))
 # groups) slices K by *its* tiles' count. v5 sliced that launch as if its tiles were 64 rows high
 # ("until 64-row weight tiles would cover the SMs once"), so its programs covered about half of an
 # H200's SMs: the 2B stack at M = 24 ran 18% slower than the table, whose M = 24-40 entries slice
-# the same launches 4-6 ways where v9 slices them 1-4 (session 22).
+# the same launches 4-6 ways where v9 slices them 1-4 (session 22). Measured on the H200 (session
+# 23, one run, untuned / table): v10 1.02 / 1.00 / 1.00 / 0.98 / 0.90 at M = 17 / 24 / 32 / 40 / 64,
+# v9 1.22 / 1.17 / 1.07 / 1.21 / 1.05; the decode replay of width 24 untuned 1529 -> 1469 µs.
 W2A8_GENERATIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10")
 W2A8_DEFAULT_GENERATION = os.environ.get("BITMTP_W2A8_KERNELS", "v10")
 LAYER_STEPS = ((16, 256, 1), (24, 128, 1))  # v9: (up to M, bytes per K step, stages) under programmatic launch
