@@ -367,8 +367,9 @@ def default_linear(m: int, grouped: bool, *, weight_only: bool = False, n: int |
                          f"got {generation!r}")
     if not weight_only and generation == "v10":
         cfg = default_linear(m, grouped, n=n, k=k, sms=sms, generation="v9", programmatic=programmatic)
+        # (v5's launch there: no row tiles, and tails only on boards)
         wide_tile = MMA_MAX_M // 2 < m <= TILED_MIN_M and cfg.kernel == MMA and cfg.block_n == 128
-        if sms <= BOARD_MAX_SMS or grouped or not wide_tile or cfg.tail_m or cfg.block_m or not (n and chunks):
+        if sms <= BOARD_MAX_SMS or grouped or not wide_tile or not (n and chunks):
             return cfg
         # K slices until the 128-row tiles cover the SMs once, five chunks per slice at least (as v5)
         return replace(cfg, split_k=max(1, min(_cdiv(sms, _cdiv(n, cfg.block_n)), chunks // 5, 8)))

@@ -20,9 +20,9 @@ pytest.importorskip("triton")  # the interpreter is set up by tests/__init__.py 
 from kernels_ampere import pack_ternary  # noqa: E402
 from kernels_ampere.numerics import int_matmul, quantize_activations  # noqa: E402
 from kernels_ampere.packing import packed_width  # noqa: E402
-from kernels_ampere.tuning import (DOT, GEMV, LANES, MMA, ROWS, LinearConfig, default_linear,  # noqa: E402
-                                   find_config, group_k_slices, linear_candidates, linear_key, record, tail_config,
-                                   wave_fill)
+from kernels_ampere.tuning import (DOT, GEMV, LANES, MMA, ROWS, W2A8_GENERATIONS, LinearConfig,  # noqa: E402
+                                   default_linear, find_config, group_k_slices, linear_candidates, linear_key, record,
+                                   tail_config, wave_fill)
 from kernels_ampere.w2a16 import w2a16_linear, w2a16_linear_reference  # noqa: E402
 from kernels_ampere.w2a8 import w2a8_linear, w2a8_linear_reference  # noqa: E402
 from tests.helpers import DEVICE, ON_GPU, needs_gpu  # noqa: E402
@@ -570,7 +570,7 @@ def test_untuned_defaults_follow_the_sm_count():
         default_linear(1, False, generation="v11")
 
 
-@pytest.mark.parametrize("generation", ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10"])
+@pytest.mark.parametrize("generation", W2A8_GENERATIONS)
 @pytest.mark.parametrize("m", (1, 2, 9, 21, 70))
 def test_w2a8_defaults_of_both_generations_match_the_twin(generation, m):
     n, k = 72, 640
