@@ -3,32 +3,39 @@
 An AR or verify step takes the argmax of the 16-bit head: on a Jetson, where a step streams
 its weights from DRAM, that head is as many bytes as the whole ternary stack of a 2B model
 (656 MB against 521). The int8 head (the artifact's draft head: per-row scales ``s``, codes
-``q``) is half of it, but its argmax differs at near-ties. Here the int8 rows answer for the
-16-bit head, exactly, when they can prove it:
+``q``) is half of it, but its argmax differs at near-ties. Here the int8 rows find the few
+rows that can be the 16-bit head's argmax, and the 16-bit head then reads only those:
 
-    h ~ a · (128 g1 + g2)                             the 16-bit h the 16-bit head reads, as two
-                                                      int8 planes (15 bits: |h - a(128 g1 + g2)| <= a/2)
-    l[v] = s[v] · a · (128 (q[v] · g1) + q[v] · g2)   two exact int8 tensor-core sums (no int-to-float
-                                                      conversion per weight, which cost 3.6x here)
-    |head16[v] - l[v]| <= B[v] = ||w[v] - s[v]q[v]||_2 · ||h||_2      (Cauchy-Schwarz, exact e)
-                               + gamma · (max|w[v]| + s[v]) · ||h||_1  (float32 sums, both heads)
-                               + s[v] · a/2 · ||q[v]||_1               (the planes' rounding)
+    h ~ a · g                                          the 16-bit h the 16-bit head reads, as one
+                                                       int8 plane (a = max|h| / 127, g = round(h / a))
+    l[v] = s[v] · a · (q[v] · g)                       one exact int8 tensor-core sum per weight, as
+                                                       the int8 head's (the same bytes and work)
+    |head16[v] - l[v]| <= B[v] = ||w[v] - s[v]q[v]||_2 · ||h||_2       (Cauchy-Schwarz, exact e)
+                               + gamma · (max|w[v]| + s[v]) · ||h||_1   (float32 sums, both heads)
+                               + s[v] · ||q[v]||_2 · ||h - a g||_2      (Cauchy-Schwarz, the plane)
 
 with ``head16[v]`` the logit the 16-bit head *computes* (its own float32 rounding included).
-Then ``v*``, the row with the largest upper bound ``l + B``, is the 16-bit head's argmax as
-soon as its lower bound ``l - B`` is strictly above every other row's upper bound: no tie and
-no rounding can reorder them. One pass over the int8 rows finds, per vocabulary tile, the
-largest upper bound, its row, the second largest and that row's lower bound; ``certify``
-folds the tiles. Where any row of a call is not certified, the 16-bit head runs after all
-(``f16_head_argmax(..., skip=...)``: inside a CUDA graph both launches are captured, and the
-16-bit one returns at once when every row was certified), so the tokens are the 16-bit
-head's in every case. The per-row constants ``||e_v||_2``, ``max|w_v| + s_v`` and ``||q_v||_1``
-are computed once at load (``head_error_bounds``), rounded up.
+With ``L = max_v (l[v] - B[v])``, no row whose upper bound ``l + B`` is below ``L`` can be the
+argmax: the **candidates** are the rows with ``l + B >= L`` — usually one to a few dozen of the
+vocabulary. Their 16-bit rows are read and their logits computed in float64 (``e``, off the
+exact sum by far less than the float32 head's rounding), and the row with the largest ``e`` is
+the 16-bit head's argmax as soon as ``e - eps`` there is strictly above ``e + eps`` of every
+other candidate, ``eps`` bounding both sums' rounding: no tie and no rounding can reorder them.
 
-On the embedded model's held-out prompts (27M, H = 512, V = 8192) 89.5% of AR steps certify
-(H200, 8 prompts x 96 tokens): a step reads the int8 head and, for the other 10.5%, the 16-bit
-head as well. Whether that pays depends on the step being bandwidth-bound on the head
-(docs/runtime.md, "The certified head"; ``tools/bench_certified_head.py``).
+Three launches: the int8 pass writes every row's upper bound and each vocabulary tile's largest
+lower bound; the selection appends the rows at or above ``L`` to at most ``CANDIDATES`` slots
+per activation row; the resolution reads those 16-bit rows. A row is certified when its
+candidates all fit and their margin holds. Where a deciding row of a call is not certified, the
+16-bit head runs after all (``f16_head_argmax(..., skip=...)``: inside a CUDA graph both
+launches are captured, and the 16-bit one returns at once when every row was certified), so
+the tokens are the 16-bit head's in every case. The per-row constants ``||e_v||_2``,
+``max|w_v| + s_v`` and ``||q_v||_2`` are computed once at load (``head_error_bounds``), rounded up.
+
+On the embedded models' held-out text (27M, H = 512, V = 8192, 1368 rows each), the candidates
+numbered 2 at the median and at most 153 / 106; 99.6% / 100% of rows fit 64 slots and 99.5%
+kept the margin. The earlier form (two int8 planes for a 15-bit h, the whole 16-bit head when
+a row was not alone above the rest) read the int8 rows twice per weight and certified 69-76%
+of the same rows (docs/runtime.md, "The certified head").
 """
 
 from __future__ import annotations
@@ -37,16 +44,19 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import check_dtype, check_launchable, gdc_prologue, pdl_options
+from .common import check_dtype, check_launchable, gdc_prologue, next_pow2, pdl_options
 from .numerics import int_matmul, quantize_rows_int8
 from .tuning import HeadConfig
 
-_NO_INDEX = tl.constexpr(2**31 - 1)
 CERT_ROW_TILE = 16  # activation rows per program (tl.dot's least)
 # 256 vocabulary rows x 128 features per step, 4 warps, 3 stages: the fastest of 24 tilings on
-# 8 SMs of the H200 (board proxy; 700 µs for the 2B head at M = 1, the int8 head's own table
-# tiling 1133 µs, the 16-bit head 928; tools/results/session19/certify_configs.py)
+# 8 SMs of the H200 for the two-plane pass this one replaced (board proxy;
+# tools/results/session19/certify_configs.py)
 CERTIFY_CONFIG = HeadConfig(block_v=256, block_h=128, num_warps=4, num_stages=3)
+# Candidate slots per activation row: on the embedded models' held-out text 99.6-100% of rows
+# had at most 64 candidates (median 2); a row with more is not certified (the 16-bit head runs).
+CANDIDATES = 64
+SELECT_BLOCK = 1024  # vocabulary rows per program of the selection
 # The float32 sums of either head: |computed - exact| <= H u / (1 - H u) sum|w h| with u = 2**-24
 # for sequential round-to-nearest; 2**-22 leaves room for any accumulation order and mode.
 ROUNDING_UNIT = 2.0**-22
@@ -54,9 +64,11 @@ ROUNDING_UNIT = 2.0**-22
 # widened by this share of |l| + B (a few float32 roundings are < 2**-22 of it).
 COMPARISON_SLACK = 2.0**-18
 _SLACK = tl.constexpr(COMPARISON_SLACK)
-# the planes' rounding, a/2 per element, widened by 2**-10 for the float32 products of the bound
-PLANE_HALF = 0.5 * (1 + 2.0**-10)
-_HALF = tl.constexpr(PLANE_HALF)
+# float64 sums over H terms are off by < H 2**-53 of sum|w h|: the resolution's eps counts it
+# twice, and its comparisons are widened by this share of |e| + eps
+FLOAT64_SLACK = 2.0**-40
+_SLACK64 = tl.constexpr(FLOAT64_SLACK)
+UP = 1 + 2.0**-20  # norms computed in float64, rounded up by this factor
 
 
 def rounding_gamma(hidden: int) -> float:
@@ -68,11 +80,17 @@ def rounding_gamma(hidden: int) -> float:
     return 2 * nu / (1 - nu)
 
 
+def resolution_eps(hidden: int) -> float:
+    """The share of ``sum |w h|`` (rounded up) by which a candidate's float64 logit ``e`` can
+    be off the logit the 16-bit head computes: that head's float32 sum (half of
+    ``rounding_gamma``) plus the float64 sum's own rounding (twice ``H 2**-53``)."""
+    return rounding_gamma(hidden) / 2 + hidden * 2.0**-52
+
+
 def head_error_bounds(w16: torch.Tensor, w_int8: torch.Tensor, w_scale: torch.Tensor,
                       chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The per-row constants of the bound, on ``w16``'s device -> (``||w_v - s_v q_v||_2``,
-    ``max|w_v| + s_v``, ``||q_v||_1``), float32, rounded up (float64 sums, times 1 + 2**-20;
-    the last is an integer below 2**24, exact)."""
+    ``max|w_v| + s_v``, ``||q_v||_2``), float32, rounded up (float64 sums, times 1 + 2**-20)."""
     if w16.shape != w_int8.shape or w_scale.shape != (w16.shape[0],):
         raise ValueError(f"certified head: 16-bit head {tuple(w16.shape)}, int8 head {tuple(w_int8.shape)} and "
                          f"row scales {tuple(w_scale.shape)} do not match")
@@ -83,9 +101,8 @@ def head_error_bounds(w16: torch.Tensor, w_int8: torch.Tensor, w_scale: torch.Te
         q = w_int8[v0:v0 + chunk].double()
         err.append((w - s[:, None] * q).norm(dim=1))
         mag.append(w.abs().amax(dim=1) + s)
-        qn.append(q.abs().sum(dim=1))
-    up = 1 + 2.0**-20
-    return (torch.cat(err) * up).float(), (torch.cat(mag) * up).float(), torch.cat(qn).float()
+        qn.append(q.norm(dim=1))
+    return tuple((torch.cat(x) * UP).float() for x in (err, mag, qn))
 
 
 def int8_rows(w16: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,32 +112,29 @@ def int8_rows(w16: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch
     return torch.cat([q for q, _ in parts]).contiguous(), torch.cat([s for _, s in parts]).contiguous()
 
 
-PLANE_STEPS = 127 * 128  # |v| <= 16256: g1 = round(v / 128) in [-127, 127], g2 = v - 128 g1 in [-64, 64]
-
-
-def activation_planes(h: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """[M, H] 16-bit -> (g1, g2 [M, H] int8, a, ||h||_1, ||h||_2 [M] float32): per row
-    ``h ~ a · (128 g1 + g2)`` with ``v = round(h / a)``, ``a = max|h| / 16256``, so every
-    element is off by a/2 at most (float64 arithmetic: the rounding is exact); the norms
-    rounded up. Torch ops on the rows (a few kB): the same function for the kernel and its twin."""
+def activation_plane(h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """[M, H] 16-bit -> (g [M, H] int8, a, ||h||_1, ||h||_2, ||h - a g||_2 [M] float32): per row
+    ``h ~ a · g`` with ``a = max|h| / 127`` (a float32 step) and ``g = round(h / a)``; the norms
+    in float64, rounded up. A row with a non-finite element gets NaN norms (it never certifies).
+    Torch ops on the rows (a few kB): the same function for the kernels and their twins."""
     h64 = h.double()
-    amax = h64.abs().amax(dim=1)
-    a = (amax / PLANE_STEPS).float().clamp(min=2.0**-126)  # a float32 step; the planes are exact in it
-    v = torch.round(h64 / a.double()[:, None])
-    g1 = torch.round(v / 128).clamp(-127, 127)
-    g2 = v - 128 * g1
-    up = 1 + 2.0**-20
-    return (g1.to(torch.int8), g2.to(torch.int8), a, (h64.abs().sum(dim=1) * up).float(),
-            (h64.norm(dim=1) * up).float())
+    a = (h64.abs().amax(dim=1) / 127).float().clamp(min=2.0**-126)
+    a64 = a.double()[:, None]
+    g = torch.round(h64 / a64).clamp(-127, 127).nan_to_num(0.0)
+    finite = torch.where(torch.isfinite(h64).all(dim=1), 1.0, float("nan"))
+    n1, n2, r = (x * UP * finite for x in (h64.abs().sum(dim=1), h64.norm(dim=1), (h64 - a64 * g).norm(dim=1)))
+    return g.to(torch.int8), a, n1.float(), n2.float(), r.float()
 
 
 @triton.jit
-def _certify_partial_kernel(
-    g1_ptr, g2_ptr,  # [M, H] int8: the activation planes (activation_planes)
-    a_ptr, n1_ptr, n2_ptr,  # [M] float32: plane step, ||h_m||_1, ||h_m||_2
+def _certify_bounds_kernel(
+    g_ptr,  # [M, H] int8: the activation plane (activation_plane)
+    a_ptr, n1_ptr, n2_ptr, r_ptr,  # [M] float32: plane step, ||h||_1, ||h||_2, ||h - a g||_2
     q_ptr,  # [V, H] int8 codes
-    s_ptr, err_ptr, mag_ptr, qn_ptr,  # [V] float32: row scale, ||e_v||_2, max|w_v| + s_v, ||q_v||_1
-    u1_ptr, i1_ptr, u2_ptr, low_ptr,  # [P, M]: per vocabulary tile
+    s_ptr, err_ptr, mag_ptr, qn_ptr,  # [V] float32: row scale, ||e_v||_2, max|w_v| + s_v, ||q_v||_2
+    up_ptr,  # [M, V] float32: every row's upper bound
+    low_ptr,  # [P, M] float32: per vocabulary tile, the largest lower bound
+    count_ptr,  # [M] int32: zeroed here for the selection that follows
     M, V, H, stride_gm, stride_qv, gamma,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
@@ -137,35 +151,113 @@ def _certify_partial_kernel(
     mag = tl.load(mag_ptr + rv, mask=mask_v, other=0.0)
     qn = tl.load(qn_ptr + rv, mask=mask_v, other=0.0)
     gdc_prologue(USE_GDC)
-    acc1 = tl.zeros((BLOCK_V, BLOCK_M), tl.int32)
-    acc2 = tl.zeros((BLOCK_V, BLOCK_M), tl.int32)
+    if pid == 0:
+        tl.store(count_ptr + rm, tl.zeros((BLOCK_M,), tl.int32), mask=mask_m)
+    acc = tl.zeros((BLOCK_V, BLOCK_M), tl.int32)
     for h0 in range(0, H, BLOCK_H):
         mask_h = (h0 + rh) < H
         q = tl.load(q_ptr + rv[:, None] * stride_qv + (h0 + rh)[None, :],
                     mask=mask_v[:, None] & mask_h[None, :], other=0)  # [BLOCK_V, BLOCK_H]
-        cols = rm[None, :] * stride_gm + (h0 + rh)[:, None]
-        mask = mask_m[None, :] & mask_h[:, None]
-        acc1 = tl.dot(q, tl.load(g1_ptr + cols, mask=mask, other=0), acc1, out_dtype=tl.int32)  # exact
-        acc2 = tl.dot(q, tl.load(g2_ptr + cols, mask=mask, other=0), acc2, out_dtype=tl.int32)
+        g = tl.load(g_ptr + rm[None, :] * stride_gm + (h0 + rh)[:, None],
+                    mask=mask_m[None, :] & mask_h[:, None], other=0)  # [BLOCK_H, BLOCK_M]
+        acc = tl.dot(q, g, acc, out_dtype=tl.int32)  # exact
     a = tl.load(a_ptr + rm, mask=mask_m, other=0.0)
     n1 = tl.load(n1_ptr + rm, mask=mask_m, other=0.0)
     n2 = tl.load(n2_ptr + rm, mask=mask_m, other=0.0)
+    r = tl.load(r_ptr + rm, mask=mask_m, other=0.0)
     # the twin's order, operation for operation (launched without FMA contraction): equal bits
-    logit = (acc1.to(tl.float32) * 128.0 + acc2.to(tl.float32)) * a[None, :] * s[:, None]
-    bound = err[:, None] * n2[None, :] + gamma * mag[:, None] * n1[None, :] + _HALF * s[:, None] * a[None, :] * qn[:, None]
+    logit = acc.to(tl.float32) * a[None, :] * s[:, None]
+    bound = err[:, None] * n2[None, :] + gamma * mag[:, None] * n1[None, :] + s[:, None] * qn[:, None] * r[None, :]
     bound = bound + (tl.abs(logit) + bound) * _SLACK
-    up = tl.where(mask_v[:, None], logit + bound, float("-inf"))
-    low = tl.where(mask_v[:, None], logit - bound, float("-inf"))
-    u1 = tl.max(up, axis=0)
-    i1 = tl.min(tl.where(up == u1[None, :], rv[:, None], _NO_INDEX), axis=0)
-    best = rv[:, None] == i1[None, :]
-    u2 = tl.max(tl.where(best, float("-inf"), up), axis=0)
-    low1 = tl.max(tl.where(best, low, float("-inf")), axis=0)
-    out = pid * M + rm
-    tl.store(u1_ptr + out, u1, mask=mask_m)
-    tl.store(i1_ptr + out, i1, mask=mask_m)
-    tl.store(u2_ptr + out, u2, mask=mask_m)
-    tl.store(low_ptr + out, low1, mask=mask_m)
+    up = logit + bound
+    tl.store(up_ptr + rm[None, :] * V + rv[:, None], up, mask=mask_m[None, :] & mask_v[:, None])
+    low = tl.max(tl.where(mask_v[:, None], logit - bound, float("-inf")), axis=0)
+    tl.store(low_ptr + pid * M + rm, low, mask=mask_m)
+
+
+@triton.jit
+def _select_candidates_kernel(
+    up_ptr,  # [M, V] float32
+    low_ptr,  # [P, M] float32
+    cand_ptr,  # [M, K] int32: the rows with up >= max(low), in any order
+    count_ptr,  # [M] int32: how many there were (zeroed by the bounds kernel; may exceed K)
+    M, V, P,
+    K: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
+    USE_GDC: tl.constexpr = False,
+):
+    gdc_prologue(USE_GDC)
+    m = tl.program_id(0)
+    rp = tl.arange(0, BLOCK_P)
+    best = tl.full((BLOCK_P,), float("-inf"), tl.float32)
+    for p0 in range(0, P, BLOCK_P):
+        best = tl.maximum(best, tl.load(low_ptr + (p0 + rp) * M + m, mask=(p0 + rp) < P, other=float("-inf")))
+    # a non-finite row's bounds are NaN: its floor comes out -inf or NaN, and selects nothing
+    floor = tl.max(best, axis=0)
+    floor = tl.where(floor > float("-inf"), floor, float("nan"))
+    rv = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    up = tl.load(up_ptr + m * V + rv, mask=rv < V, other=float("-inf"))
+    hit = ((up >= floor) & (rv < V)).to(tl.int32)
+    n = tl.sum(hit, axis=0)
+    if n > 0:
+        slot = tl.atomic_add(count_ptr + m, n) + tl.cumsum(hit, axis=0) - 1
+        tl.store(cand_ptr + m * K + slot, rv, mask=(hit != 0) & (slot < K))
+
+
+@triton.jit
+def _resolve_candidates_kernel(
+    h_ptr,  # [M, H] 16-bit
+    w_ptr,  # [V, H] 16-bit
+    cand_ptr,  # [M, K] int32
+    count_ptr,  # [M] int32
+    token_ptr,  # [M] int64
+    ok_ptr,  # [M] int32
+    H, stride_hm, stride_wv, eps_share,
+    K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
+    USE_GDC: tl.constexpr = False,
+):
+    """One program per activation row: the candidates' float64 logits ``BLOCK_K`` at a time
+    (most rows have a handful: one chunk), folded into the leader and the largest ``e + eps``
+    of the rest."""
+    gdc_prologue(USE_GDC)
+    m = tl.program_id(0)
+    rk = tl.arange(0, BLOCK_K)
+    rh = tl.arange(0, BLOCK_H)
+    count = tl.load(count_ptr + m)
+    n = tl.minimum(count, K)
+    lead_e = tl.full((), float("-inf"), tl.float64)
+    lead_up = tl.full((), float("-inf"), tl.float64)
+    lead_low = tl.full((), float("-inf"), tl.float64)
+    lead_row = tl.full((), 0, tl.int32)
+    rest = tl.full((), float("-inf"), tl.float64)  # the largest e + eps of the others
+    for k0 in range(0, n, BLOCK_K):
+        live = (k0 + rk) < n
+        rows = tl.load(cand_ptr + m * K + k0 + rk, mask=live, other=0)
+        e = tl.zeros((BLOCK_K,), tl.float64)
+        ab = tl.zeros((BLOCK_K,), tl.float64)
+        for h0 in range(0, H, BLOCK_H):
+            mask_h = (h0 + rh) < H
+            x = tl.load(h_ptr + m * stride_hm + h0 + rh, mask=mask_h, other=0.0).to(tl.float64)
+            w = tl.load(w_ptr + rows[:, None] * stride_wv + (h0 + rh)[None, :],
+                        mask=live[:, None] & mask_h[None, :], other=0.0).to(tl.float64)
+            wx = w * x[None, :]  # exact: the product of two 16-bit values
+            e += tl.sum(wx, axis=1)
+            ab += tl.sum(tl.abs(wx), axis=1)
+        eps = ab * eps_share
+        e = tl.where(live, e, float("-inf"))
+        first = rk == tl.argmax(e, axis=0, tie_break_left=True)
+        e_j = tl.max(tl.where(first, e, float("-inf")), axis=0)
+        eps_j = tl.sum(tl.where(first, eps, 0.0), axis=0)
+        others = tl.max(tl.where(first | ~live, float("-inf"), e + eps), axis=0)
+        takes = e_j > lead_e  # an equal later row stays behind (and then fails the margin)
+        rest = tl.maximum(rest, tl.maximum(others, tl.where(takes, lead_up, e_j + eps_j)))
+        lead_up = tl.where(takes, e_j + eps_j, lead_up)
+        lead_low = tl.where(takes, e_j - eps_j, lead_low)
+        lead_row = tl.where(takes, tl.sum(tl.where(first, rows, 0), axis=0), lead_row)
+        lead_e = tl.where(takes, e_j, lead_e)
+    widen = (tl.abs(lead_low) + tl.where(rest == float("-inf"), 0.0, tl.abs(rest))) * _SLACK64
+    ok = (count >= 1) & (count <= K) & (lead_low - widen > rest + widen)  # false on NaN
+    tl.store(token_ptr + m, lead_row.to(tl.int64))
+    tl.store(ok_ptr + m, ok.to(tl.int32))
 
 
 def _check(w_int8, w_scale, err, mag, qn):
@@ -178,71 +270,127 @@ def _check(w_int8, w_scale, err, mag, qn):
             raise ValueError(f"certified head: {name} must be [V]={w_int8.shape[0]}, got {tuple(t.shape)}")
 
 
-def certify_partials(planes, w_int8, w_scale, err, mag, qn, *, config=None):
-    """Per vocabulary tile and row: (largest upper bound, its row, second largest upper bound,
-    the lower bound of the largest's row), each [P, M]. ``planes``: ``activation_planes(h)``.
-    The Triton kernel."""
-    _check(w_int8, w_scale, err, mag, qn)
-    g1, g2, a, n1, n2 = planes
-    m, hdim = g1.shape
-    v = w_int8.shape[0]
+def _plane_shape(plane, w_int8) -> tuple[int, int, int]:
+    m, hdim = plane[0].shape
     if hdim != w_int8.shape[1]:
         raise ValueError(f"certified head: h has H={hdim}, the head {w_int8.shape[1]}")
-    check_launchable(_certify_partial_kernel, g1, g2, a, w_int8, w_scale, err, mag, qn)
+    return m, hdim, w_int8.shape[0]
+
+
+def certify_bounds(plane, w_int8, w_scale, err, mag, qn, *, config=None):
+    """The int8 pass -> (``up`` [M, V] float32: every row's upper bound ``l + B``; ``low``
+    [P, M] float32: per vocabulary tile its largest lower bound; ``count`` [M] int32 zeros for
+    ``select_candidates``). ``plane``: ``activation_plane(h)``. The Triton kernel."""
+    _check(w_int8, w_scale, err, mag, qn)
+    m, hdim, v = _plane_shape(plane, w_int8)
+    g, a, n1, n2, r = plane
+    check_launchable(_certify_bounds_kernel, g, a, w_int8, w_scale, err, mag, qn)
     config = config or CERTIFY_CONFIG
     parts = triton.cdiv(v, config.block_v)
-    u1 = torch.empty((parts, m), dtype=torch.float32, device=g1.device)
-    i1 = torch.empty((parts, m), dtype=torch.int32, device=g1.device)
-    u2, low = torch.empty_like(u1), torch.empty_like(u1)
+    up = torch.empty((m, v), dtype=torch.float32, device=g.device)
+    low = torch.empty((parts, m), dtype=torch.float32, device=g.device)
+    count = torch.empty((m,), dtype=torch.int32, device=g.device)
     if m:
-        _certify_partial_kernel[(triton.cdiv(m, CERT_ROW_TILE), parts)](
-            g1, g2, a, n1, n2, w_int8, w_scale, err, mag, qn, u1, i1, u2, low, m, v, hdim, g1.stride(0),
+        _certify_bounds_kernel[(triton.cdiv(m, CERT_ROW_TILE), parts)](
+            g, a, n1, n2, r, w_int8, w_scale, err, mag, qn, up, low, count, m, v, hdim, g.stride(0),
             w_int8.stride(0), rounding_gamma(hdim), BLOCK_M=CERT_ROW_TILE, BLOCK_V=config.block_v,
             BLOCK_H=config.block_h, num_warps=config.num_warps, num_stages=config.num_stages,
-            enable_fp_fusion=False, **pdl_options(_certify_partial_kernel),
+            enable_fp_fusion=False, **pdl_options(_certify_bounds_kernel),
         )
-    return u1, i1, u2, low
+    return up, low, count
 
 
-def certify_partials_reference(planes, w_int8, w_scale, err, mag, qn, *, config=None, block_v: int = 128):
-    """``certify_partials``' twin: exact integer sums (``int_matmul``), then the kernel's float32
-    operations in its order, in tiles of ``block_v`` vocabulary rows (``config.block_v`` when
-    given): the same bits as the kernel."""
+def certify_bounds_reference(plane, w_int8, w_scale, err, mag, qn, *, config=None, block_v: int = 128):
+    """``certify_bounds``' twin: the exact integer sums (``int_matmul``), then the kernel's
+    float32 operations in its order, tiles of ``block_v`` rows (``config.block_v`` when given):
+    the same bits as the kernel."""
     _check(w_int8, w_scale, err, mag, qn)
-    g1, g2, a, n1, n2 = planes
-    m, hdim = g1.shape
-    v = w_int8.shape[0]
+    m, hdim, v = _plane_shape(plane, w_int8)
+    g, a, n1, n2, r = plane
     block_v = config.block_v if config is not None else block_v
-    acc1, acc2 = int_matmul(g1, w_int8), int_matmul(g2, w_int8)  # [M, V] int32
-    logit = (acc1.float() * 128.0 + acc2.float()) * a[:, None] * w_scale[None, :]
+    logit = int_matmul(g, w_int8).float() * a[:, None] * w_scale[None, :]  # [M, V]
     bound = (err[None, :] * n2[:, None] + rounding_gamma(hdim) * mag[None, :] * n1[:, None]
-             + PLANE_HALF * w_scale[None, :] * a[:, None] * qn[None, :])
+             + w_scale[None, :] * qn[None, :] * r[:, None])
     bound = bound + (logit.abs() + bound) * COMPARISON_SLACK
     parts = -(-v // block_v)
-    pad = parts * block_v - v
-    up = torch.nn.functional.pad(logit + bound, (0, pad), value=float("-inf")).view(m, parts, block_v)
-    low = torch.nn.functional.pad(logit - bound, (0, pad), value=float("-inf")).view(m, parts, block_v)
-    u1, j = up.max(dim=2)  # torch.max: the first index of the maximum
-    rest = up.scatter(2, j[..., None], float("-inf"))
-    u2 = rest.amax(dim=2)
-    low1 = low.gather(2, j[..., None])[..., 0]
-    i1 = (j + torch.arange(parts, device=g1.device)[None, :] * block_v).to(torch.int32)
-    return u1.t().contiguous(), i1.t().contiguous(), u2.t().contiguous(), low1.t().contiguous()
+    low = torch.nn.functional.pad(logit - bound, (0, parts * block_v - v), value=float("-inf"))
+    low = low.view(m, parts, block_v).amax(dim=2).t().contiguous()
+    return logit + bound, low, torch.zeros((m,), dtype=torch.int32, device=g.device)
 
 
-def certify(u1: torch.Tensor, i1: torch.Tensor, u2: torch.Tensor, low: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fold the tiles' partials [P, M] -> (token [M] int64, certified [M] bool). A row is
-    certified when the lower bound of the row with the largest upper bound is strictly above
-    every other upper bound (two tiles tied at the largest: not certified)."""
-    if u1.shape[0] == 1:
-        best = torch.zeros_like(i1[0], dtype=torch.int64)[None]
-        second = u2[0]
-    else:
-        top2, tiles = u1.topk(2, dim=0)  # [2, M]
-        best = tiles[:1]
-        second = torch.maximum(top2[1], u2.gather(0, best)[0])
-    token = i1.gather(0, best)[0].long()
-    return token, low.gather(0, best)[0] > second
+def select_candidates(up, low, count, *, k: int = CANDIDATES):
+    """-> (``cand`` [M, k] int32, ``count`` [M] int32): per row the vocabulary rows whose upper
+    bound reaches the largest lower bound, in slots ``0 .. min(count, k)`` in any order
+    (``count`` may exceed ``k``: that row is then not certified). The Triton kernel; ``count``
+    must hold zeros (``certify_bounds`` leaves them)."""
+    m, v = up.shape
+    cand = torch.empty((m, k), dtype=torch.int32, device=up.device)
+    if m:
+        _select_candidates_kernel[(m, triton.cdiv(v, SELECT_BLOCK))](
+            up, low, cand, count, m, v, low.shape[0], K=k, BLOCK=SELECT_BLOCK,
+            BLOCK_P=min(next_pow2(low.shape[0]), 1024), num_warps=4, **pdl_options(_select_candidates_kernel),
+        )
+    return cand, count
+
+
+def select_candidates_reference(up, low, count, *, k: int = CANDIDATES):
+    """``select_candidates``' twin: the same rows, ascending, zeros in the unused slots."""
+    floor = low.amax(dim=0)[:, None]
+    hit = (up >= floor) & (floor > float("-inf"))  # [M, V]; NaN bounds (a non-finite row): none
+    count = hit.sum(dim=1).to(torch.int32)
+    order = torch.where(hit, torch.arange(up.shape[1], device=up.device), up.shape[1])
+    cand = order.sort(dim=1).values[:, :k]
+    cand = torch.where(cand < up.shape[1], cand, 0).to(torch.int32)
+    return torch.nn.functional.pad(cand, (0, k - cand.shape[1])), count
+
+
+def resolve_candidates(h, w16, cand, count):
+    """-> (token [M] int64, ok [M] bool): per row the candidate with the largest float64 logit,
+    certified where its margin holds over every other candidate (and all candidates fitted).
+    The Triton kernel."""
+    m, hdim = h.shape
+    if h.stride(1) != 1 or w16.stride(1) != 1 or cand.shape[0] != m or not cand.is_contiguous():
+        raise ValueError(f"certified head: h [M, H] and w16 [V, H] need contiguous rows and cand [M={m}, K] "
+                         f"contiguous; got h {tuple(h.shape)}, w16 {tuple(w16.shape)}, cand {tuple(cand.shape)}")
+    token = torch.empty((m,), dtype=torch.int64, device=h.device)
+    ok = torch.empty((m,), dtype=torch.int32, device=h.device)
+    if m:
+        _resolve_candidates_kernel[(m,)](
+            h, w16, cand, count, token, ok, hdim, h.stride(0), w16.stride(0), resolution_eps(hdim),
+            K=cand.shape[1], BLOCK_K=16, BLOCK_H=128, num_warps=4, **pdl_options(_resolve_candidates_kernel),
+        )
+    return token, ok.bool()
+
+
+def resolve_candidates_reference(h, w16, cand, count):
+    """``resolve_candidates``' twin (float64 sums in torch's order: the same tokens, and the
+    same verdicts except within ~2**-40 of a margin)."""
+    k = cand.shape[1]
+    n = count.clamp(max=k)
+    live = torch.arange(k, device=h.device)[None, :] < n[:, None]  # [M, k]
+    w = w16[cand.long()].double()  # [M, k, H]
+    wx = w * h.double()[:, None, :]
+    e = torch.where(live, wx.sum(dim=2), float("-inf"))
+    eps = wx.abs().sum(dim=2) * resolution_eps(h.shape[1])
+    j = e.argmax(dim=1, keepdim=True)
+    first = torch.zeros_like(live).scatter(1, j, True)
+    lead_low = (e - eps).gather(1, j)[:, 0]
+    rest = torch.where(first | ~live, float("-inf"), e + eps).amax(dim=1)
+    widen = (lead_low.abs() + torch.where(rest == float("-inf"), 0.0, rest.abs())) * FLOAT64_SLACK
+    ok = (count >= 1) & (count <= k) & (lead_low - widen > rest + widen)
+    return cand.long().gather(1, j)[:, 0], ok
+
+
+def certify_tokens(h, w16, w_int8, w_scale, err, mag, qn, *, config=None, k: int = CANDIDATES):
+    """[M, H] 16-bit h -> (token [M] int64, certified [M] bool): the three launches."""
+    up, low, count = certify_bounds(activation_plane(h), w_int8, w_scale, err, mag, qn, config=config)
+    return resolve_candidates(h, w16, *select_candidates(up, low, count, k=k))
+
+
+def certify_tokens_reference(h, w16, w_int8, w_scale, err, mag, qn, *, config=None, k: int = CANDIDATES):
+    """``certify_tokens`` with the twins."""
+    up, low, count = certify_bounds_reference(activation_plane(h), w_int8, w_scale, err, mag, qn, config=config)
+    return resolve_candidates_reference(h, w16, *select_candidates_reference(up, low, count, k=k))
 
 
 def decisive_rows_certified(token: torch.Tensor, ok: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
@@ -257,10 +405,10 @@ def decisive_rows_certified(token: torch.Tensor, ok: torch.Tensor, drafts: torch
     return ok.gather(0, first).to(torch.int32)
 
 
-def certified_head_argmax(h, w16, w_int8, w_scale, err, mag, qn, *, partials, f16_head, drafts=None):
+def certified_head_argmax(h, w16, w_int8, w_scale, err, mag, qn, *, certify, f16_head, drafts=None):
     """-> (top1 [M] int64: the 16-bit head's argmax, check [M] float32, certified [1] int32).
 
-    ``partials``: ``certify_partials`` or its twin; ``f16_head``: ``f16_head_argmax`` (or its
+    ``certify``: ``certify_tokens`` or its twin; ``f16_head``: ``f16_head_argmax`` (or its
     twin), called with ``skip`` = 1 when every row that matters was certified (the kernel then
     reads no weights; the twin computes anyway). ``check`` is the 16-bit head's confidence where
     it ran and 1 where it did not: a value to test for NaN (a non-finite h never certifies), not
@@ -271,7 +419,10 @@ def certified_head_argmax(h, w16, w_int8, w_scale, err, mag, qn, *, partials, f1
     the 16-bit head only if the first row that is uncertified *or* certified to reject comes
     out uncertified; the rows after it may then hold any token."""
     check_dtype(h, (torch.float16, torch.bfloat16), "certified head: h")
-    token, ok = certify(*partials(activation_planes(h), w_int8, w_scale, err, mag, qn))
+    if w16.dtype != h.dtype or w16.dim() != 2 or w16.shape[1] != h.shape[1] or w16.stride(1) != 1:
+        raise ValueError(f"certified head: w16 must be [V, H={h.shape[1]}] {h.dtype} with contiguous rows, got "
+                         f"{w16.dtype} {tuple(w16.shape)}")
+    token, ok = certify(h, w16, w_int8, w_scale, err, mag, qn)
     skip = ok.all().to(torch.int32).reshape(1) if drafts is None else decisive_rows_certified(token, ok, drafts)
     top16, conf16 = f16_head(h, w16, skip=skip)
     every = skip.bool()

@@ -5,10 +5,11 @@ Part 1 (``--sms``, ``--widths``): a head of the BitNet-2B shape (random bf16 row
 H = 2560: 656 MB, more than the L2, so every call streams it) timed in a CUDA graph on the whole
 GPU (``0``) and on N SMs of it (a green context, as ``sm_partition_stack.py``: an Orin's 8 or
 16), for each width M: the 16-bit head (``f16_head_argmax``), the int8 head (W8A8,
-``int8_head_argmax``: half the bytes, not the 16-bit head's argmax), and the certified head
-both ways it can go: every row certified (activations along a head row: the int8 pass, and the
-16-bit launches returning at once) and none (random activations, near-ties: the int8 pass and
-the 16-bit head after it). Every timed call's tokens are checked against the 16-bit head's first.
+``int8_head_argmax``: half the bytes, not the 16-bit head's argmax), and the certified head on
+three kinds of rows: along a head row (a clear argmax), random (a few close candidates: the
+int8 pass, the candidates' 16-bit rows, the 16-bit launches returning at once when every row
+certified), and along two equal head rows (an exact tie: never certified, so the 16-bit head
+runs after all). Every timed call's tokens are checked against the 16-bit head's first.
 
 Part 2 (``--artifact``, default the embedded model): greedy AR decoding of the held-out prompts
 on the ampere backend with the 16-bit head and with the certified head: the tokens (equal, or
@@ -42,46 +43,61 @@ from tools.provenance import commit  # noqa: E402
 VOCAB, HIDDEN = 128256, 2560  # BitNet b1.58 2B-4T
 
 
+TIE = (1000, 90000)  # head rows made equal (and longer than the rest): an exact tie for "tie"
+CASES = {"planted": "certified, every row certified (planted argmax)",
+         "random": "certified, random rows",
+         "tie": "certified, a tie: int8 pass + candidates + 16-bit head"}
+
+
 def head_case(vocab: int, hidden: int, seed: int = 0):
+    """Random bf16 rows with rows ``TIE`` equal (and longer than the rest), their int8 rows and
+    bounds, and the generator for the activations."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     w16 = (torch.randn(vocab, hidden, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    w16[TIE[0]] *= 1.5
+    w16[TIE[1]] = w16[TIE[0]]
     q, s = ch.int8_rows(w16)
     return w16, q, s, *ch.head_error_bounds(w16, q, s), g
 
 
-def activations(w16, m: int, answered: bool, g) -> torch.Tensor:
-    """``m`` rows: along head rows (a clear argmax: certified) or random (near-ties: not)."""
+def activations(w16, m: int, case: str, g) -> torch.Tensor:
+    """``m`` rows: along head rows (``planted``: a clear argmax), random (``random``: near-ties
+    among a few candidates), or along the head's two equal rows (``tie``: never certified)."""
     x = torch.randn(m, w16.shape[1], device="cuda", generator=g)
-    if answered:
+    if case == "planted":
         rows = torch.randint(0, w16.shape[0], (m,), device="cuda", generator=g)
         x = w16[rows].float() * 50 + 0.05 * x
+    elif case == "tie":
+        x = w16[TIE[0]].float()[None, :].expand(m, -1) * 50
     return x.to(torch.bfloat16)
 
 
 def time_heads(vocab: int, hidden: int, widths: list[int], sms: int, reps: int) -> list[dict]:
     # a partition's own stream (its kernels run where they were captured); else a side stream
     timer = GraphTimer(reps=reps, replays=5, stream=torch.cuda.current_stream() if sms else None)
-    w16, q, s, err, mag, qn, g = head_case(vocab, hidden)
-    head = (w16, q, s, err, mag, qn)
+    *head, g = head_case(vocab, hidden)
+    w16, q, s = head[:3]
     rows = []
     for m in widths:
-        for answered in (True, False):  # planted argmaxes, then random rows (near-ties)
-            x = activations(w16, m, answered, g)
+        for case, label in CASES.items():
+            x = activations(w16, m, case, g)
             expected = f16_head_argmax(x, w16)[0]
-            top, _, every = ch.certified_head_argmax(x, *head, partials=ch.certify_partials, f16_head=f16_head_argmax)
+            top, _, every = ch.certified_head_argmax(x, *head, certify=ch.certify_tokens, f16_head=f16_head_argmax)
             if not torch.equal(top, expected):
-                raise SystemExit(f"bench_certified_head: M={m}: tokens differ from the 16-bit head's")
-            case = "every row certified: int8 pass only" if bool(every) else "not all certified: int8 pass + 16-bit head"
-            us = timer([lambda x=x: ch.certified_head_argmax(x, *head, partials=ch.certify_partials,
+                raise SystemExit(f"bench_certified_head: M={m}, {case}: tokens differ from the 16-bit head's")
+            _, ok = ch.certify_tokens(x, *head)
+            us = timer([lambda x=x: ch.certified_head_argmax(x, *head, certify=ch.certify_tokens,
                                                              f16_head=f16_head_argmax)])
-            rows.append({"sms": sms, "M": m, "head": f"certified, {case}", "us": round(us, 1)})
-        x = activations(w16, m, False, g)
+            rows.append({"sms": sms, "M": m, "head": label, "us": round(us, 1), "rows_certified": int(ok.sum()),
+                         "call_certified": bool(every)})
+        x = activations(w16, m, "random", g)
         a, a_s = quantize_activations(x.float())
         rows.append({"sms": sms, "M": m, "head": "16-bit", "us": round(timer([lambda x=x: f16_head_argmax(x, w16)]), 1)})
         rows.append({"sms": sms, "M": m, "head": "int8 (W8A8, not the 16-bit argmax)",
                      "us": round(timer([lambda a=a, a_s=a_s: int8_head_argmax(a, a_s, q, s)]), 1)})
-        for r in rows[-4:]:
-            print(f"sms {sms or 'all'} M {m:2d} {r['head']:40s} {r['us']:9.1f} us", flush=True)
+        for r in rows[-5:]:
+            print(f"sms {sms or 'all'} M {m:2d} {r['head']:55s} {r['us']:9.1f} us "
+                  f"{r.get('rows_certified', '')}", flush=True)
     return rows
 
 
@@ -122,11 +138,12 @@ def markdown(report: dict) -> str:
              f"- command: `{report['command']}`", "",
              f"Head of V = {report['vocab']}, H = {report['hidden']} (random bf16 rows), µs per call in a CUDA graph "
              f"({report['reps']} calls per replay, median of 5 replays; the head is larger than the L2).", "",
-             "| SMs | M | head | µs | × 16-bit head |", "|---|---|---|---|---|"]
+             "| SMs | M | head | µs | × 16-bit head | rows certified |", "|---|---|---|---|---|---|"]
     base = {(r["sms"], r["M"]): r["us"] for r in report["heads"] if r["head"] == "16-bit"}
     for r in report["heads"]:
         ratio = r["us"] / base[(r["sms"], r["M"])]
-        lines.append(f"| {r['sms'] or 'all'} | {r['M']} | {r['head']} | {r['us']} | {ratio:.2f} |")
+        certified = f"{r['rows_certified']} of {r['M']}" if "rows_certified" in r else ""
+        lines.append(f"| {r['sms'] or 'all'} | {r['M']} | {r['head']} | {r['us']} | {ratio:.2f} | {certified} |")
     d = report.get("decode")
     if d:
         lines += ["", f"Greedy AR on `{report['artifact']}`, {d['prompts']} held-out prompts, "

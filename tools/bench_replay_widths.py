@@ -296,6 +296,8 @@ def run(args, tables: dict[str, Path]) -> int:
         log(f"{name}: " + ", ".join(f"M={w} {v:.1f} us" for w, v in us.items()) + f" ({time.perf_counter() - t0:.0f} s)")
         entry = {"folder": str(folder), "programmatic_launch": pdl, "next_weights_l2": ahead,
                  "replay_us": {w: round(v, 1) for w, v in us.items()}, "profile": {}}
+        if args.head == "certified":  # (greedy head calls, answered by the int8 rows) over capture and timing
+            entry["certified_counts"] = list(eng.backend.fast.certified_counts())
         for w in (profiled if not args.profile_tables or name in args.profile_tables.split(",") else ()):
             try:
                 entry["profile"][w] = profile_state(eng, wanted[w])

@@ -34,14 +34,14 @@ class Ops:
     small_width_attention: Callable
     int8_head_argmax: Callable
     f16_head_argmax: Callable
-    certify_partials: Callable  # kernels_ampere.certified_head: the int8 pass of the certified head
+    certify_tokens: Callable  # kernels_ampere.certified_head: the int8 pass and its candidates
 
     def certified_head_argmax(self, h, w16, w_int8, w_scale, err_norm, magnitude, code_norm, drafts=None):
         """The 16-bit head's argmax, from the int8 head where certified (``certified_head.py``)."""
         from kernels_ampere.certified_head import certified_head_argmax
 
         return certified_head_argmax(h, w16, w_int8, w_scale, err_norm, magnitude, code_norm,
-                                     partials=self.certify_partials, f16_head=self.f16_head_argmax, drafts=drafts)
+                                     certify=self.certify_tokens, f16_head=self.f16_head_argmax, drafts=drafts)
 
     def linear_w2a8(self, a_int8, a_scale, packed, w_scale, out_dtype=torch.float32, residual=None,
                     next_weights=None):
@@ -63,7 +63,7 @@ class Ops:
 def kernel_ops(specialize_widths: bool = True) -> Ops:
     """The Triton kernels (imports Triton)."""
     from kernels_ampere.attention import small_width_attention
-    from kernels_ampere.certified_head import certify_partials
+    from kernels_ampere.certified_head import certify_tokens
     from kernels_ampere.fused_quant import (act_quant, relu2_mul_rmsnorm_quant, rmsnorm_cast, rmsnorm_quant,
                                             silu_mul_quant)
     from kernels_ampere.heads import f16_head_argmax, int8_head_argmax
@@ -76,13 +76,13 @@ def kernel_ops(specialize_widths: bool = True) -> Ops:
                relu2_mul_rmsnorm_quant=relu2_mul_rmsnorm_quant, silu_mul_quant=silu_mul_quant,
                rope_qkv_to_cache=rope_qkv_to_cache, small_width_attention=small_width_attention,
                int8_head_argmax=int8_head_argmax, f16_head_argmax=f16_head_argmax,
-               certify_partials=certify_partials)
+               certify_tokens=certify_tokens)
 
 
 def twin_ops(specialize_widths: bool = True) -> Ops:
     """The kernels' pure-PyTorch twins (they live next to their kernels, so this imports Triton too)."""
     from kernels_ampere.attention import small_width_attention_reference
-    from kernels_ampere.certified_head import certify_partials_reference
+    from kernels_ampere.certified_head import certify_tokens_reference
     from kernels_ampere.fused_quant import (act_quant_reference, relu2_mul_rmsnorm_quant_reference,
                                             rmsnorm_cast_reference, rmsnorm_quant_reference,
                                             silu_mul_quant_reference)
@@ -98,7 +98,7 @@ def twin_ops(specialize_widths: bool = True) -> Ops:
                rope_qkv_to_cache=rope_qkv_to_cache_reference,
                small_width_attention=small_width_attention_reference,
                int8_head_argmax=int8_head_argmax_reference, f16_head_argmax=f16_head_argmax_reference,
-               certify_partials=certify_partials_reference)
+               certify_tokens=certify_tokens_reference)
 
 
 def _generic_linear(grouped: bool):
