@@ -17,10 +17,10 @@ rows that can be the 16-bit head's argmax, and the 16-bit head then reads only t
 with ``head16[v]`` the logit the 16-bit head *computes* (its own float32 rounding included).
 With ``L = max_v (l[v] - B[v])``, no row whose upper bound ``l + B`` is below ``L`` can be the
 argmax: the **candidates** are the rows with ``l + B >= L`` — usually one to a few dozen of the
-vocabulary. Their 16-bit rows are read and their logits computed in float64 (``e``, off the
-exact sum by far less than the float32 head's rounding), and the row with the largest ``e`` is
-the 16-bit head's argmax as soon as ``e - eps`` there is strictly above ``e + eps`` of every
-other candidate, ``eps`` bounding both sums' rounding: no tie and no rounding can reorder them.
+vocabulary. Their 16-bit rows are read and their logits ``e`` summed in float32 from the exact
+products, and the row with the largest ``e`` is the 16-bit head's argmax as soon as ``e - eps``
+there is strictly above ``e + eps`` of every other candidate, ``eps`` bounding both float32
+sums' rounding: no tie and no rounding can reorder them.
 
 Three launches: the int8 pass writes every row's upper bound and each vocabulary tile's largest
 lower bound; the selection appends the rows at or above ``L`` to at most ``CANDIDATES`` slots
@@ -31,11 +31,11 @@ launches are captured, and the 16-bit one returns at once when every row was cer
 the tokens are the 16-bit head's in every case. The per-row constants ``||e_v||_2``,
 ``max|w_v| + s_v`` and ``||q_v||_2`` are computed once at load (``head_error_bounds``), rounded up.
 
-On the embedded models' held-out text (27M, H = 512, V = 8192, 1368 rows each), the candidates
-numbered 2 at the median and at most 153 / 106; 99.6% / 100% of rows fit 64 slots and 99.5%
-kept the margin. The earlier form (two int8 planes for a 15-bit h, the whole 16-bit head when
-a row was not alone above the rest) read the int8 rows twice per weight and certified 69-76%
-of the same rows (docs/runtime.md, "The certified head").
+On the embedded models' held-out text (27M, H = 512, V = 8192; 1368 rows each of d8 / sft-27m:
+``tools/certified_candidates.py``), the candidates numbered 2 at the median and at most 153 / 106;
+99.0% / 99.9% of rows fit the 64 slots, and 98.0% / 99.0% were certified. The earlier form (two
+int8 planes for a 15-bit h, two tensor-core sums per weight, and the whole 16-bit head whenever
+one row was not alone above the rest) answered 89.5% of the d8 model's greedy AR head calls.
 """
 
 from __future__ import annotations
@@ -64,10 +64,6 @@ ROUNDING_UNIT = 2.0**-22
 # widened by this share of |l| + B (a few float32 roundings are < 2**-22 of it).
 COMPARISON_SLACK = 2.0**-18
 _SLACK = tl.constexpr(COMPARISON_SLACK)
-# float64 sums over H terms are off by < H 2**-53 of sum|w h|: the resolution's eps counts it
-# twice, and its comparisons are widened by this share of |e| + eps
-FLOAT64_SLACK = 2.0**-40
-_SLACK64 = tl.constexpr(FLOAT64_SLACK)
 UP = 1 + 2.0**-20  # norms computed in float64, rounded up by this factor
 
 
@@ -81,10 +77,11 @@ def rounding_gamma(hidden: int) -> float:
 
 
 def resolution_eps(hidden: int) -> float:
-    """The share of ``sum |w h|`` (rounded up) by which a candidate's float64 logit ``e`` can
-    be off the logit the 16-bit head computes: that head's float32 sum (half of
-    ``rounding_gamma``) plus the float64 sum's own rounding (twice ``H 2**-53``)."""
-    return rounding_gamma(hidden) / 2 + hidden * 2.0**-52
+    """The share of ``sum |w h|`` by which a candidate's logit ``e`` (a float32 sum of the exact
+    products) can be off the logit the 16-bit head computes (another float32 sum): both sums'
+    rounding, ``rounding_gamma``, times ``1 + gamma`` for ``sum |w h|`` itself summed in float32."""
+    gamma = rounding_gamma(hidden)
+    return gamma * (1 + gamma)
 
 
 def head_error_bounds(w16: torch.Tensor, w_int8: torch.Tensor, w_scale: torch.Tensor,
@@ -215,7 +212,7 @@ def _resolve_candidates_kernel(
     K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr,
     USE_GDC: tl.constexpr = False,
 ):
-    """One program per activation row: the candidates' float64 logits ``BLOCK_K`` at a time
+    """One program per activation row: the candidates' logits ``BLOCK_K`` at a time
     (most rows have a handful: one chunk), folded into the leader and the largest ``e + eps``
     of the rest."""
     gdc_prologue(USE_GDC)
@@ -224,22 +221,22 @@ def _resolve_candidates_kernel(
     rh = tl.arange(0, BLOCK_H)
     count = tl.load(count_ptr + m)
     n = tl.minimum(count, K)
-    lead_e = tl.full((), float("-inf"), tl.float64)
-    lead_up = tl.full((), float("-inf"), tl.float64)
-    lead_low = tl.full((), float("-inf"), tl.float64)
+    lead_e = tl.full((), float("-inf"), tl.float32)
+    lead_up = tl.full((), float("-inf"), tl.float32)
+    lead_low = tl.full((), float("-inf"), tl.float32)
     lead_row = tl.full((), 0, tl.int32)
-    rest = tl.full((), float("-inf"), tl.float64)  # the largest e + eps of the others
+    rest = tl.full((), float("-inf"), tl.float32)  # the largest e + eps of the others
     for k0 in range(0, n, BLOCK_K):
         live = (k0 + rk) < n
         rows = tl.load(cand_ptr + m * K + k0 + rk, mask=live, other=0)
-        e = tl.zeros((BLOCK_K,), tl.float64)
-        ab = tl.zeros((BLOCK_K,), tl.float64)
+        e = tl.zeros((BLOCK_K,), tl.float32)
+        ab = tl.zeros((BLOCK_K,), tl.float32)
         for h0 in range(0, H, BLOCK_H):
             mask_h = (h0 + rh) < H
-            x = tl.load(h_ptr + m * stride_hm + h0 + rh, mask=mask_h, other=0.0).to(tl.float64)
+            x = tl.load(h_ptr + m * stride_hm + h0 + rh, mask=mask_h, other=0.0).to(tl.float32)
             w = tl.load(w_ptr + rows[:, None] * stride_wv + (h0 + rh)[None, :],
-                        mask=live[:, None] & mask_h[None, :], other=0.0).to(tl.float64)
-            wx = w * x[None, :]  # exact: the product of two 16-bit values
+                        mask=live[:, None] & mask_h[None, :], other=0.0).to(tl.float32)
+            wx = w * x[None, :]  # exact in float32: the product of two 16-bit values
             e += tl.sum(wx, axis=1)
             ab += tl.sum(tl.abs(wx), axis=1)
         eps = ab * eps_share
@@ -254,7 +251,7 @@ def _resolve_candidates_kernel(
         lead_low = tl.where(takes, e_j - eps_j, lead_low)
         lead_row = tl.where(takes, tl.sum(tl.where(first, rows, 0), axis=0), lead_row)
         lead_e = tl.where(takes, e_j, lead_e)
-    widen = (tl.abs(lead_low) + tl.where(rest == float("-inf"), 0.0, tl.abs(rest))) * _SLACK64
+    widen = (tl.abs(lead_low) + tl.where(rest == float("-inf"), 0.0, tl.abs(rest))) * _SLACK
     ok = (count >= 1) & (count <= K) & (lead_low - widen > rest + widen)  # false on NaN
     tl.store(token_ptr + m, lead_row.to(tl.int64))
     tl.store(ok_ptr + m, ok.to(tl.int32))
@@ -345,7 +342,7 @@ def select_candidates_reference(up, low, count, *, k: int = CANDIDATES):
 
 
 def resolve_candidates(h, w16, cand, count):
-    """-> (token [M] int64, ok [M] bool): per row the candidate with the largest float64 logit,
+    """-> (token [M] int64, ok [M] bool): per row the candidate with the largest logit,
     certified where its margin holds over every other candidate (and all candidates fitted).
     The Triton kernel."""
     m, hdim = h.shape
@@ -363,20 +360,20 @@ def resolve_candidates(h, w16, cand, count):
 
 
 def resolve_candidates_reference(h, w16, cand, count):
-    """``resolve_candidates``' twin (float64 sums in torch's order: the same tokens, and the
-    same verdicts except within ~2**-40 of a margin)."""
+    """``resolve_candidates``' twin (float32 sums in torch's order: the same tokens, and the
+    same verdicts except within a float32 rounding of a margin)."""
     k = cand.shape[1]
     n = count.clamp(max=k)
     live = torch.arange(k, device=h.device)[None, :] < n[:, None]  # [M, k]
-    w = w16[cand.long()].double()  # [M, k, H]
-    wx = w * h.double()[:, None, :]
+    w = w16[cand.long()].float()  # [M, k, H]
+    wx = w * h.float()[:, None, :]
     e = torch.where(live, wx.sum(dim=2), float("-inf"))
     eps = wx.abs().sum(dim=2) * resolution_eps(h.shape[1])
     j = e.argmax(dim=1, keepdim=True)
     first = torch.zeros_like(live).scatter(1, j, True)
     lead_low = (e - eps).gather(1, j)[:, 0]
     rest = torch.where(first | ~live, float("-inf"), e + eps).amax(dim=1)
-    widen = (lead_low.abs() + torch.where(rest == float("-inf"), 0.0, rest.abs())) * FLOAT64_SLACK
+    widen = (lead_low.abs() + torch.where(rest == float("-inf"), 0.0, rest.abs())) * COMPARISON_SLACK
     ok = (count >= 1) & (count <= k) & (lead_low - widen > rest + widen)
     return cand.long().gather(1, j)[:, 0], ok
 

@@ -5,6 +5,8 @@ the tiles, and every policy on the graph backend giving the 16-bit head's tokens
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -247,6 +249,23 @@ def test_the_benchmark_report_and_its_argument_errors(tmp_path):
     assert "11 of 11 completions equal" in text and "| certified | 3900.0 | 1400 | 1232 (88.0%) |" in text
     with pytest.raises(SystemExit, match="comma-separated integers"):
         bench.main(["--sms", "0,x", "--out", str(tmp_path)])
+
+
+def test_the_candidates_report_on_held_out_text(tmp_path):
+    """``tools/certified_candidates.py`` on the embedded model (a few windows): its rows, their
+    candidates and certified share (every certified token is checked against the 16-bit head's
+    argmax inside), and a bad model argument named."""
+    from tools import certified_candidates as tool
+
+    assert tool.main(["--model", "d8=tools/checkpoints/bitmtp-d8-27m", "--window", "64", "--max-windows", "2",
+                      "--stride", "4", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "certified_candidates.json").read_text())
+    r = report["models"]["d8"]
+    assert r["rows"] == 2 * 64 // 4 and 1 <= r["candidates_p50"] <= r["candidates_max"]
+    assert 0.5 < r["certified"] <= r["fit_slots"] <= 1.0
+    assert "| d8 | 32 |" in (tmp_path / "certified_candidates.md").read_text()
+    with pytest.raises(SystemExit, match="NAME=CHECKPOINT_FOLDER"):
+        tool.main(["--model", "nowhere", "--out", str(tmp_path)])
 
 
 @pytest.mark.gpu
