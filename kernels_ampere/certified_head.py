@@ -65,6 +65,7 @@ ROUNDING_UNIT = 2.0**-22
 COMPARISON_SLACK = 2.0**-18
 _SLACK = tl.constexpr(COMPARISON_SLACK)
 UP = 1 + 2.0**-20  # norms computed in float64, rounded up by this factor
+_UP = tl.constexpr(UP)
 
 
 def rounding_gamma(hidden: int) -> float:
@@ -121,6 +122,53 @@ def activation_plane(h: torch.Tensor) -> tuple[torch.Tensor, ...]:
     finite = torch.where(torch.isfinite(h64).all(dim=1), 1.0, float("nan"))
     n1, n2, r = (x * UP * finite for x in (h64.abs().sum(dim=1), h64.norm(dim=1), (h64 - a64 * g).norm(dim=1)))
     return g.to(torch.int8), a, n1.float(), n2.float(), r.float()
+
+
+@triton.jit
+def _activation_plane_kernel(
+    h_ptr,  # [M, H] 16-bit
+    g_ptr,  # [M, H] int8
+    a_ptr, n1_ptr, n2_ptr, r_ptr,  # [M] float32
+    H, stride_hm,
+    BLOCK_H: tl.constexpr,
+    USE_GDC: tl.constexpr = False,
+):
+    """``activation_plane`` for one row per program, in float64 as the twin: ``a`` and ``g``
+    bit for bit (round half to even), the norms as upper bounds like the twin's (their sums in
+    another order: within a float32 ulp of them)."""
+    gdc_prologue(USE_GDC)
+    m = tl.program_id(0)
+    rh = tl.arange(0, BLOCK_H)
+    mask = rh < H
+    x = tl.load(h_ptr + m * stride_hm + rh, mask=mask, other=0.0).to(tl.float64)
+    a = tl.maximum((tl.max(tl.abs(x), axis=0) / 127).to(tl.float32), 2.0**-126)
+    a = tl.where(tl.sum(tl.where(x != x, 1, 0), axis=0) == 0, a, float("nan"))  # torch's amax keeps a NaN
+    y = x / a.to(tl.float64)
+    g = tl.floor(y + 0.5)
+    g = tl.where((g - y == 0.5) & (g - 2 * tl.floor(g * 0.5) != 0), g - 1, g)  # ties to even, as torch.round
+    g = tl.where(g == g, g, 0.0)  # NaN (a non-finite row) -> 0, as nan_to_num
+    g = tl.minimum(tl.maximum(g, -127.0), 127.0)
+    finite = tl.sum(tl.where(mask & ((x - x) != 0), 1, 0), axis=0) == 0  # inf - inf and NaN are NaN
+    r = x - a.to(tl.float64) * g
+    up = tl.where(finite, _UP, float("nan"))
+    tl.store(g_ptr + m * H + rh, g.to(tl.int8), mask=mask)
+    tl.store(a_ptr + m, a)
+    tl.store(n1_ptr + m, (tl.sum(tl.abs(x), axis=0) * up).to(tl.float32))
+    tl.store(n2_ptr + m, (tl.sqrt(tl.sum(x * x, axis=0)) * up).to(tl.float32))
+    tl.store(r_ptr + m, (tl.sqrt(tl.sum(r * r, axis=0)) * up).to(tl.float32))
+
+
+def activation_plane_kernel(h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``activation_plane`` in one launch (a decode step pays ~30 torch launches for the twin)."""
+    m, hdim = h.shape
+    if h.stride(1) != 1:
+        raise ValueError(f"certified head: h must have contiguous rows, got strides {h.stride()}")
+    g = torch.empty((m, hdim), dtype=torch.int8, device=h.device)
+    a, n1, n2, r = (torch.empty((m,), dtype=torch.float32, device=h.device) for _ in range(4))
+    if m:
+        _activation_plane_kernel[(m,)](h, g, a, n1, n2, r, hdim, h.stride(0), BLOCK_H=next_pow2(hdim),
+                                       num_warps=8, **pdl_options(_activation_plane_kernel))
+    return g, a, n1, n2, r
 
 
 @triton.jit
@@ -354,7 +402,7 @@ def resolve_candidates(h, w16, cand, count):
     if m:
         _resolve_candidates_kernel[(m,)](
             h, w16, cand, count, token, ok, hdim, h.stride(0), w16.stride(0), resolution_eps(hdim),
-            K=cand.shape[1], BLOCK_K=16, BLOCK_H=128, num_warps=4, **pdl_options(_resolve_candidates_kernel),
+            K=cand.shape[1], BLOCK_K=16, BLOCK_H=256, num_warps=4, **pdl_options(_resolve_candidates_kernel),
         )
     return token, ok.bool()
 
@@ -380,7 +428,7 @@ def resolve_candidates_reference(h, w16, cand, count):
 
 def certify_tokens(h, w16, w_int8, w_scale, err, mag, qn, *, config=None, k: int = CANDIDATES):
     """[M, H] 16-bit h -> (token [M] int64, certified [M] bool): the three launches."""
-    up, low, count = certify_bounds(activation_plane(h), w_int8, w_scale, err, mag, qn, config=config)
+    up, low, count = certify_bounds(activation_plane_kernel(h), w_int8, w_scale, err, mag, qn, config=config)
     return resolve_candidates(h, w16, *select_candidates(up, low, count, k=k))
 
 

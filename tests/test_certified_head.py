@@ -132,6 +132,32 @@ def test_a_row_that_is_not_finite_is_never_certified():
         assert ok.tolist() == [True, False, False, False]
 
 
+def test_the_plane_kernel_matches_its_twin():
+    """``activation_plane_kernel`` against the torch twin: g (round half to even: a row of exact
+    ties) and a bit for bit, the norms upper bounds within a float32 ulp of the twin's; rows
+    with NaN or inf get NaN norms; an all-zero row a zero plane."""
+    g = torch.Generator().manual_seed(2)
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.randn(6, 300, generator=g) * 3
+        x[1] = torch.arange(300) * 0.5 - 75  # max|x| = 75: a = 75/127, and not one tie ...
+        x[1, 0] = 127  # ... but with max|x| = 127, a = 1 and every odd multiple of 0.5 is a tie
+        x[5] = 0
+        x = x.to(dtype)
+        x[2, 7], x[3, 1], x[4, 9] = float("nan"), float("inf"), float("-inf")
+        x = x.to(DEVICE)
+        twin, kernel = ch.activation_plane(x), ch.activation_plane_kernel(x)
+        assert torch.equal(twin[0], kernel[0])
+        assert torch.allclose(twin[1], kernel[1], rtol=0, atol=0, equal_nan=True)
+        finite = torch.tensor([True, True, False, False, False, True], device=x.device)
+        exact = (x.double().abs().sum(dim=1), x.double().norm(dim=1),
+                 (x.double() - twin[1].double()[:, None] * twin[0].double()).norm(dim=1))
+        for t, k, e in zip(twin[2:], kernel[2:], exact):
+            assert torch.allclose(t[finite], k[finite], rtol=2.0**-23, atol=0)
+            assert bool((k[finite].double() >= e[finite]).all())
+            assert bool(k[~finite].isnan().all())
+        assert not bool(kernel[0][5].any())
+
+
 def test_the_bound_holds_for_every_row_and_logit():
     """|16-bit logit - l| <= B on random heads and activations (both 16-bit types): l from the
     activation plane, B the Cauchy-Schwarz bounds of the head's and the plane's quantisation

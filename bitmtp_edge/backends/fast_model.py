@@ -132,7 +132,7 @@ class FastModel:
         # 16-bit head quantised per row here, as the exporter does) in every role; the 16-bit
         # head is then not kept on the device at all (656 MB of a 2B model).
         self.int8_head = None
-        self.certified_head = None  # (int8 codes, row scales, ||e_v||_2, max|w_v| + s_v, ||q_v||_1): certified
+        self.certified_head = None  # (int8 codes, row scales, ||e_v||_2, max|w_v| + s_v, ||q_v||_2): certified
         if keeps_16bit:
             if not tied:
                 self.verify_head = head.to(device=dev, dtype=self.head_dtype).contiguous()  # [V, H]
