@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from .common import check_dtype, check_launchable, gdc_prologue, next_pow2, pdl_options
+from .heads import _argmax_confidence, _head_combine_kernel, _row_tile_partials
 from .numerics import int_matmul, quantize_rows_int8
 from .tuning import HeadConfig
 
@@ -183,6 +184,8 @@ def _certify_bounds_kernel(
     M, V, H, stride_gm, stride_qv, gamma,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
+    pmax_ptr=None, pidx_ptr=None, psum_ptr=None,  # DRAFTS: [P, M], the int8 head's partials of l
+    DRAFTS: tl.constexpr = False,
 ):
     pid = tl.program_id(1)
     rv = pid * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -218,6 +221,8 @@ def _certify_bounds_kernel(
     tl.store(up_ptr + rm[None, :] * V + rv[:, None], up, mask=mask_m[None, :] & mask_v[:, None])
     low = tl.max(tl.where(mask_v[:, None], logit - bound, float("-inf")), axis=0)
     tl.store(low_ptr + pid * M + rm, low, mask=mask_m)
+    if DRAFTS:  # l is an int8 head's logit (W8A8, h's plane): its argmax and confidence, as heads.py
+        _row_tile_partials(acc, rm, M, pid, rv, mask_v, s, a, pmax_ptr, pidx_ptr, psum_ptr, True, BLOCK_V)
 
 
 @triton.jit
@@ -322,10 +327,13 @@ def _plane_shape(plane, w_int8) -> tuple[int, int, int]:
     return m, hdim, w_int8.shape[0]
 
 
-def certify_bounds(plane, w_int8, w_scale, err, mag, qn, *, config=None):
+def certify_bounds(plane, w_int8, w_scale, err, mag, qn, *, config=None, drafts: bool = False):
     """The int8 pass -> (``up`` [M, V] float32: every row's upper bound ``l + B``; ``low``
     [P, M] float32: per vocabulary tile its largest lower bound; ``count`` [M] int32 zeros for
-    ``select_candidates``). ``plane``: ``activation_plane(h)``. The Triton kernel."""
+    ``select_candidates``), and with ``drafts`` the argmax of ``l`` and its confidence per row
+    ((top1 [M] int64, confidence [M] float32): ``l`` is an int8 head's logit, the W8A8 product
+    with h's plane, so the same pass answers draft rows). ``plane``: ``activation_plane(h)``.
+    The Triton kernel."""
     _check(w_int8, w_scale, err, mag, qn)
     m, hdim, v = _plane_shape(plane, w_int8)
     g, a, n1, n2, r = plane
@@ -335,20 +343,29 @@ def certify_bounds(plane, w_int8, w_scale, err, mag, qn, *, config=None):
     up = torch.empty((m, v), dtype=torch.float32, device=g.device)
     low = torch.empty((parts, m), dtype=torch.float32, device=g.device)
     count = torch.empty((m,), dtype=torch.int32, device=g.device)
+    partials = [torch.empty((parts, m), dtype=dt, device=g.device) for dt in (torch.float32, torch.int32, torch.float32)]
+    top1 = torch.empty((m,), dtype=torch.int64, device=g.device)
+    conf = torch.empty((m,), dtype=torch.float32, device=g.device)
     if m:
         _certify_bounds_kernel[(triton.cdiv(m, CERT_ROW_TILE), parts)](
             g, a, n1, n2, r, w_int8, w_scale, err, mag, qn, up, low, count, m, v, hdim, g.stride(0),
             w_int8.stride(0), rounding_gamma(hdim), BLOCK_M=CERT_ROW_TILE, BLOCK_V=config.block_v,
             BLOCK_H=config.block_h, num_warps=config.num_warps, num_stages=config.num_stages,
             enable_fp_fusion=False, **pdl_options(_certify_bounds_kernel),
+            **({"pmax_ptr": partials[0], "pidx_ptr": partials[1], "psum_ptr": partials[2], "DRAFTS": True}
+               if drafts else {}),
         )
-    return up, low, count
+        if drafts:
+            _head_combine_kernel[(m,)](*partials, top1, conf, parts, m, BLOCK_P=min(next_pow2(parts), 1024),
+                                       num_warps=4, **pdl_options(_head_combine_kernel))
+    return (up, low, count, top1, conf) if drafts else (up, low, count)
 
 
-def certify_bounds_reference(plane, w_int8, w_scale, err, mag, qn, *, config=None, block_v: int = 128):
+def certify_bounds_reference(plane, w_int8, w_scale, err, mag, qn, *, config=None, block_v: int = 128,
+                             drafts: bool = False):
     """``certify_bounds``' twin: the exact integer sums (``int_matmul``), then the kernel's
     float32 operations in its order, tiles of ``block_v`` rows (``config.block_v`` when given):
-    the same bits as the kernel."""
+    the same bits as the kernel (the drafts' tokens too; their confidences to float32 rounding)."""
     _check(w_int8, w_scale, err, mag, qn)
     m, hdim, v = _plane_shape(plane, w_int8)
     g, a, n1, n2, r = plane
@@ -360,26 +377,29 @@ def certify_bounds_reference(plane, w_int8, w_scale, err, mag, qn, *, config=Non
     parts = -(-v // block_v)
     low = torch.nn.functional.pad(logit - bound, (0, parts * block_v - v), value=float("-inf"))
     low = low.view(m, parts, block_v).amax(dim=2).t().contiguous()
-    return logit + bound, low, torch.zeros((m,), dtype=torch.int32, device=g.device)
+    out = (logit + bound, low, torch.zeros((m,), dtype=torch.int32, device=g.device))
+    return (*out, *_argmax_confidence(logit)) if drafts else out
 
 
-def select_candidates(up, low, count, *, k: int = CANDIDATES):
-    """-> (``cand`` [M, k] int32, ``count`` [M] int32): per row the vocabulary rows whose upper
-    bound reaches the largest lower bound, in slots ``0 .. min(count, k)`` in any order
-    (``count`` may exceed ``k``: that row is then not certified). The Triton kernel; ``count``
-    must hold zeros (``certify_bounds`` leaves them)."""
+def select_candidates(up, low, count, *, k: int = CANDIDATES, rows: int | None = None):
+    """-> (``cand`` [R, k] int32, ``count`` [R] int32) for the first ``rows`` rows (R; default
+    all): per row the vocabulary rows whose upper bound reaches the largest lower bound, in
+    slots ``0 .. min(count, k)`` in any order (``count`` may exceed ``k``: that row is then not
+    certified). The Triton kernel; ``count`` must hold zeros (``certify_bounds`` leaves them)."""
     m, v = up.shape
-    cand = torch.empty((m, k), dtype=torch.int32, device=up.device)
-    if m:
-        _select_candidates_kernel[(m, triton.cdiv(v, SELECT_BLOCK))](
+    rows = m if rows is None else rows
+    cand = torch.empty((rows, k), dtype=torch.int32, device=up.device)
+    if rows:
+        _select_candidates_kernel[(rows, triton.cdiv(v, SELECT_BLOCK))](
             up, low, cand, count, m, v, low.shape[0], K=k, BLOCK=SELECT_BLOCK,
             BLOCK_P=min(next_pow2(low.shape[0]), 1024), num_warps=4, **pdl_options(_select_candidates_kernel),
         )
-    return cand, count
+    return cand, count[:rows]
 
 
-def select_candidates_reference(up, low, count, *, k: int = CANDIDATES):
+def select_candidates_reference(up, low, count, *, k: int = CANDIDATES, rows: int | None = None):
     """``select_candidates``' twin: the same rows, ascending, zeros in the unused slots."""
+    up, low = up[:rows], low[:, :rows]
     floor = low.amax(dim=0)[:, None]
     hit = (up >= floor) & (floor > float("-inf"))  # [M, V]; NaN bounds (a non-finite row): none
     count = hit.sum(dim=1).to(torch.int32)
@@ -438,6 +458,24 @@ def certify_tokens_reference(h, w16, w_int8, w_scale, err, mag, qn, *, config=No
     return resolve_candidates_reference(h, w16, *select_candidates_reference(up, low, count, k=k))
 
 
+def certify_fused_rows(h, w16, w_int8, w_scale, err, mag, qn, *, n: int, config=None, k: int = CANDIDATES):
+    """A fused step's head rows in one int8 pass: [R, H] 16-bit h, the first ``n`` the verify
+    rows -> (token, certified [n]: as ``certify_tokens``; top1 [R] int64, confidence [R]
+    float32: the int8 logits' argmax and confidence, the draft rows' next drafts)."""
+    up, low, count, top1, conf = certify_bounds(activation_plane_kernel(h), w_int8, w_scale, err, mag, qn,
+                                                config=config, drafts=True)
+    return (*resolve_candidates(h[:n], w16, *select_candidates(up, low, count, k=k, rows=n)), top1, conf)
+
+
+def certify_fused_rows_reference(h, w16, w_int8, w_scale, err, mag, qn, *, n: int, config=None,
+                                 k: int = CANDIDATES):
+    """``certify_fused_rows`` with the twins."""
+    up, low, count, top1, conf = certify_bounds_reference(activation_plane(h), w_int8, w_scale, err, mag, qn,
+                                                          config=config, drafts=True)
+    return (*resolve_candidates_reference(h[:n], w16, *select_candidates_reference(up, low, count, k=k, rows=n)),
+            top1, conf)
+
+
 def decisive_rows_certified(token: torch.Tensor, ok: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
     """[1] int32: 1 when the verify's accepted prefix and verifier token follow from certified
     rows alone. ``token``, ``ok`` [D + 1]: the rows' certified tokens and flags; ``drafts`` [D]:
@@ -472,3 +510,22 @@ def certified_head_argmax(h, w16, w_int8, w_scale, err, mag, qn, *, certify, f16
     top16, conf16 = f16_head(h, w16, skip=skip)
     every = skip.bool()
     return torch.where(every, token, top16), torch.where(every, torch.ones_like(conf16), conf16), skip
+
+
+def certified_fused_head(h, w16, w_int8, w_scale, err, mag, qn, *, n: int, drafts, certify_rows, f16_head):
+    """A fused step's one head pass with the certified head -> (top1 [R] int64, confidence [R]
+    float32, certified [1] int32). Rows ``:n`` (the verify rows ``[anchor, d_1..d_m]``,
+    ``drafts`` = d_1..d_m): the 16-bit head's greedy tokens as ``certified_head_argmax`` gives
+    them (the 16-bit head on these rows only where a deciding row is not certified; confidence
+    1 where it did not run). Rows ``n:`` (the candidate blocks' draft rows): the argmax and
+    confidence of the int8 logits the same pass computed — the drafts of an int8 head, where the
+    16-bit head's one pass (``FastModel.verify_top1``) gives the 16-bit head's. ``certify_rows``:
+    ``certify_fused_rows`` or its twin."""
+    check_dtype(h, (torch.float16, torch.bfloat16), "certified head: h")
+    token, ok, top1, conf = certify_rows(h, w16, w_int8, w_scale, err, mag, qn, n=n)
+    skip = decisive_rows_certified(token, ok, drafts)
+    top16, conf16 = f16_head(h[:n], w16, skip=skip)
+    every = skip.bool()
+    torch.where(every, token, top16, out=top1[:n])
+    torch.where(every, torch.ones_like(conf16), conf16, out=conf[:n])
+    return top1, conf, skip

@@ -13,7 +13,7 @@ import torch
 from bitmtp_edge.runtime.policies import POLICIES
 from kernels_ampere import certified_head as ch
 from kernels_ampere.heads import f16_head_argmax, f16_head_argmax_reference
-from kernels_ampere.numerics import quantize_rows_int8
+from kernels_ampere.numerics import int_matmul, quantize_rows_int8
 from kernels_ampere.tuning import HeadConfig
 from tests.helpers import DEVICE, ON_GPU, fast_backend, needs_gpu, random_model, write_test_artifact
 from tests.test_decoding import run
@@ -214,6 +214,39 @@ def test_a_verify_call_skips_the_16bit_head_after_a_proven_rejection():
         assert [t.tolist() for t in accept_on_device(block, top)] == [t.tolist() for t in accept_on_device(block, expected)]
 
 
+def test_a_fused_steps_rows_in_one_int8_pass():
+    """The fused step's head with the certified head: the draft rows' argmax and confidence of
+    the int8 logits (kernel = twin: tokens exact, confidences to float32 rounding; the tokens
+    are the argmax of l), and the verify rows accepted and verified as the 16-bit head's —
+    one verify row an exact tie (never certified: the 16-bit head runs on the verify rows)."""
+    from bitmtp_edge.backends.graph import accept_on_device
+
+    for tie in (None, 2):
+        case = head_case(300, 96, 11, torch.bfloat16, seed=31, winners=4)
+        w16, q, s, err, mag, qn, x = case if tie is None else with_exact_tie(*case, row=tie)
+        n = 5  # verify rows [anchor, d_1..d_4], then six draft rows
+        expected, _ = f16_head_argmax_reference(x[:n], w16)
+        plane = ch.activation_plane(x)
+        logit = (int_matmul(plane[0], q).float() * plane[1][:, None]) * s[None, :]
+        kernel = ch.certify_bounds(plane, q, s, err, mag, qn, config=CONFIG, drafts=True)
+        twin = ch.certify_bounds_reference(plane, q, s, err, mag, qn, config=CONFIG, drafts=True)
+        assert torch.equal(kernel[3], twin[3]) and torch.equal(twin[3], logit.argmax(dim=1))
+        assert torch.allclose(kernel[4], twin[4], rtol=1e-5, atol=0)
+        drafts = expected[:n - 1].clone()
+        drafts[2] += 1  # d_3 is rejected: rows 0..3 decide
+        block = torch.cat([torch.tensor([7], device=x.device), drafts])
+        for rows, head in ((ch.certify_fused_rows, f16_head_argmax), (ch.certify_fused_rows_reference,
+                                                                       f16_head_argmax_reference)):
+            top, conf, every = ch.certified_fused_head(
+                x, w16, q, s, err, mag, qn, n=n, drafts=drafts, f16_head=head,
+                certify_rows=lambda *a, n, rows=rows: rows(*a, n=n, config=CONFIG))
+            assert top.shape == conf.shape == (11,)
+            assert torch.equal(top[n:], twin[3][n:]) and torch.allclose(conf[n:], twin[4][n:], rtol=1e-5, atol=0)
+            assert [t.tolist() for t in accept_on_device(block, top[:n])] == \
+                [t.tolist() for t in accept_on_device(block, expected)]
+            assert every.tolist() == ([1] if tie is None else [0]) and torch.isfinite(conf).all()
+
+
 def test_skip_and_bad_arguments_are_named():
     w16, q, s, err, mag, qn, x = head_case(100, 64, 2, torch.bfloat16, seed=9, winners=2)
     with pytest.raises(ValueError, match="skip must be a \\[1\\] int32"):
@@ -238,8 +271,8 @@ def test_every_policy_gives_the_16bit_heads_tokens(policy):
     ref = fast_backend(model, max_context=256, smallest=16, head_dtype=torch.bfloat16)
     expected, _ = run(ref, PROMPT, policy, n=40, block_size=bs, tau=0.3, min_prefix=2)
     # the kernels on CPU tensors run interpreted (no GPU here), for the policies whose greedy steps
-    # go through the certified head (fused's head pass reads the 16-bit head with confidences)
-    interpreted = not ON_GPU and policy in ("ar", "speculative")
+    # go through the certified head (hybrid's sampled steps read the 16-bit head's logits)
+    interpreted = not ON_GPU and policy in ("ar", "speculative", "fused")
     for kernels in (False, True) if interpreted else (False,):
         fast = fast_backend(model, max_context=256, smallest=16, head_dtype=torch.bfloat16, kernels=kernels,
                             verify_head="certified")
@@ -247,7 +280,7 @@ def test_every_policy_gives_the_16bit_heads_tokens(policy):
         assert out == expected, kernels
         assert fast.fast.verify_head_kind == "certified"
         calls, certified = fast.fast.certified_counts()
-        if policy in ("ar", "speculative"):  # their greedy AR / verify steps go through it
+        if policy in ("ar", "speculative", "fused"):  # their greedy AR / verify / fused steps go through it
             assert calls > 0
         if policy == "ar":  # one row a call: most certify (a verify call certifies only with all its rows)
             assert certified > calls // 2

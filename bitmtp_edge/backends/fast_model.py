@@ -279,6 +279,21 @@ class FastModel:
         self.certified_calls[1].add_(certified[0])
         return top, check
 
+    def fused_head(self, x, n: int, drafts):
+        """A fused step's head rows [R, H] (residual) -> (top1, confidence) [R]: ``verify_top1``
+        on every row, or with the certified head one int8 pass for all of them — rows ``:n``
+        (the verify rows; ``drafts`` [n - 1] their d_1..d_m) the 16-bit head's greedy tokens as
+        ``verify_greedy`` gives them, the rest the int8 logits' argmax and confidence (the next
+        drafts read an int8 head, as a draft step's do)."""
+        if self.certified_head is None:
+            return self.verify_top1(x)
+        h = self.ops.rmsnorm_cast(x, self.final_norm, self.cfg.rms_norm_eps, self.head_dtype)
+        top, conf, certified = self.ops.certified_fused_head(h, self.verify_head, *self.certified_head, n=n,
+                                                             drafts=drafts)
+        self.certified_calls[0].add_(1)
+        self.certified_calls[1].add_(certified[0])
+        return top, conf
+
     def _int8_top1(self, x, head):
         """[M, H] residual -> (top1, confidence) of an int8 head (W8A8, the fused kernel)."""
         a, s = self.ops.rmsnorm_quant(x.contiguous(), self.final_norm, self.cfg.rms_norm_eps)

@@ -26,7 +26,9 @@ once on them *and* on rows 1..D−1 of every candidate block (``FusedInputs.head
 takes the next drafts and their confidences from it: one read of the 16-bit head instead of
 that read plus one of the int8 draft head (the draft step, which reads no verify head, keeps
 the cheap head). The next drafts are then the verify head's argmax on those rows on every
-backend (the reference backend's fused step too), and the output is AR's either way.
+backend (the reference backend's fused step too), and the output is AR's either way. With the
+certified head (``FastModel.fused_head``) the pass reads the int8 head instead: the verify rows'
+tokens are still the 16-bit head's, the next drafts the int8 logits' argmax (as a draft step's).
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ def fused_body(fast, k_cache, v_cache, capacity: int, history_len: torch.Tensor,
                      row_spans=spans)
     c = chosen.shape[0]
     rows = x[io.head_rows[(n, c)]]  # the causal rows, then every block's rows 1..D-1 (one gather launch)
-    top, conf = fast.verify_top1(rows)  # verify rows: the AR greedy token of each; the rest: drafts
+    top, conf = fast.fused_head(rows, n, tokens[1:])  # verify rows: the AR greedy token of each; the rest: drafts
     wanted = torch.empty(d - 1, dtype=torch.long, device=x.device)
     accept = fk.fused_accept if kernels else fused_accept_reference
     accept(x, top[:n], conf[:n], tokens, chosen, tokens[1:], confidences, history_len, io.readback, wanted, io.causal,

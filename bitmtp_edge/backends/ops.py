@@ -35,6 +35,7 @@ class Ops:
     int8_head_argmax: Callable
     f16_head_argmax: Callable
     certify_tokens: Callable  # kernels_ampere.certified_head: the int8 pass and its candidates
+    certify_fused_rows: Callable  # ... and a fused step's rows: verify rows certified, draft rows' int8 argmax
 
     def certified_head_argmax(self, h, w16, w_int8, w_scale, err_norm, magnitude, code_norm, drafts=None):
         """The 16-bit head's argmax, from the int8 head where certified (``certified_head.py``)."""
@@ -42,6 +43,13 @@ class Ops:
 
         return certified_head_argmax(h, w16, w_int8, w_scale, err_norm, magnitude, code_norm,
                                      certify=self.certify_tokens, f16_head=self.f16_head_argmax, drafts=drafts)
+
+    def certified_fused_head(self, h, w16, w_int8, w_scale, err_norm, magnitude, code_norm, *, n, drafts):
+        """A fused step's head rows with the certified head (``certified_head.certified_fused_head``)."""
+        from kernels_ampere.certified_head import certified_fused_head
+
+        return certified_fused_head(h, w16, w_int8, w_scale, err_norm, magnitude, code_norm, n=n, drafts=drafts,
+                                    certify_rows=self.certify_fused_rows, f16_head=self.f16_head_argmax)
 
     def linear_w2a8(self, a_int8, a_scale, packed, w_scale, out_dtype=torch.float32, residual=None,
                     next_weights=None):
@@ -63,7 +71,7 @@ class Ops:
 def kernel_ops(specialize_widths: bool = True) -> Ops:
     """The Triton kernels (imports Triton)."""
     from kernels_ampere.attention import small_width_attention
-    from kernels_ampere.certified_head import certify_tokens
+    from kernels_ampere.certified_head import certify_fused_rows, certify_tokens
     from kernels_ampere.fused_quant import (act_quant, relu2_mul_rmsnorm_quant, rmsnorm_cast, rmsnorm_quant,
                                             silu_mul_quant)
     from kernels_ampere.heads import f16_head_argmax, int8_head_argmax
@@ -76,13 +84,13 @@ def kernel_ops(specialize_widths: bool = True) -> Ops:
                relu2_mul_rmsnorm_quant=relu2_mul_rmsnorm_quant, silu_mul_quant=silu_mul_quant,
                rope_qkv_to_cache=rope_qkv_to_cache, small_width_attention=small_width_attention,
                int8_head_argmax=int8_head_argmax, f16_head_argmax=f16_head_argmax,
-               certify_tokens=certify_tokens)
+               certify_tokens=certify_tokens, certify_fused_rows=certify_fused_rows)
 
 
 def twin_ops(specialize_widths: bool = True) -> Ops:
     """The kernels' pure-PyTorch twins (they live next to their kernels, so this imports Triton too)."""
     from kernels_ampere.attention import small_width_attention_reference
-    from kernels_ampere.certified_head import certify_tokens_reference
+    from kernels_ampere.certified_head import certify_fused_rows_reference, certify_tokens_reference
     from kernels_ampere.fused_quant import (act_quant_reference, relu2_mul_rmsnorm_quant_reference,
                                             rmsnorm_cast_reference, rmsnorm_quant_reference,
                                             silu_mul_quant_reference)
@@ -98,7 +106,7 @@ def twin_ops(specialize_widths: bool = True) -> Ops:
                rope_qkv_to_cache=rope_qkv_to_cache_reference,
                small_width_attention=small_width_attention_reference,
                int8_head_argmax=int8_head_argmax_reference, f16_head_argmax=f16_head_argmax_reference,
-               certify_tokens=certify_tokens_reference)
+               certify_tokens=certify_tokens_reference, certify_fused_rows=certify_fused_rows_reference)
 
 
 def _generic_linear(grouped: bool):
