@@ -90,12 +90,23 @@ def time_heads(vocab: int, hidden: int, widths: list[int], sms: int, reps: int) 
                                                              f16_head=f16_head_argmax)])
             rows.append({"sms": sms, "M": m, "head": label, "us": round(us, 1), "rows_certified": int(ok.sum()),
                          "call_certified": bool(every)})
+        if m >= 2:  # a fused step's head rows: the first half verify rows (certified, all accepted), then drafts
+            n = (m + 1) // 2
+            x = activations(w16, m, "planted", g)
+            drafts = f16_head_argmax(x[:n], w16)[0][:n - 1]
+            fused = lambda x=x, n=n, drafts=drafts: ch.certified_fused_head(  # noqa: E731
+                x, *head, n=n, drafts=drafts, certify_rows=ch.certify_fused_rows, f16_head=f16_head_argmax)
+            top, _, every = fused()
+            if not bool(every) or not torch.equal(top[:n], f16_head_argmax(x[:n], w16)[0]):
+                raise SystemExit(f"bench_certified_head: M={m}, fused: the verify rows are not the 16-bit head's")
+            rows.append({"sms": sms, "M": m, "head": f"certified, a fused step's rows ({n} verify, certified)",
+                         "us": round(timer([fused]), 1), "rows_certified": n, "call_certified": True})
         x = activations(w16, m, "random", g)
         a, a_s = quantize_activations(x.float())
         rows.append({"sms": sms, "M": m, "head": "16-bit", "us": round(timer([lambda x=x: f16_head_argmax(x, w16)]), 1)})
         rows.append({"sms": sms, "M": m, "head": "int8 (W8A8, not the 16-bit argmax)",
                      "us": round(timer([lambda a=a, a_s=a_s: int8_head_argmax(a, a_s, q, s)]), 1)})
-        for r in rows[-5:]:
+        for r in rows[-6 if m >= 2 else -5:]:
             print(f"sms {sms or 'all'} M {m:2d} {r['head']:55s} {r['us']:9.1f} us "
                   f"{r.get('rows_certified', '')}", flush=True)
     return rows

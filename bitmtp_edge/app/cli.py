@@ -117,8 +117,9 @@ head_option = click.option("--head", type=click.Choice(HEAD_NAMES), default="16b
                            help="The verify role's head: 16bit (the checkpoint's, exact); int8 (the draft head in "
                                 "every role: half the head's bytes per step, the 16-bit head not loaded; the greedy "
                                 "text differs at near-ties); or certified (the 16-bit head's tokens, exactly, read from "
-                                "the int8 head in the greedy AR and verify steps wherever a bound proves them; "
-                                "docs/runtime.md, \"The int8 head\").")
+                                "the int8 head in the greedy AR, verify and fused steps wherever a bound proves them, "
+                                "the fused step's next drafts then the int8 head's; docs/runtime.md, \"The certified "
+                                "head\").")
 runtime_option = click.option("--runtime", type=click.Choice(RUNTIME_NAMES), default="full", show_default=True,
                               help="Fast backends: the ablation configuration (docs/runtime.md §Ablation presets).")
 tau_help = "Confidence threshold τ [default: the model's]."

@@ -127,8 +127,9 @@ class Engine:
         artifact's int8 draft head in every role: half the head's bytes per step and the 16-bit
         head not loaded on the device; the greedy text differs from the 16-bit head's at
         near-ties, about once per hundred tokens on the embedded models; docs/runtime.md), or
-        ``certified`` (the 16-bit head's tokens exactly, which the greedy AR and verify steps
-        read from the int8 head wherever a bound proves them: ``kernels_ampere/certified_head.py``).
+        ``certified`` (the 16-bit head's tokens exactly, which the greedy AR, verify and fused
+        steps read from the int8 head wherever a bound proves them, the fused step's next drafts
+        then the int8 head's: ``kernels_ampere/certified_head.py``).
         """
         t0 = time.perf_counter()
         folder = Path(path) if path is not None else embedded_artifact_path()
