@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from kernels_ampere import certified_head as ch  # noqa: E402
 from tools.corpus import load_split  # noqa: E402
-from tools.eval_quality import heldout_windows  # noqa: E402
+from tools.eval_quality import add_heldout_arguments, heldout_windows, named_checkpoints  # noqa: E402
 from tools.hf_checkpoint import load_runtime_model  # noqa: E402
 from tools.provenance import commit  # noqa: E402
 
@@ -77,24 +77,17 @@ def markdown(report: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, default=ROOT / "tools" / "checkpoints" / "data",
-                    help="corpus folder holding the test split")
-    ap.add_argument("--model", action="append", default=[], metavar="NAME=CHECKPOINT")
-    ap.add_argument("--window", type=int, default=256)
-    ap.add_argument("--max-windows", type=int, default=16)
-    ap.add_argument("--stride", type=int, default=3, help="every stride-th position of a window")
+    add_heldout_arguments(ap, window=256, max_windows=16)
+    ap.add_argument("--stride", type=int, default=3, help="one position in STRIDE of each window")
     ap.add_argument("--slots", type=int, default=ch.CANDIDATES)
     ap.add_argument("--out", type=Path, required=True, help="folder for certified_candidates.json and .md")
     args = ap.parse_args(argv)
-    models = args.model or [f"d8={ROOT / 'tools' / 'checkpoints' / 'bitmtp-d8-27m'}"]
+    named = named_checkpoints(args.model, "certified_candidates")
     tokens = load_split(args.data, "test")
     report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit(),
               "command": " ".join(["python tools/certified_candidates.py", *(argv if argv is not None else sys.argv[1:])]),
               "window": args.window, "stride": args.stride, "models": {}}
-    for spec in models:
-        name, _, path = spec.partition("=")
-        if not name or not path or not Path(path).is_dir():
-            raise SystemExit(f"certified_candidates: --model {spec!r}: give NAME=CHECKPOINT_FOLDER")
+    for name, path in named.items():
         model, _ = load_runtime_model(path, torch.float64, "cpu")
         r = candidate_stats(model, tokens, args.window, args.max_windows, args.stride, args.slots)
         report["models"][name] = {"path": path, **r}

@@ -104,6 +104,29 @@ def heldout_windows(tokens: np.ndarray, window: int, max_windows: int, device: s
     return n, batches()
 
 
+CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
+
+
+def add_heldout_arguments(ap, window: int, max_windows: int) -> None:
+    """The options of the tools that read the test split through checkpoints' heads:
+    ``--data``, ``--model NAME=CHECKPOINT`` (repeatable), ``--window``, ``--max-windows``."""
+    ap.add_argument("--data", type=Path, default=CHECKPOINTS / "data", help="corpus folder holding the test split")
+    ap.add_argument("--model", action="append", default=[], metavar="NAME=CHECKPOINT")
+    ap.add_argument("--window", type=int, default=window)
+    ap.add_argument("--max-windows", type=int, default=max_windows)
+
+
+def named_checkpoints(specs: list[str], tool: str) -> dict[str, str]:
+    """``--model`` values -> {name: checkpoint folder}; none given: the embedded D = 8 model's."""
+    named = {}
+    for spec in specs or [f"d8={CHECKPOINTS / 'bitmtp-d8-27m'}"]:
+        name, _, path = spec.partition("=")
+        if not name or not path or not Path(path).is_dir():
+            raise SystemExit(f"{tool}: --model {spec!r}: give NAME=CHECKPOINT_FOLDER")
+        named[name] = path
+    return named
+
+
 @torch.no_grad()
 def heldout_loss(path: str, tokens: np.ndarray, window: int, max_windows: int, device: str, batch: int = 8) -> dict:
     """Mean NTP cross-entropy over non-overlapping windows of the test split."""

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tools.corpus import load_split  # noqa: E402
-from tools.eval_quality import heldout_windows  # noqa: E402
+from tools.eval_quality import add_heldout_arguments, heldout_windows, named_checkpoints  # noqa: E402
 from tools.hf_checkpoint import load_runtime_model  # noqa: E402
 from tools.provenance import commit  # noqa: E402
 
@@ -74,21 +74,11 @@ def markdown(report: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, default=ROOT / "tools" / "checkpoints" / "data",
-                    help="corpus folder holding the test split")
-    ap.add_argument("--model", action="append", default=[], metavar="NAME=CHECKPOINT")
-    ap.add_argument("--window", type=int, default=512)
-    ap.add_argument("--max-windows", type=int, default=32)
+    add_heldout_arguments(ap, window=512, max_windows=32)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path, required=True, help="folder for head_agreement.json and .md")
     args = ap.parse_args(argv)
-    models = args.model or [f"d8={ROOT / 'tools' / 'checkpoints' / 'bitmtp-d8-27m'}"]
-    named = {}
-    for spec in models:
-        name, _, path = spec.partition("=")
-        if not name or not path or not Path(path).is_dir():
-            raise SystemExit(f"head_agreement: --model {spec!r}: give NAME=CHECKPOINT_FOLDER")
-        named[name] = path
+    named = named_checkpoints(args.model, "head_agreement")
     tokens = load_split(args.data, "test")
     report = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit(),

@@ -1,8 +1,8 @@
 """Session 24, call 2: where a certified head call's time goes on the H200 -- the GPU time of
 each kernel of one call (M = 1 and 9, activations along a head row: certified), profiled over
-five eager calls; the graph-replayed totals are bench_certified_head.py's."""
+five eager calls; the graph-replayed totals are bench_certified_head.py's. (As run in call 2 the
+aggregation was written out here; it is bench_replay_widths' cuda_kernel_times since.)"""
 import sys
-from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -11,6 +11,7 @@ sys.path.insert(0, ".")
 from kernels_ampere import certified_head as ch  # noqa: E402
 from kernels_ampere.heads import f16_head_argmax  # noqa: E402
 from tools.bench_certified_head import HIDDEN, VOCAB, activations, head_case  # noqa: E402
+from tools.bench_replay_widths import cuda_kernel_times  # noqa: E402
 
 *head, g = head_case(VOCAB, HIDDEN)
 for m in (1, 9):
@@ -23,11 +24,6 @@ for m in (1, 9):
         for _ in range(5):
             call()
         torch.cuda.synchronize()
-    rows = defaultdict(lambda: [0, 0.0])
-    for evt in prof.events():
-        if evt.device_type == torch.autograd.DeviceType.CUDA:
-            rows[evt.name][0] += 1
-            rows[evt.name][1] += evt.device_time
     print(f"M = {m}: kernels of one call (GPU us)")
-    for name, (n, us) in sorted(rows.items(), key=lambda r: -r[1][1]):
-        print(f"  {n / 5:4.1f} x {us / 5:8.1f} us  {name[:90]}")
+    for r in cuda_kernel_times(prof, 5):
+        print(f"  {r['launches']:4.1f} x {r['us']:8.1f} us  {r['kernel']}")
