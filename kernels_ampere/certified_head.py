@@ -49,7 +49,15 @@ from .heads import _argmax_confidence, _head_combine_kernel, _row_tile_partials
 from .numerics import int_matmul, quantize_rows_int8
 from .tuning import HeadConfig
 
-CERT_ROW_TILE = 16  # activation rows per program (tl.dot's least)
+# Activation rows per program: every row of a call in one tile up to 64 (a fused step's head rows
+# at c = 3 are 29), so the int8 rows are read once; the sums are exact integers, so the tile's
+# height changes no bit. 16 is tl.dot's least; the warps grow with the tile (registers).
+CERT_MAX_ROW_TILE = 64
+
+
+def row_tile(m: int) -> int:
+    """The activation rows of one program of the int8 pass for a call of ``m`` rows."""
+    return min(max(16, next_pow2(m)), CERT_MAX_ROW_TILE)
 # 256 vocabulary rows x 128 features per step, 4 warps, 3 stages: the fastest of 24 tilings on
 # 8 SMs of the H200 for the two-plane pass this one replaced (board proxy;
 # tools/results/session19/certify_configs.py)
@@ -347,10 +355,11 @@ def certify_bounds(plane, w_int8, w_scale, err, mag, qn, *, config=None, drafts:
     top1 = torch.empty((m,), dtype=torch.int64, device=g.device)
     conf = torch.empty((m,), dtype=torch.float32, device=g.device)
     if m:
-        _certify_bounds_kernel[(triton.cdiv(m, CERT_ROW_TILE), parts)](
+        block_m = row_tile(m)
+        _certify_bounds_kernel[(triton.cdiv(m, block_m), parts)](
             g, a, n1, n2, r, w_int8, w_scale, err, mag, qn, up, low, count, m, v, hdim, g.stride(0),
-            w_int8.stride(0), rounding_gamma(hdim), BLOCK_M=CERT_ROW_TILE, BLOCK_V=config.block_v,
-            BLOCK_H=config.block_h, num_warps=config.num_warps, num_stages=config.num_stages,
+            w_int8.stride(0), rounding_gamma(hdim), BLOCK_M=block_m, BLOCK_V=config.block_v,
+            BLOCK_H=config.block_h, num_warps=config.num_warps * max(1, block_m // 32), num_stages=config.num_stages,
             enable_fp_fusion=False, **pdl_options(_certify_bounds_kernel),
             **({"pmax_ptr": partials[0], "pidx_ptr": partials[1], "psum_ptr": partials[2], "DRAFTS": True}
                if drafts else {}),

@@ -57,7 +57,8 @@ def certify_with_twins(k: int = ch.CANDIDATES):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("v,h,m,winners", [(300, 96, 1, 1), (300, 96, 1, 0), (257, 64, 9, 5), (200, 160, 17, 9)])
+@pytest.mark.parametrize("v,h,m,winners", [(300, 96, 1, 1), (300, 96, 1, 0), (257, 64, 9, 5), (200, 160, 17, 9),
+                                           (150, 64, 40, 20), (150, 64, 70, 30)])
 def test_each_launch_matches_its_twin_and_certified_tokens_are_the_16bit_heads(dtype, v, h, m, winners):
     """The int8 pass's bounds equal the twin's bit for bit (exact integer sums, then the same
     float32 operations); the selection finds the twin's candidates (as a set: the kernel appends
