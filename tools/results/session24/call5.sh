@@ -7,6 +7,6 @@ O=$OUT/call5; mkdir -p $O
 timeout 110 python -m pytest -q -p no:cacheprovider -n 8 tests/test_certified_head.py \
     -k "each_launch or fused_steps or near_ties" > $O/pytest.txt 2>&1
 tail -2 $O/pytest.txt
-timeout 100 python tools/bench_certified_head.py --sms 8,0 --widths 29 --no-decode --out $O/ch > $O/ch.log 2>&1
+timeout 100 python tools/bench_certified_head.py --sms 0,8 --widths 29 --no-decode --out $O/ch > $O/ch.log 2>&1
 tail -14 $O/ch.log
 cd $OUT && tar czf results.tgz call5
