@@ -6,10 +6,11 @@ H = 2560: 656 MB, more than the L2, so every call streams it) timed in a CUDA gr
 GPU (``0``) and on N SMs of it (a green context, as ``sm_partition_stack.py``: an Orin's 8 or
 16), for each width M: the 16-bit head (``f16_head_argmax``), the int8 head (W8A8,
 ``int8_head_argmax``: half the bytes, not the 16-bit head's argmax), and the certified head on
-three kinds of rows: along a head row (a clear argmax), random (a few close candidates: the
-int8 pass, the candidates' 16-bit rows, the 16-bit launches returning at once when every row
-certified), and along two equal head rows (an exact tie: never certified, so the 16-bit head
-runs after all). Every timed call's tokens are checked against the 16-bit head's first.
+three kinds of rows: along a head row (a clear argmax: the int8 pass, the candidates' 16-bit
+rows, the 16-bit launches returning at once), random (random logits of a random head leave more
+candidates than the slots: the 16-bit head runs after all), and along two equal head rows (an
+exact tie: never certified); for widths from 2, also a fused step's head rows (the first half
+verify rows, certified). Every timed call's tokens are checked against the 16-bit head's first.
 
 Part 2 (``--artifact``, default the embedded model): greedy AR decoding of the held-out prompts
 on the ampere backend with the 16-bit head and with the certified head: the tokens (equal, or
@@ -61,8 +62,8 @@ def head_case(vocab: int, hidden: int, seed: int = 0):
 
 
 def activations(w16, m: int, case: str, g) -> torch.Tensor:
-    """``m`` rows: along head rows (``planted``: a clear argmax), random (``random``: near-ties
-    among a few candidates), or along the head's two equal rows (``tie``: never certified)."""
+    """``m`` rows: along head rows (``planted``: a clear argmax), random (``random``: many close
+    logits), or along the head's two equal rows (``tie``: never certified)."""
     x = torch.randn(m, w16.shape[1], device="cuda", generator=g)
     if case == "planted":
         rows = torch.randint(0, w16.shape[0], (m,), device="cuda", generator=g)
