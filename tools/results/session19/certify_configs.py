@@ -1,5 +1,7 @@
 """Session 19, call 9: the certified head's int8 pass on 8 SMs of the H200 under a few HeadConfigs
-(the default is the int8 head's table entry for M = 1). One-off sweep, kept with its output."""
+(the default is the int8 head's table entry for M = 1). One-off sweep, kept with its output.
+It times session 19's two-plane pass (``activation_planes``, ``certify_partials``), which
+session 24 replaced: it runs against that session's tree only."""
 import sys
 from pathlib import Path
 
