@@ -351,9 +351,11 @@ def certify_bounds(plane, w_int8, w_scale, err, mag, qn, *, config=None, drafts:
     up = torch.empty((m, v), dtype=torch.float32, device=g.device)
     low = torch.empty((parts, m), dtype=torch.float32, device=g.device)
     count = torch.empty((m,), dtype=torch.int32, device=g.device)
-    partials = [torch.empty((parts, m), dtype=dt, device=g.device) for dt in (torch.float32, torch.int32, torch.float32)]
-    top1 = torch.empty((m,), dtype=torch.int64, device=g.device)
-    conf = torch.empty((m,), dtype=torch.float32, device=g.device)
+    if drafts:
+        partials = [torch.empty((parts, m), dtype=dt, device=g.device)
+                    for dt in (torch.float32, torch.int32, torch.float32)]
+        top1 = torch.empty((m,), dtype=torch.int64, device=g.device)
+        conf = torch.empty((m,), dtype=torch.float32, device=g.device)
     if m:
         block_m = row_tile(m)
         _certify_bounds_kernel[(triton.cdiv(m, block_m), parts)](
@@ -510,15 +512,26 @@ def certified_head_argmax(h, w16, w_int8, w_scale, err, mag, qn, *, certify, f16
     row whose token rejects its draft (``accept_on_device`` reads rows 0..a), so the call needs
     the 16-bit head only if the first row that is uncertified *or* certified to reject comes
     out uncertified; the rows after it may then hold any token."""
+    _check_heads(h, w16)
+    return _16bit_where_needed(h, w16, *certify(h, w16, w_int8, w_scale, err, mag, qn), drafts, f16_head)
+
+
+def _check_heads(h, w16):
     check_dtype(h, (torch.float16, torch.bfloat16), "certified head: h")
     if w16.dtype != h.dtype or w16.dim() != 2 or w16.shape[1] != h.shape[1] or w16.stride(1) != 1:
         raise ValueError(f"certified head: w16 must be [V, H={h.shape[1]}] {h.dtype} with contiguous rows, got "
                          f"{w16.dtype} {tuple(w16.shape)}")
-    token, ok = certify(h, w16, w_int8, w_scale, err, mag, qn)
+
+
+def _16bit_where_needed(h, w16, token, ok, drafts, f16_head, top=None, check=None):
+    """The certified rows' tokens, or the 16-bit head's on ``h`` where a deciding row is not
+    certified -> (top1, check, certified [1] int32), written into ``top`` / ``check`` if given."""
     skip = ok.all().to(torch.int32).reshape(1) if drafts is None else decisive_rows_certified(token, ok, drafts)
     top16, conf16 = f16_head(h, w16, skip=skip)
     every = skip.bool()
-    return torch.where(every, token, top16), torch.where(every, torch.ones_like(conf16), conf16), skip
+    top = torch.where(every, token, top16, out=top)
+    check = torch.where(every, torch.ones_like(conf16), conf16, out=check)
+    return top, check, skip
 
 
 def certified_fused_head(h, w16, w_int8, w_scale, err, mag, qn, *, n: int, drafts, certify_rows, f16_head):
@@ -530,11 +543,7 @@ def certified_fused_head(h, w16, w_int8, w_scale, err, mag, qn, *, n: int, draft
     confidence of the int8 logits the same pass computed — the drafts of an int8 head, where the
     16-bit head's one pass (``FastModel.verify_top1``) gives the 16-bit head's. ``certify_rows``:
     ``certify_fused_rows`` or its twin."""
-    check_dtype(h, (torch.float16, torch.bfloat16), "certified head: h")
+    _check_heads(h, w16)
     token, ok, top1, conf = certify_rows(h, w16, w_int8, w_scale, err, mag, qn, n=n)
-    skip = decisive_rows_certified(token, ok, drafts)
-    top16, conf16 = f16_head(h[:n], w16, skip=skip)
-    every = skip.bool()
-    torch.where(every, token, top16, out=top1[:n])
-    torch.where(every, torch.ones_like(conf16), conf16, out=conf[:n])
+    _, _, skip = _16bit_where_needed(h[:n], w16, token, ok, drafts, f16_head, top=top1[:n], check=conf[:n])
     return top1, conf, skip
