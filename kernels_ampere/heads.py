@@ -1,6 +1,6 @@
 """Output heads fused with argmax and max-softmax: top-1 and confidence, no [M, V] logits.
 
-    logits[m, v] = float(sum_h h[m, h] * W[v, h]) * h_scale[m] * w_row_scale[v]   (int8 draft head)
+    logits[m, v] = float(sum_h h[m, h] * W[v, h]) * h_scale[m] * w_row_scale[v]   (int8 / int4 draft head)
     logits[m, v] = float32 sum_h h[m, h] * W[v, h]                                 (16-bit verify head)
     top1[m]       = argmax_v logits[m, v]            (ties: the lowest index, as torch.argmax)
     confidence[m] = max_v softmax(logits[m])[v] = 1 / sum_v exp(logits[m, v] - max)
@@ -13,7 +13,13 @@ vocabulary order with an online log-sum-exp; a later partial replaces the runnin
 only when strictly larger, so ties keep the lowest index.
 
 The int8 head accumulates exactly in int32 and scales in the twin's order
-``(float(acc) * h_scale) * w_row_scale``, so its top-1 equals the twin's bit for bit. The
+``(float(acc) * h_scale) * w_row_scale``, so its top-1 equals the twin's bit for bit. The int4
+head (``numerics.pack_int4_rows``: half a row's columns in the low nibbles, half in the high
+ones) is the same computation over half the bytes: per step one packed byte tile gives both
+halves' int8 operands, ``byte << 4`` and ``byte & 0xF0`` (each code times 16: no sign
+extension, one operation per byte and half), and the sum is shifted back by 4 at the end,
+exactly. Its point is the board: a draft step of a 2B model streams the head as well as the
+ternary stack, and int4 halves the head's share of those bytes. The
 16-bit head accumulates in float32 in tile order, so a near-tie (two logits within float32
 rounding of each other) may resolve differently from the twin.
 """
@@ -24,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .numerics import int_matmul
+from .numerics import int_matmul, unpack_int4_rows
 
 from .common import bf16_dot_upcast, check_dtype, check_launchable, gdc_prologue, next_pow2, pdl_options
 from .tuning import HeadConfig, default_head, lookup
@@ -55,6 +61,8 @@ def _head_partial_kernel(
     USE_GDC: tl.constexpr = False,  # launched with pdl_options (common.py)
     skip_ptr=None,  # SKIP: [1] int32, nonzero = return at once (certified_head.py answered every row)
     SKIP: tl.constexpr = False,
+    INT4: tl.constexpr = False,  # w: [V, HP] packed int4 (numerics.pack_int4_rows), HP = ceil(H / 2)
+    HP=0,
 ):
     # the row tiles of one vocabulary tile are neighbours in the grid (and up to ROW_TILES of
     # them in one program): they share its weights' DRAM traffic (a fused step's head reads ~30 rows)
@@ -77,7 +85,19 @@ def _head_partial_kernel(
     acc1 = tl.zeros((BLOCK_V, BLOCK_M), tl.int32 if INT8 else tl.float32)
     acc2 = tl.zeros((BLOCK_V, BLOCK_M), tl.int32 if INT8 else tl.float32)
     acc3 = tl.zeros((BLOCK_V, BLOCK_M), tl.int32 if INT8 else tl.float32)
-    for h0 in range(0, H, BLOCK_H):
+    if INT4:
+        # one tile of rows (int8: exact whatever the tiling); BLOCK_H columns a step, half of
+        # them from the low nibbles of BLOCK_H / 2 bytes, half from their high nibbles
+        rb = tl.arange(0, BLOCK_H // 2)
+        for j0 in range(0, HP, BLOCK_H // 2):
+            mask_j = (j0 + rb) < HP
+            wb = tl.load(w_ptr + rv[:, None] * stride_wv + (j0 + rb)[None, :],
+                         mask=mask_v[:, None] & mask_j[None, :], other=0).to(tl.int8, bitcast=True)
+            acc0 = _row_tile_dot(wb << 4, h_ptr, rm, M, j0 + rb, mask_j, stride_hm, acc0, True, False)
+            acc0 = _row_tile_dot(wb & -16, h_ptr, rm, M, HP + j0 + rb, (HP + j0 + rb) < H, stride_hm, acc0,
+                                 True, False)
+        acc0 = acc0 >> 4  # every product was 16 x its weight's
+    for h0 in range(0, 0 if INT4 else H, BLOCK_H):
         mask_h = (h0 + rh) < H
         w = tl.load(w_ptr + rv[:, None] * stride_wv + (h0 + rh)[None, :],
                     mask=mask_v[:, None] & mask_h[None, :], other=0)  # [BLOCK_V, BLOCK_H]
@@ -176,11 +196,12 @@ def _head_combine_kernel(
     tl.store(conf_ptr + m, 1.0 / g_sum)
 
 
-def _head_argmax(h, h_scale, w, w_scale, config, op, skip=None):
+def _head_argmax(h, h_scale, w, w_scale, config, op, skip=None, int4=False):
     m, hdim = h.shape
     v = w.shape[0]
-    if w.dim() != 2 or w.shape[1] != hdim or w.stride(1) != 1 or h.stride(1) != 1:
-        raise ValueError(f"{op}: h must be [M, H] and w [V, H] with contiguous rows; got h {tuple(h.shape)}, "
+    w_cols, w_name = ((hdim + 1) // 2, "[V, ceil(H / 2)] (packed int4)") if int4 else (hdim, "[V, H]")
+    if w.dim() != 2 or w.shape[1] != w_cols or w.stride(1) != 1 or h.stride(1) != 1:
+        raise ValueError(f"{op}: h must be [M, H] and w {w_name} with contiguous rows; got h {tuple(h.shape)}, "
                          f"w {tuple(w.shape)}")
     int8 = h_scale is not None
     check_launchable(_head_partial_kernel, *(t for t in (h, h_scale, w, w_scale) if t is not None))
@@ -189,7 +210,7 @@ def _head_argmax(h, h_scale, w, w_scale, config, op, skip=None):
         # and a verify row pick the same token), so it takes the M = 1 launch everywhere; the
         # int8 head's logits are exact integers whatever the tiling, so it may specialise.
         key_m = m if int8 else 1
-        config = lookup(op, {"V": v, "H": hdim, "M": key_m}, h.device) or default_head(key_m)
+        config = lookup(op, {"V": v, "H": hdim, "M": key_m}, h.device) or default_head(key_m, int4)
     top1 = torch.empty((m,), dtype=torch.int64, device=h.device)
     conf = torch.empty((m,), dtype=torch.float32, device=h.device)
     if m == 0:
@@ -211,7 +232,7 @@ def _head_argmax(h, h_scale, w, w_scale, config, op, skip=None):
         INT8=int8, BLOCK_M=block_m, BLOCK_V=config.block_v, BLOCK_H=config.block_h,
         UPCAST=bf16_dot_upcast(_head_partial_kernel, h), ROW_TILES=tiles,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(_head_partial_kernel),
-        **skipping,
+        **skipping, **({"INT4": True, "HP": w_cols} if int4 else {}),
     )
     _head_combine_kernel[(m,)](pmax, pidx, psum, top1, conf, n_parts, m,
                                BLOCK_P=min(next_pow2(n_parts), config.combine_block), num_warps=4,
@@ -236,6 +257,25 @@ def int8_head_argmax(
         raise ValueError(f"int8_head_argmax: h_scale must be [M] and w_row_scale [V]; got "
                          f"{tuple(h_scale.shape)}, {tuple(w_row_scale.shape)}")
     return _head_argmax(h_int8, h_scale, w_int8, w_row_scale, config, "int8_head_argmax")
+
+
+def int4_head_argmax(
+    h_int8: torch.Tensor,  # [M, H] int8 (per-token quantised hidden state)
+    h_scale: torch.Tensor,  # [M] float32 (1/q)
+    w_packed: torch.Tensor,  # [V, ceil(H / 2)] uint8 (numerics.quantize_rows_int4)
+    w_row_scale: torch.Tensor,  # [V] float32
+    *,
+    config: HeadConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # (top1 [M] int64, confidence [M] float32)
+    """The int4 draft head: exact int32 logits from packed int4 rows, then argmax and max-softmax."""
+    check_dtype(h_int8, (torch.int8,), "int4_head_argmax: h_int8")
+    check_dtype(w_packed, (torch.uint8,), "int4_head_argmax: w_packed")
+    check_dtype(h_scale, (torch.float32,), "int4_head_argmax: h_scale")
+    check_dtype(w_row_scale, (torch.float32,), "int4_head_argmax: w_row_scale")
+    if h_scale.shape != (h_int8.shape[0],) or w_row_scale.shape != (w_packed.shape[0],):
+        raise ValueError(f"int4_head_argmax: h_scale must be [M] and w_row_scale [V]; got "
+                         f"{tuple(h_scale.shape)}, {tuple(w_row_scale.shape)}")
+    return _head_argmax(h_int8, h_scale, w_packed, w_row_scale, config, "int4_head_argmax", int4=True)
 
 
 def f16_head_argmax(
@@ -271,6 +311,14 @@ def int8_head_logits_reference(h_int8, h_scale, w_int8, w_row_scale) -> torch.Te
 
 def int8_head_argmax_reference(h_int8, h_scale, w_int8, w_row_scale):
     return _argmax_confidence(int8_head_logits_reference(h_int8, h_scale, w_int8, w_row_scale))
+
+
+def int4_head_logits_reference(h_int8, h_scale, w_packed, w_row_scale) -> torch.Tensor:
+    return int8_head_logits_reference(h_int8, h_scale, unpack_int4_rows(w_packed, h_int8.shape[1]), w_row_scale)
+
+
+def int4_head_argmax_reference(h_int8, h_scale, w_packed, w_row_scale):
+    return _argmax_confidence(int4_head_logits_reference(h_int8, h_scale, w_packed, w_row_scale))
 
 
 def f16_head_logits_reference(h, w) -> torch.Tensor:

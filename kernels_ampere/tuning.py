@@ -109,6 +109,7 @@ _CONFIG_TYPES = {
     "w2a8_linear": LinearConfig,
     "w2a16_linear": LinearConfig,
     "int8_head_argmax": HeadConfig,
+    "int4_head_argmax": HeadConfig,
     "f16_head_argmax": HeadConfig,
     "small_width_attention": AttentionConfig,
 }
@@ -595,8 +596,9 @@ def linear_candidates(m: int, n: int, k: int, grouped: bool, weight_only: bool =
     return out
 
 
-def default_head(m: int) -> HeadConfig:
-    return HeadConfig(block_v=128, block_h=128, num_warps=4, num_stages=3)
+def default_head(m: int, int4: bool = False) -> HeadConfig:
+    # int4: the same 128 bytes of each weight row per step as the others (256 columns)
+    return HeadConfig(block_v=128, block_h=256 if int4 else 128, num_warps=4, num_stages=3)
 
 
 def head_candidates(m: int) -> list[HeadConfig]:

@@ -104,7 +104,7 @@ def manifest_for(model: TernaryLM, block_size: int, plan, calibration=None):
 
 def fast_backend(model: TernaryLM, block_size: int = 4, max_context: int = 512, smallest: int | None = None,
                  options=None, kernels: bool = False, head_dtype=torch.float32, calibration=None,
-                 verify_head: str = "16bit", device: str = "cpu"):
+                 verify_head: str = "16bit", device: str = "cpu", draft_head: str = "int8"):
     """The graph backend's static-buffer path, eager, float32, on ``device``: the torch twins,
     or with ``kernels`` the Triton kernels themselves (interpreted on the CPU without a GPU,
     compiled on ``DEVICE`` with one: pass ``device=DEVICE``)."""
@@ -117,7 +117,7 @@ def fast_backend(model: TernaryLM, block_size: int = 4, max_context: int = 512, 
     options = options or RuntimeOptions(graphs=False, kv_dtype=torch.float32)
     ops = kernel_ops if kernels else twin_ops
     fast = FastModel(manifest, artifact_tensors(model), ops(options.specialize),
-                     device, head_dtype=head_dtype, verify_head=verify_head)
+                     device, head_dtype=head_dtype, verify_head=verify_head, draft_head=draft_head)
     return GraphBackend(fast, plan, model.cfg.vocab_size - 1, block_size, options, calibration=calibration)
 
 

@@ -43,11 +43,12 @@ def invoke(*args, input: str | None = None):
 def test_option_choices_match_the_library():
     from bitmtp_edge.backends.fast_model import HEADS
     from bitmtp_edge.backends.graph import RuntimeOptions
-    from bitmtp_edge.runtime.engine import BACKENDS
+    from bitmtp_edge.runtime.engine import BACKENDS, DRAFT_HEAD_CHOICES
 
     assert cli.BACKEND_NAMES == BACKENDS
     assert cli.RUNTIME_NAMES == RuntimeOptions.PRESETS
     assert cli.HEAD_NAMES == HEADS
+    assert cli.DRAFT_HEAD_NAMES == DRAFT_HEAD_CHOICES
 
 
 def test_importing_the_cli_does_not_import_torch():
@@ -158,6 +159,18 @@ def test_generate_with_the_int8_head_is_lossless(artifact):
     assert runs["speculative"] == runs["ar"]
     res = invoke("generate", "t1", "--artifact", artifact, "--head", "fp4")
     assert res.exit_code == 2 and "'fp4' is not one of" in res.output
+
+
+def test_generate_with_the_int4_draft_head_is_lossless(artifact):
+    runs = {}
+    for policy in ("ar", "speculative"):
+        res = invoke("generate", "t1 t2 t3", "--artifact", artifact, "-n", 8, "--policy", policy,
+                     "--draft-head", "int4", "--json")
+        assert res.exit_code == 0, res.output
+        runs[policy] = json.loads(res.stdout)["token_ids"]
+    assert runs["speculative"] == runs["ar"]
+    res = invoke("generate", "t1", "--artifact", artifact, "--draft-head", "int2")
+    assert res.exit_code == 2 and "'int2' is not one of" in res.output
 
 
 def test_generate_with_candidates_captures_that_fused_state_at_load(artifact, monkeypatch):

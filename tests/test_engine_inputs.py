@@ -111,6 +111,20 @@ def test_the_int8_head_decodes_losslessly_against_its_own_ar(artifact):
         assert solo(eng, PROMPT, policy, n=24) == ar, policy
 
 
+def test_the_int4_draft_head_is_lossless_and_named(artifact):
+    """``Engine.load(draft_head="int4")``: the engine says which head drafts, the drafts read
+    int4 rows, and speculative and fused equal AR; an unknown draft head is refused by name."""
+    eng = Engine.load(artifact, backend="reference", device="cpu", draft_head="int4")
+    assert eng.draft_head == "int4" and eng.head == "16bit"
+    assert int(eng.backend.model.draft_head_int8.abs().max()) <= 7
+    ar = solo(eng, PROMPT, "ar", n=24)
+    for policy in ("speculative", "fused"):
+        assert solo(eng, PROMPT, policy, n=24) == ar, policy
+    assert Engine.load(artifact, backend="reference", device="cpu").draft_head == "int8"
+    with pytest.raises(ValueError, match="unknown draft head 'fp4'; choose one of auto, int8, int4"):
+        Engine.load(artifact, backend="reference", device="cpu", draft_head="fp4")
+
+
 @pytest.mark.parametrize("head", ["fp8", "int4", "", "INT8"])
 def test_an_unknown_head_is_named(artifact, head):
     with pytest.raises(ValueError, match=f"unknown head {head!r}; choose one of 16bit, int8"):

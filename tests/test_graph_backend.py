@@ -66,6 +66,46 @@ def test_int8_verify_head_is_lossless_against_its_own_ar():
         assert out == ar, policy
 
 
+@pytest.mark.parametrize("verify_head", ["16bit", "int8"])
+@pytest.mark.parametrize("policy", ["speculative", "hybrid", "fused"])
+def test_int4_draft_head_follows_the_reference_with_the_same_head(policy, verify_head):
+    """``draft_head="int4"``: the graph backend (the kernels' twins, packed int4 rows) and the
+    reference model after ``attach_int4_draft_head`` draft the same tokens, so every policy
+    (hybrid's unverified commits included) gives the same text; the int8 head is not held."""
+    model = random_model(5)
+    ref_model = copy.deepcopy(model)
+    ref_model.attach_int4_draft_head()
+    if verify_head == "int8":
+        ref_model.use_int8_verify_head()
+    ref, _ = run(reference_backend(ref_model, max_context=256, smallest=16), PROMPT, policy, n=40, block_size=4,
+                 tau=0.3, min_prefix=2)
+    fast = fast_backend(model, max_context=256, smallest=16, draft_head="int4", verify_head=verify_head)
+    out, _ = run(fast, PROMPT, policy, n=40, block_size=4, tau=0.3, min_prefix=2)
+    assert out == ref
+    packed, scale = fast.fast.draft_head
+    assert packed.dtype == torch.uint8 and packed.shape == (model.cfg.vocab_size, model.cfg.hidden_size // 2)
+    if verify_head == "int8":  # the verify role still reads int8 rows, not the drafts' int4 ones
+        assert fast.fast.int8_head[0].dtype == torch.int8 and fast.fast.int8_head is not fast.fast.draft_head
+
+
+def test_int4_drafts_are_not_the_int8_heads_and_decoding_stays_lossless():
+    """The int4 head drafts differently from the int8 head somewhere (so the tests above would
+    notice a silent fallback), and speculative and fused still equal AR token for token."""
+    model = random_model(6)
+    int4 = fast_backend(model, max_context=256, smallest=16, draft_head="int4")
+    int8 = fast_backend(model, max_context=256, smallest=16)
+    x = torch.randn(64, model.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    (t4, c4), (t8, c8) = int4.fast.draft_top1(x), int8.fast.draft_top1(x)
+    assert not torch.equal(c4, c8)
+    assert (t4 == t8).float().mean() > 0.5  # the same head, coarser: mostly the same argmax
+    ar, _ = run(int4, PROMPT, "ar", n=48, block_size=None)
+    for policy in ("speculative", "fused"):
+        out, _ = run(int4, PROMPT, policy, n=48, block_size=4)
+        assert out == ar, policy
+    logits = int4.fast.draft_sample_logits(x[:3])
+    assert torch.equal(logits.argmax(-1), t4[:3])
+
+
 def test_int8_verify_logits_are_the_draft_heads():
     """``use_int8_verify_head``: the verify logits are the int8 head's (also in the scoring shape
     [B, S, H]), not the 16-bit head's; the fast model without the artifact's int8 head (the
@@ -87,6 +127,8 @@ def test_int8_verify_logits_are_the_draft_heads():
     assert torch.equal(fast.int8_head[0], model.draft_head_int8) and fast.draft_head is not fast.int8_head
     with pytest.raises(ValueError, match="choose one of 16bit, int8"):
         FastModel(manifest_for(model, 4, plan), artifact_tensors(model), twin_ops(True), "cpu", verify_head="fp4")
+    with pytest.raises(ValueError, match="draft head 'int2': choose one of int8, int4, fp8"):
+        FastModel(manifest_for(model, 4, plan), artifact_tensors(model), twin_ops(True), "cpu", draft_head="int2")
 
 
 @pytest.mark.parametrize("stored,head_dtype", [(torch.bfloat16, None), (torch.float16, None),
@@ -317,6 +359,30 @@ def test_gpu_int8_head_is_lossless_against_its_own_ar(tmp_path, backend):
     assert ar.stats.segment_growths >= 2
     for policy, kw in (("speculative", {}), ("fused", {}), ("hybrid", {"tau": 1.0})):
         assert fast.generate(PROMPT, max_new_tokens=100, policy=policy, **kw).token_ids == ar.token_ids, policy
+
+
+@gpu
+@needs_gpu
+def test_gpu_int4_draft_head_drafts_as_its_twin_and_decodes_losslessly(tmp_path):
+    """``draft_head="int4"`` on the GPU (the compiled kernel, captured graphs, D = 8): the draft
+    step's tokens are the twin's on the same hidden states, and speculative and fused equal AR."""
+    from bitmtp_edge import Engine
+    from kernels_ampere.heads import int4_head_argmax_reference
+
+    model = random_model(7, vocab=256, hidden=256, heads=(8, 2))
+    art = write_test_artifact(model, tmp_path / "art", block_size=8, max_context=256, smallest=16)
+    eng = Engine.load(art, backend="ampere", device="cuda", draft_head="int4")
+    fast = eng.backend.fast
+    assert eng.draft_head == "int4" and fast.draft_head[0].dtype == torch.uint8
+    x = torch.randn(9, model.cfg.hidden_size, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    a, s = fast.ops.rmsnorm_quant(x, fast.final_norm, fast.cfg.rms_norm_eps)
+    top1, conf = fast.draft_top1(x)
+    ref_top1, ref_conf = int4_head_argmax_reference(a, s, *fast.draft_head)
+    assert torch.equal(top1, ref_top1)
+    torch.testing.assert_close(conf, ref_conf, rtol=1e-5, atol=0)
+    ar = eng.generate(PROMPT, max_new_tokens=100, policy="ar")
+    for policy in ("speculative", "fused"):
+        assert eng.generate(PROMPT, max_new_tokens=100, policy=policy).token_ids == ar.token_ids, policy
 
 
 @gpu

@@ -12,12 +12,21 @@ import torch
 
 pytest.importorskip("triton")  # the interpreter is set up by tests/__init__.py without CUDA
 
-from kernels_ampere.numerics import quantize_activations, quantize_rows_int8  # noqa: E402
+from kernels_ampere.numerics import (  # noqa: E402
+    pack_int4_rows,
+    quantize_activations,
+    quantize_rows_int4,
+    quantize_rows_int8,
+    unpack_int4_rows,
+)
 from tests.helpers import DEVICE, needs_gpu  # noqa: E402
 from kernels_ampere.heads import (  # noqa: E402
     f16_head_argmax,
     f16_head_argmax_reference,
     f16_head_logits_reference,
+    int4_head_argmax,
+    int4_head_argmax_reference,
+    int4_head_logits_reference,
     int8_head_argmax,
     int8_head_argmax_reference,
 )
@@ -64,6 +73,73 @@ def test_int8_head_combines_partials_over_several_combine_steps():
     top1_ref, conf_ref = int8_head_argmax_reference(*args)
     assert torch.equal(top1, top1_ref)
     torch.testing.assert_close(conf, conf_ref, rtol=1e-5, atol=0)
+
+
+def int4_head(m, v, h, gen):
+    w_packed, w_scale = quantize_rows_int4(torch.randn(v, h, generator=gen))
+    h_int8, h_scale = quantize_activations(torch.randn(m, h, generator=gen) * 2)
+    return [t.to(DEVICE) for t in (h_int8, h_scale, w_packed, w_scale)]
+
+
+@pytest.mark.parametrize("m,v,h", WIDTH_VH + [(4, 300, 201), (2, 129, 63)])  # odd H: a half-empty last byte
+@pytest.mark.parametrize("config", [SMALL, None], ids=["small_tiles", "default"])
+def test_int4_head_matches_twin(m, v, h, config):
+    args = int4_head(m, v, h, torch.Generator().manual_seed(m * v + h + 1))
+    top1, conf = int4_head_argmax(*args, config=config)
+    top1_ref, conf_ref = int4_head_argmax_reference(*args)
+    assert torch.equal(top1, top1_ref)
+    torch.testing.assert_close(conf, conf_ref, rtol=1e-5, atol=0)
+
+
+def test_int4_head_decodes_every_code_in_both_nibbles():
+    """Each of the 15 codes (and -8, which the quantiser never writes but the layout holds) in
+    the low and in the high half of a row: one-hot activations read single weights back, so a
+    wrong shift, sign or half gives a different argmax."""
+    h = 40
+    codes = torch.zeros(16, h, dtype=torch.int8)
+    for k in range(16):
+        codes[k, 3] = k - 8  # low nibble of byte 3
+        codes[k, 20 + 5] = 7 - k  # high nibble of byte 5 (H / 2 = 20)
+    w = pack_int4_rows(codes).to(DEVICE)
+    scale = torch.ones(16, device=DEVICE)
+    for col, best in ((3, 15), (25, 0)):
+        x = torch.zeros(1, h, dtype=torch.int8)
+        x[0, col] = 1
+        top1, conf = int4_head_argmax(x.to(DEVICE), torch.ones(1, device=DEVICE), w, scale, config=SMALL)
+        logits = int4_head_logits_reference(x.to(DEVICE), torch.ones(1, device=DEVICE), w, scale)
+        assert logits[0].tolist() == codes[:, col].float().tolist()
+        assert top1.tolist() == [best]
+        torch.testing.assert_close(conf, torch.softmax(logits, -1).amax(-1), rtol=1e-5, atol=0)
+
+
+def test_int4_clip_search_never_does_worse_than_absmax():
+    """Each row's chosen clip ratio leaves no more squared error than the plain absmax scale
+    (ratio 1.0 is a candidate), and heavy-tailed rows take a ratio below 1."""
+    from kernels_ampere.numerics import INT4_CLIP_RATIOS, INT4_QMAX
+
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(64, 256, generator=gen)
+    w[::2, 0] *= 12  # one outlier in every other row
+    packed, scale = quantize_rows_int4(w)
+    err = (unpack_int4_rows(packed, 256).double() * scale.double()[:, None] - w.double()).pow(2).sum(-1)
+    s1 = w.abs().amax(-1) / INT4_QMAX
+    q1 = torch.round(w / s1[:, None]).clamp(-7, 7)
+    err1 = (q1.double() * s1.double()[:, None] - w.double()).pow(2).sum(-1)
+    assert INT4_CLIP_RATIOS[0] == 1.0
+    assert torch.all(err <= err1)
+    assert torch.all(scale[::2] < s1[::2])
+
+
+def test_int4_rows_round_trip_and_reject_a_wrong_width():
+    codes = torch.randint(-8, 8, (7, 33), dtype=torch.int8)
+    packed = pack_int4_rows(codes)
+    assert packed.shape == (7, 17) and packed.dtype == torch.uint8
+    assert torch.equal(unpack_int4_rows(packed, 33), codes)
+    with pytest.raises(ValueError, match="uint8 for H = 32"):
+        unpack_int4_rows(packed, 32)
+    with pytest.raises(ValueError, match="packed int4"):
+        int4_head_argmax(torch.zeros(1, 33, dtype=torch.int8, device=DEVICE), torch.ones(1, device=DEVICE),
+                         torch.zeros(7, 33, dtype=torch.uint8, device=DEVICE), torch.ones(7, device=DEVICE))
 
 
 def assert_f16_top1(h, w, top1, top1_ref):
@@ -129,6 +205,11 @@ def test_heads_full_vocabulary_on_gpu(m):
     args = int8_head(m, v, h, torch.Generator().manual_seed(m))
     top1, conf = int8_head_argmax(*args)
     top1_ref, conf_ref = int8_head_argmax_reference(*args)
+    assert torch.equal(top1, top1_ref)
+    torch.testing.assert_close(conf, conf_ref, rtol=1e-5, atol=0)
+    args = int4_head(m, v, h, torch.Generator().manual_seed(m + 2))
+    top1, conf = int4_head_argmax(*args)
+    top1_ref, conf_ref = int4_head_argmax_reference(*args)
     assert torch.equal(top1, top1_ref)
     torch.testing.assert_close(conf, conf_ref, rtol=1e-5, atol=0)
     gen = torch.Generator().manual_seed(m + 1)

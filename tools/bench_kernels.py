@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 from kernels_ampere import pack_ternary, tuning  # noqa: E402
 from kernels_ampere.common import shared_carveout  # noqa: E402
 from kernels_ampere.autotune import GraphTimer, precompile  # noqa: E402
-from kernels_ampere.numerics import quantize_activations, quantize_rows_int8  # noqa: E402
+from kernels_ampere.numerics import quantize_activations, quantize_rows_int4, quantize_rows_int8  # noqa: E402
 from tools.kernel_probe import best_large, fixed_cost, floor_rows, large_candidates, large_rows  # noqa: E402
 from tools.kernel_probe import LARGE_SHAPES  # noqa: E402
 from tools.kernel_stack import (BOARDS, ORIN_LAUNCH_US, STACK_MODELS, STACK_WIDTHS, Stack, project,  # noqa: E402
@@ -270,6 +270,10 @@ class HeadCase:
         c8 = n_copies(w_int8.numel(), rotate_mb, min_copies)
         self.w_int8 = [w_int8] + [w_int8.clone() for _ in range(c8 - 1)]
         self.w_scale = [w_scale] + [w_scale.clone() for _ in range(c8 - 1)]
+        w_int4, w4_scale = quantize_rows_int4(w)
+        c4 = n_copies(w_int4.numel(), rotate_mb, min_copies)
+        self.w_int4 = [w_int4] + [w_int4.clone() for _ in range(c4 - 1)]
+        self.w4_scale = [w4_scale] + [w4_scale.clone() for _ in range(c4 - 1)]
         w16 = w.to(torch.bfloat16)
         del w
         self.w16 = [w16] + [w16.clone() for _ in range(n_copies(w16.numel() * 2, rotate_mb, min_copies) - 1)]
@@ -282,14 +286,19 @@ class HeadCase:
         self.h16 = h.to(torch.bfloat16)
 
     def bytes(self, variant: str) -> int:
+        if variant == "int4 head":
+            return HEAD_V * ((HEAD_H + 1) // 2) + HEAD_V * 4
         return HEAD_V * HEAD_H * (1 if variant == "int8 head" else 2) + HEAD_V * (4 if variant == "int8 head" else 0)
 
     def calls(self, variant: str, config=None) -> list:
-        from kernels_ampere.heads import f16_head_argmax, int8_head_argmax
+        from kernels_ampere.heads import f16_head_argmax, int4_head_argmax, int8_head_argmax
 
         if variant == "int8 head":
             return [lambda i=i: int8_head_argmax(self.h_int8, self.h_scale, self.w_int8[i], self.w_scale[i],
                                                  config=config) for i in range(len(self.w_int8))]
+        if variant == "int4 head":
+            return [lambda i=i: int4_head_argmax(self.h_int8, self.h_scale, self.w_int4[i], self.w4_scale[i],
+                                                 config=config) for i in range(len(self.w_int4))]
         if variant == "bf16 head":
             return [lambda i=i: f16_head_argmax(self.h16, self.w16[i], config=config) for i in range(len(self.w16))]
 
@@ -299,11 +308,15 @@ class HeadCase:
         return [lambda i=i: torch_head(i) for i in range(len(self.w16))]
 
     def check(self, variant: str, config=None):
-        from kernels_ampere.heads import f16_head_argmax_reference, int8_head_argmax_reference
+        from kernels_ampere.heads import (f16_head_argmax_reference, int4_head_argmax_reference,
+                                          int8_head_argmax_reference)
 
         top1, conf = self.calls(variant, config)[0]()
         if variant == "int8 head":
             ref_top1, ref_conf = int8_head_argmax_reference(self.h_int8, self.h_scale, self.w_int8[0], self.w_scale[0])
+            check_exact(top1, ref_top1, variant)
+        elif variant == "int4 head":
+            ref_top1, ref_conf = int4_head_argmax_reference(self.h_int8, self.h_scale, self.w_int4[0], self.w4_scale[0])
             check_exact(top1, ref_top1, variant)
         else:
             ref_top1, ref_conf = f16_head_argmax_reference(self.h16, self.w16[0])
@@ -573,8 +586,8 @@ class Run:
         for m in widths:
             case.set_width(m)
             label = f"lm-head {HEAD_V}x{HEAD_H}"
-            for variant, op in (("int8 head", "int8_head_argmax"), ("bf16 head", "f16_head_argmax"),
-                                ("torch bf16", "F.linear+argmax")):
+            for variant, op in (("int8 head", "int8_head_argmax"), ("int4 head", "int4_head_argmax"),
+                                ("bf16 head", "f16_head_argmax"), ("torch bf16", "F.linear+argmax")):
                 key = {"V": HEAD_V, "H": HEAD_H, "M": m}
                 if a.tune and variant != "torch bf16":
                     best, best_us, tried = None, float("inf"), []
@@ -597,7 +610,7 @@ class Run:
                     cfg = None
                     if variant != "torch bf16":
                         cfg = self.chosen.get(op + json.dumps(key)) or tuning.lookup(
-                            op, key, torch.device("cuda")) or tuning.default_head(m)
+                            op, key, torch.device("cuda")) or tuning.default_head(m, variant == "int4 head")
                         case.check(variant, cfg)
                     us = self.timer(case.calls(variant, cfg))
                     return us, case.bytes(variant), cfg
@@ -712,6 +725,12 @@ def summarize(rows: list[dict], copy_gbps: float, stack_rows: list[dict] = (), s
     if i8 and b16:
         out["int8_head_speedup_vs_bf16_head_M1"] = round(b16[0]["us"] / i8[0]["us"], 3)
         out["target_int8_head_ge_1.8x"] = b16[0]["us"] >= 1.8 * i8[0]["us"]
+    heads = {(r["variant"], r["M"]): r["us"] for r in rows if r.get("op") in ("int8_head_argmax", "int4_head_argmax")
+             and r.get("us")}
+    ratios = {m: round(heads[("int8 head", m)] / heads[("int4 head", m)], 3)
+              for (v, m) in heads if v == "int4 head" and ("int8 head", m) in heads}
+    if ratios:
+        out["int4_head_speedup_vs_int8_head"] = dict(sorted(ratios.items()))
     return out
 
 

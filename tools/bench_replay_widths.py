@@ -196,7 +196,8 @@ def markdown(report: dict) -> str:
              f"- device: {report['device']}" + (f", confined to {report['sms']} SMs (a CUDA green context)"
                                                 if report.get("green_context") else ""),
              f"- date: {report['date']}", f"- commit: {report['commit']}",
-             f"- command: `{report['command']}`", "",
+             f"- command: `{report['command']}`",
+             f"- heads: verify {report.get('head', '16bit')}, draft {report.get('draft_head', 'int8')}", "",
              "µs per replay (history 32, median-free mean of the repeats, reset subtracted); width 1 = AR, "
              "dM / vM = the draft / verify step of width M, other widths = the fused state of that width.", "",
              "| table | " + " | ".join(f"M = {w}" for w in widths) + " | " +
@@ -231,6 +232,8 @@ def main(argv=None) -> int:
                     help="the verify role's head (Engine.load(head=...)): int8 reads the draft head in every role; "
                          "certified the 16-bit head's tokens, from the int8 rows where proven (random weights: "
                          "rarely)")
+    ap.add_argument("--draft-head", choices=("int8", "int4"), default="int8",
+                    help="the draft role's head (Engine.load(draft_head=...)): what the d<M> states read")
     ap.add_argument("--sms", type=int, default=0, help="run on this many SMs of the GPU (a green context; "
                     "0: all of them)")
     ap.add_argument("--out", type=Path, default=ROOT / "tools" / "results")
@@ -286,6 +289,7 @@ def run(args, tables: dict[str, Path]) -> int:
     report = {"device": torch.cuda.get_device_name(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "commit": commit(), "command": " ".join([Path(sys.argv[0]).name, *args.argv]),
               "sms": args.sms or torch.cuda.get_device_properties(0).multi_processor_count, "head": args.head,
+              "draft_head": args.draft_head,
               "green_context": bool(args.sms), "widths": widths, "tables": {}}
     args.out.mkdir(parents=True, exist_ok=True)
     eng = None
@@ -293,7 +297,8 @@ def run(args, tables: dict[str, Path]) -> int:
         use_table(folder)
         if eng is None:
             log(f"loading {art} with table {name}")
-            eng = Engine.load(art, backend="ampere", device="cuda", runtime="full", head=args.head)
+            eng = Engine.load(art, backend="ampere", device="cuda", runtime="full", head=args.head,
+                              draft_head=args.draft_head)
         wanted = states(eng.block_size, widths + [w for w in profiled if w not in widths])
         precompile_table(eng, sorted({state.width for state in wanted.values()}), args.jobs)
         t0 = time.perf_counter()

@@ -28,6 +28,7 @@ MONITOR_CHOICES = ("auto", "tegrastats", "jtop", "nvml", "psutil", "none")
 BACKEND_NAMES = ("auto", "reference", "ampere", "server")
 RUNTIME_NAMES = ("generic", "m1", "m1+m2", "full")
 HEAD_NAMES = ("16bit", "int8", "certified")
+DRAFT_HEAD_NAMES = ("auto", "int8", "int4")
 ARGV_KEY = "bitmtp.argv"
 
 
@@ -59,7 +60,8 @@ def _command_line(ctx: click.Context) -> str:
     return command_line(["bitmtp", *ctx.meta.get(ARGV_KEY, sys.argv[1:])])
 
 
-def _load_engine(artifact, backend, device, runtime: str = "full", head: str = "16bit", candidates=()):
+def _load_engine(artifact, backend, device, runtime: str = "full", head: str = "16bit", candidates=(),
+                 draft_head: str = "auto"):
     """``candidates``: the fused candidate counts asked for; a graph backend captures their
     replay states at load (else the first fused step of another c than the default captures
     its own, a stall mid-generation)."""
@@ -73,7 +75,8 @@ def _load_engine(artifact, backend, device, runtime: str = "full", head: str = "
     options = RuntimeOptions.preset(runtime, fused_candidates=tuple(sorted(set(candidates)))) if candidates else runtime
     bar = CaptureProgress()
     try:
-        eng = Engine.load(artifact, backend=backend, device=device, runtime=options, progress=bar, head=head)
+        eng = Engine.load(artifact, backend=backend, device=device, runtime=options, progress=bar, head=head,
+                          draft_head=draft_head)
     except PrecompileError as e:  # a kernel that does not compile here: not the artifact's fault
         raise click.ClickException(str(e)) from None
     except (ArtifactError, ValueError) as e:
@@ -120,6 +123,11 @@ head_option = click.option("--head", type=click.Choice(HEAD_NAMES), default="16b
                                 "the int8 head in the greedy AR, verify and fused steps wherever a bound proves them, "
                                 "the fused step's next drafts then the int8 head's; docs/runtime.md, \"The certified "
                                 "head\").")
+draft_head_option = click.option(
+    "--draft-head", type=click.Choice(DRAFT_HEAD_NAMES), default="auto", show_default=True,
+    help="The draft role's head: int8 (the artifact's); int4 (quantised from the 16-bit head at load: half the int8 "
+         "head's bytes per draft step, for large vocabularies on a board; drafts differ at near-ties, what is "
+         "committed does not, except hybrid's unverified prefixes); auto: FP8 on --backend server, else int8.")
 runtime_option = click.option("--runtime", type=click.Choice(RUNTIME_NAMES), default="full", show_default=True,
                               help="Fast backends: the ablation configuration (docs/runtime.md §Ablation presets).")
 tau_help = "Confidence threshold τ [default: the model's]."
@@ -160,6 +168,7 @@ def main() -> None:
 @backend_option
 @device_option
 @head_option
+@draft_head_option
 @decoding_options
 @click.option("--candidates", "-c", type=click.IntRange(min=1), default=None,
               help="Policy fused: draft blocks per pass (the c likeliest acceptance lengths; 1..D + 1) "
@@ -167,12 +176,13 @@ def main() -> None:
                    f"else {DEFAULT_CANDIDATES}].")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text, token ids, stats).")
-def generate(prompt, artifact, backend, device, head, policy, max_new_tokens, tau, min_prefix, temperature, top_p, top_k,
+def generate(prompt, artifact, backend, device, head, draft_head, policy, max_new_tokens, tau, min_prefix, temperature, top_p, top_k,
              seed, candidates, stop, as_json):
     """Complete PROMPT with the chosen decoding policy."""
     from ..runtime.decoding import DecodingError
 
-    eng = _load_engine(artifact, backend, device, head=head, candidates=(candidates,) if candidates else ())
+    eng = _load_engine(artifact, backend, device, head=head, candidates=(candidates,) if candidates else (),
+                       draft_head=draft_head)
     policy = policy_for(eng, policy)
     try:
         res = eng.generate(prompt, max_new_tokens=max_new_tokens, policy=policy, tau=tau,
@@ -197,17 +207,18 @@ def generate(prompt, artifact, backend, device, head, policy, max_new_tokens, ta
 @backend_option
 @device_option
 @head_option
+@draft_head_option
 @click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=96, show_default=True)
 @click.option("--policy", type=click.Choice([p for p in POLICIES if p != "ar"]), default="hybrid",
               show_default=True)
 @click.option("--json", "as_json", is_flag=True)
-def demo(artifact, backend, device, head, max_new_tokens, policy, as_json):
+def demo(artifact, backend, device, head, draft_head, max_new_tokens, policy, as_json):
     """Complete held-out code prompts with AR and with multi-token decoding; report the speedup."""
     from ..runtime.decoding import DecodingError
     from .bench import BenchError
     from .demo import run_demo
 
-    eng = _load_engine(artifact, backend, device, head=head)
+    eng = _load_engine(artifact, backend, device, head=head, draft_head=draft_head)
     try:
         report = run_demo(eng, max_new_tokens=max_new_tokens, policy=policy, echo=None if as_json else click.echo)
     except (DecodingError, BenchError) as e:  # BenchError: a malformed prompts.jsonl beside the artifact
@@ -224,10 +235,11 @@ def demo(artifact, backend, device, head, max_new_tokens, policy, as_json):
 @backend_option
 @device_option
 @head_option
+@draft_head_option
 @decoding_options
 @click.option("--no-history", is_flag=True, help="Answer each turn alone (no running transcript).")
 @click.pass_context
-def chat(ctx, artifact, backend, device, head, policy, max_new_tokens, tau, min_prefix, temperature, top_p, top_k, seed,
+def chat(ctx, artifact, backend, device, head, draft_head, policy, max_new_tokens, tau, min_prefix, temperature, top_p, top_k, seed,
          no_history):
     """Interactive session: type text, watch the model continue it (streamed), with live
     tok/s and tokens per iteration. Commands: /quit, /policy [NAME], /reset, /help."""
@@ -235,7 +247,7 @@ def chat(ctx, artifact, backend, device, head, policy, max_new_tokens, tau, min_
     from .chat_loop import run_chat
     from ..runtime.decoding import DecodingError
 
-    eng = _load_engine(artifact, backend, device, head=head)
+    eng = _load_engine(artifact, backend, device, head=head, draft_head=draft_head)
     policy = policy_for(eng, policy)
     try:
         session = ChatSession(eng, policy=policy, max_new_tokens=max_new_tokens, tau=tau, min_prefix=min_prefix,
@@ -276,6 +288,7 @@ def _parse_policies(ctx, param, value):
 @backend_option
 @device_option
 @head_option
+@draft_head_option
 @runtime_option
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
               help="JSONL workload, one {\"prompt\": ...} per line [default: the held-out prompts beside the "
@@ -310,7 +323,7 @@ def _parse_policies(ctx, param, value):
 @click.option("--json", "as_json", is_flag=True, help="Print bench.json to stdout instead of the table.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no table.")
 @click.pass_context
-def bench(ctx, artifact, backend, device, head, runtime, prompts_file, num_prompts, policies, tau, min_prefix, candidates,
+def bench(ctx, artifact, backend, device, head, draft_head, runtime, prompts_file, num_prompts, policies, tau, min_prefix, candidates,
           block_size, max_new_tokens, warmup, repeats, ignore_eos, strict, monitor, interval_ms, out_dir, as_json,
           quiet):
     """Benchmark AR and each decoding policy with power monitoring.
@@ -339,7 +352,7 @@ def bench(ctx, artifact, backend, device, head, runtime, prompts_file, num_promp
     if not posture.on_jetson and not quiet:
         click.echo("note: not a Jetson: power-mode and clock checks skipped", err=True)
 
-    eng = _load_engine(artifact, backend, device, runtime, head, candidates)
+    eng = _load_engine(artifact, backend, device, runtime, head, candidates, draft_head=draft_head)
     sizes = B.CPU_DEFAULTS if eng.device.type == "cpu" else B.GPU_DEFAULTS
     num_prompts = sizes["num_prompts"] if num_prompts is None else num_prompts
     max_new_tokens = sizes["max_new_tokens"] if max_new_tokens is None else max_new_tokens
@@ -500,6 +513,7 @@ def doctor(artifact, as_json):
 @backend_option
 @device_option
 @head_option
+@draft_head_option
 @runtime_option
 @click.option("--host", default=None, help="Serve the OpenAI-compatible HTTP API on this address [default with "
                                            "--port: 127.0.0.1; 0.0.0.0 for every interface].")
@@ -524,7 +538,7 @@ def doctor(artifact, as_json):
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True, help="One log line per request at info.")
 @click.option("--no-warmup", is_flag=True, help="Skip the warm-up generations at start.")
-def serve(artifact, backend, device, head, runtime, host, port, socket_path, policy, max_new_tokens, model_name, max_queue,
+def serve(artifact, backend, device, head, draft_head, runtime, host, port, socket_path, policy, max_new_tokens, model_name, max_queue,
           monitor, stream_interval_ms, log_level, no_warmup):
     """Keep one model loaded (graphs captured, kernels warm) and answer requests: with
     --port, the OpenAI HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
@@ -542,7 +556,7 @@ def serve(artifact, backend, device, head, runtime, host, port, socket_path, pol
     for w in posture.warnings if posture.on_jetson else ():
         click.echo(f"warning: power posture: {w}", err=True)
     t0 = time.perf_counter()
-    eng = _load_engine(artifact, backend, device, runtime, head)
+    eng = _load_engine(artifact, backend, device, runtime, head, draft_head=draft_head)
     if not no_warmup:
         warm_up(eng)
     default_policy = policy_for(eng, policy)

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels_ampere.numerics import quantize_activations, quantize_rows_int8, rope_cos_sin, rope_inv_freq
+from kernels_ampere.numerics import (quantize_activations, quantize_rows_int4, quantize_rows_int8, rope_cos_sin,
+                                     rope_inv_freq, unpack_int4_rows)
 
 from ..format.manifest import Manifest
 from ..format.tensors import (DRAFT_HEAD_INT8, DRAFT_HEAD_SCALE, DRAFT_HEAD_WEIGHT, EMBED, FINAL_NORM,
@@ -72,6 +73,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 # argmax at near-ties); or "certified", the 16-bit head's tokens read from the int8 head wherever
 # a bound proves them (kernels_ampere/certified_head.py), else from the 16-bit head after all.
 HEADS = ("16bit", "int8", "certified")
+# The draft role's head: the artifact's int8 head; or int4, quantised here per row from the
+# 16-bit head (a quarter of its bytes: on a board a 2B draft step streams 328 MB of int8 head
+# beside its 521 MB ternary stack, 164 MB at int4); fp8 on the server path.
+DRAFT_HEADS = ("int8", "int4", "fp8")
+_INT4_QUANTISE_ROWS = 16384  # rows widened to float32 at a time while the int4 head is built (a 2B head: 8 chunks)
+
+
+def int4_head_on(head: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_rows_int4`` of a [V, H] head, on ``device``, a block of rows at a time (the
+    whole head in float32 would be 1.3 GB for BitNet-2B)."""
+    parts = [quantize_rows_int4(head[i:i + _INT4_QUANTISE_ROWS].to(device))
+             for i in range(0, head.shape[0], _INT4_QUANTISE_ROWS)]
+    return (torch.cat([p for p, _ in parts]).contiguous(),
+            torch.cat([s for _, s in parts]).to(dtype=torch.float32).contiguous())
 
 
 class FastModel:
@@ -120,12 +135,16 @@ class FastModel:
             self.embed = t(EMBED)
         if verify_head not in HEADS:
             raise ValueError(f"verify head {verify_head!r}: choose one of {', '.join(HEADS)}")
+        if draft_head not in DRAFT_HEADS:
+            raise ValueError(f"draft head {draft_head!r}: choose one of {', '.join(DRAFT_HEADS)}")
         self.draft_head = None
         self.draft_head_kind = draft_head
         if draft_head == "fp8":  # the server path: e4m3 rows quantised here from the verify head
             from .fp8_head import quantize_rows_fp8
 
             self.draft_head = quantize_rows_fp8(self.verify_head if tied else head.to(dev))
+        elif draft_head == "int4":
+            self.draft_head = int4_head_on(self.verify_head if tied else head, dev)
         elif DRAFT_HEAD_WEIGHT in tensors and manifest.draft_head == DRAFT_HEAD_INT8:
             self.draft_head = (t(DRAFT_HEAD_WEIGHT, torch.int8).contiguous(), t(DRAFT_HEAD_SCALE))
         # The int8 verify head (``verify_head="int8"``): the artifact's int8 draft head (else the
@@ -300,13 +319,16 @@ class FastModel:
         return self.ops.int8_head_argmax(a, s, *head)
 
     def draft_top1(self, x):
-        """[M, H] residual -> (top1, confidence) with the int8 draft head (verify head if none)."""
+        """[M, H] residual -> (top1, confidence) with the draft head (verify head if none)."""
         if self.draft_head is None or not self.ops.specialize_widths:
             return self.verify_top1(x)
         if self.draft_head_kind == "fp8":
             from .fp8_head import fp8_head_argmax
 
             return fp8_head_argmax(self.normed(x), *self.draft_head, twin=self.ops.twin)
+        if self.draft_head_kind == "int4":
+            a, s = self.ops.rmsnorm_quant(x.contiguous(), self.final_norm, self.cfg.rms_norm_eps)
+            return self.ops.int4_head_argmax(a, s, *self.draft_head)
         return self._int8_top1(x, self.draft_head)
 
     def verify_sample_logits(self, x):
@@ -335,6 +357,9 @@ class FastModel:
             from .fp8_head import fp8_head_logits, fp8_head_logits_reference
 
             return (fp8_head_logits_reference if self.ops.twin else fp8_head_logits)(self.normed(x), *self.draft_head)
+        if self.draft_head_kind == "int4":  # widened per call: sampling keeps no int8 copy of the head
+            packed, scale = self.draft_head
+            return self._int8_logits(x, (unpack_int4_rows(packed, self.cfg.hidden_size), scale))
         return self._int8_logits(x, self.draft_head)
 
     def verify_logits(self, x):

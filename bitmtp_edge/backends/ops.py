@@ -33,6 +33,7 @@ class Ops:
     rope_qkv_to_cache: Callable
     small_width_attention: Callable
     int8_head_argmax: Callable
+    int4_head_argmax: Callable
     f16_head_argmax: Callable
     certify_tokens: Callable  # kernels_ampere.certified_head: the int8 pass and its candidates
     certify_fused_rows: Callable  # ... and a fused step's rows: verify rows certified, draft rows' int8 argmax
@@ -74,7 +75,7 @@ def kernel_ops(specialize_widths: bool = True) -> Ops:
     from kernels_ampere.certified_head import certify_fused_rows, certify_tokens
     from kernels_ampere.fused_quant import (act_quant, relu2_mul_rmsnorm_quant, rmsnorm_cast, rmsnorm_quant,
                                             silu_mul_quant)
-    from kernels_ampere.heads import f16_head_argmax, int8_head_argmax
+    from kernels_ampere.heads import f16_head_argmax, int4_head_argmax, int8_head_argmax
     from kernels_ampere.rope_cache import rope_qkv_to_cache
     from kernels_ampere.w2a8 import w2a8_linear
     from kernels_ampere.w2a16 import w2a16_linear
@@ -83,8 +84,8 @@ def kernel_ops(specialize_widths: bool = True) -> Ops:
                rmsnorm_quant=rmsnorm_quant, rmsnorm_cast=rmsnorm_cast, act_quant=act_quant,
                relu2_mul_rmsnorm_quant=relu2_mul_rmsnorm_quant, silu_mul_quant=silu_mul_quant,
                rope_qkv_to_cache=rope_qkv_to_cache, small_width_attention=small_width_attention,
-               int8_head_argmax=int8_head_argmax, f16_head_argmax=f16_head_argmax,
-               certify_tokens=certify_tokens, certify_fused_rows=certify_fused_rows)
+               int8_head_argmax=int8_head_argmax, int4_head_argmax=int4_head_argmax,
+               f16_head_argmax=f16_head_argmax, certify_tokens=certify_tokens, certify_fused_rows=certify_fused_rows)
 
 
 def twin_ops(specialize_widths: bool = True) -> Ops:
@@ -94,7 +95,8 @@ def twin_ops(specialize_widths: bool = True) -> Ops:
     from kernels_ampere.fused_quant import (act_quant_reference, relu2_mul_rmsnorm_quant_reference,
                                             rmsnorm_cast_reference, rmsnorm_quant_reference,
                                             silu_mul_quant_reference)
-    from kernels_ampere.heads import f16_head_argmax_reference, int8_head_argmax_reference
+    from kernels_ampere.heads import (f16_head_argmax_reference, int4_head_argmax_reference,
+                                      int8_head_argmax_reference)
     from kernels_ampere.rope_cache import rope_qkv_to_cache_reference
     from kernels_ampere.w2a8 import w2a8_linear_reference
     from kernels_ampere.w2a16 import w2a16_linear_reference
@@ -105,7 +107,8 @@ def twin_ops(specialize_widths: bool = True) -> Ops:
                relu2_mul_rmsnorm_quant=relu2_mul_rmsnorm_quant_reference, silu_mul_quant=silu_mul_quant_reference,
                rope_qkv_to_cache=rope_qkv_to_cache_reference,
                small_width_attention=small_width_attention_reference,
-               int8_head_argmax=int8_head_argmax_reference, f16_head_argmax=f16_head_argmax_reference,
+               int8_head_argmax=int8_head_argmax_reference, int4_head_argmax=int4_head_argmax_reference,
+               f16_head_argmax=f16_head_argmax_reference,
                certify_tokens=certify_tokens_reference, certify_fused_rows=certify_fused_rows_reference)
 
 

@@ -114,7 +114,7 @@ class Engine:
     @classmethod
     def load(cls, path: str | os.PathLike | None = None, backend: str = "auto", device: str = "auto",
              dtype: torch.dtype | None = None, runtime: str | RuntimeOptions = "full",
-             progress=None, head: str = "16bit") -> "Engine":
+             progress=None, head: str = "16bit", draft_head: str = "auto") -> "Engine":
         """Load an artifact folder (default: the embedded model), verifying every checksum.
 
         ``backend``: ``reference`` (PyTorch oracle, any device), ``ampere`` (Triton kernels,
@@ -130,6 +130,11 @@ class Engine:
         ``certified`` (the 16-bit head's tokens exactly, which the greedy AR, verify and fused
         steps read from the int8 head wherever a bound proves them, the fused step's next drafts
         then the int8 head's: ``kernels_ampere/certified_head.py``).
+        ``draft_head``: the draft role's head, ``int8`` (the artifact's), ``int4`` (quantised per
+        row from the 16-bit head at load: half the int8 head's bytes per draft step, drafts that
+        differ from the int8 head's at near-ties; docs/runtime.md, "The int4 draft head"), or
+        ``auto`` (``server``: FP8; else int8). Drafts never change what speculative or fused
+        decoding commits, only how much of it is accepted; hybrid commits confident drafts.
         """
         t0 = time.perf_counter()
         folder = Path(path) if path is not None else embedded_artifact_path()
@@ -137,6 +142,8 @@ class Engine:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         if head not in HEADS:
             raise ValueError(f"unknown head {head!r}; choose one of {', '.join(HEADS)}")
+        if draft_head not in DRAFT_HEAD_CHOICES:
+            raise ValueError(f"unknown draft head {draft_head!r}; choose one of {', '.join(DRAFT_HEAD_CHOICES)}")
         dev = _resolve_device(device)
         chosen = choose_backend(backend, dev)
         opts = runtime if isinstance(runtime, RuntimeOptions) else RuntimeOptions.preset(runtime)
@@ -169,11 +176,13 @@ class Engine:
                     except (ValueError, RuntimeError) as e:  # e.g. a code the packing never writes
                         raise ArtifactError(f"{folder / WEIGHTS}: cannot build the model ({e}); "
                                             "re-export the artifact") from None
+                    if draft_head == "int4":
+                        model.attach_int4_draft_head()
                     if head == "int8":
                         model.use_int8_verify_head()
                 else:
                     fast = FastModel(manifest, tensors, kernel_ops(specialize_widths=opts.specialize), dev,
-                                     draft_head="fp8" if chosen == "server" else "int8", verify_head=head)
+                                     draft_head=_draft_head_for(draft_head, chosen), verify_head=head)
             except BaseException:
                 checksums.result()  # raises the mismatch first
                 raise
@@ -202,6 +211,14 @@ class Engine:
         if fast is not None:
             return fast.verify_head_kind
         return "int8" if getattr(getattr(self.backend, "model", None), "int8_verify", False) else "16bit"
+
+    @property
+    def draft_head(self) -> str:
+        """The draft role's head as the backend holds it: ``int8``, ``int4`` or ``fp8``."""
+        fast = getattr(self.backend, "fast", None)
+        if fast is not None:
+            return fast.draft_head_kind
+        return getattr(getattr(self.backend, "model", None), "draft_head_kind", "int8")
 
     @property
     def block_size(self) -> int | None:
@@ -517,6 +534,16 @@ def _near_zero_is_greedy(sampling: SamplingParams | None) -> SamplingParams | No
     if sampling is None or not 0.0 < sampling.temperature < GREEDY_BELOW_TEMPERATURE:
         return sampling
     return replace(sampling, temperature=0.0)  # penalties still apply, as at temperature 0
+
+
+DRAFT_HEAD_CHOICES = ("auto", "int8", "int4")
+
+
+def _draft_head_for(draft_head: str, backend: str) -> str:
+    """``Engine.load``'s draft head for a fast backend: ``auto`` is the server's FP8 head, else int8."""
+    if draft_head == "auto":
+        return "fp8" if backend == "server" else "int8"
+    return draft_head
 
 
 def choose_backend(backend: str, device: torch.device) -> str:

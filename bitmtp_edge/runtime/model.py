@@ -36,10 +36,12 @@ from kernels_ampere.numerics import (
     dequantize_ternary,
     int_matmul,
     quantize_activations,
+    quantize_rows_int4,
     quantize_rows_int8,
     rope_cos_sin,
     ternarize_absmean,
     ternarize_group_absmax,
+    unpack_int4_rows,
 )
 
 from ..format.config import ModelConfig, QuantConfig
@@ -335,6 +337,7 @@ class TernaryLM(nn.Module):
         # The int8 draft head (runtime only, filled from the artifact or by attach_draft_head).
         self.register_buffer("draft_head_int8", None, persistent=False)
         self.register_buffer("draft_head_scale", None, persistent=False)
+        self.draft_head_kind = "int8"  # or "int4": attach_int4_draft_head
         self.int8_verify = False  # ``use_int8_verify_head``: the verify role reads the int8 head too
         self.mask_slot_embedding: nn.Parameter | None = None  # [D, H] with mask-row adapters or twins
 
@@ -433,7 +436,8 @@ class TernaryLM(nn.Module):
         """[..., H] -> [..., V] float32 logits with the exact (checkpoint-precision) head, or
         the int8 head after ``use_int8_verify_head``."""
         if self.int8_verify:
-            return self._int8_logits(hidden.reshape(-1, hidden.shape[-1])).reshape(*hidden.shape[:-1], -1)
+            return self._int8_logits(hidden.reshape(-1, hidden.shape[-1]), *self.int8_verify_head).reshape(
+                *hidden.shape[:-1], -1)
         w = self.head_weight
         return F.linear(hidden.to(w.dtype) if w.dtype != hidden.dtype else hidden, w).float()
 
@@ -441,12 +445,13 @@ class TernaryLM(nn.Module):
         """[M, H] -> [M, V] float32 logits of the int8 draft head (W8A8, per-row scales)."""
         if self.draft_head_int8 is None:
             return self.verify_logits(hidden)
-        return self._int8_logits(hidden)
+        return self._int8_logits(hidden, self.draft_head_int8, self.draft_head_scale)
 
-    def _int8_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _int8_logits(hidden: torch.Tensor, w_int8: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
         h_int, h_scale = quantize_activations(hidden)
-        acc = int_matmul(h_int, self.draft_head_int8)
-        return (acc.double() * h_scale.double().unsqueeze(1) * self.draft_head_scale.double()).float()
+        acc = int_matmul(h_int, w_int8)
+        return (acc.double() * h_scale.double().unsqueeze(1) * w_scale.double()).float()
 
     def use_int8_verify_head(self) -> None:
         """Every role reads the int8 head (the artifact's draft head, else quantised here from the
@@ -457,6 +462,11 @@ class TernaryLM(nn.Module):
         (docs/runtime.md, "The int8 head"). Decoding stays lossless against this head's own AR."""
         if self.draft_head_int8 is None:
             self.attach_draft_head()
+        if self.draft_head_kind == "int8":
+            self.int8_verify_head = (self.draft_head_int8, self.draft_head_scale)
+        else:  # the drafts read an int4 head: the verify role still reads int8 rows
+            w_int8, scale = quantize_rows_int8(self.head_weight.detach())
+            self.int8_verify_head = (w_int8, scale.float())
         self.int8_verify = True
 
     def attach_draft_head(self, w_int8: torch.Tensor | None = None, scale: torch.Tensor | None = None) -> None:
@@ -464,3 +474,10 @@ class TernaryLM(nn.Module):
         if w_int8 is None:
             w_int8, scale = quantize_rows_int8(self.head_weight.detach())
         self.draft_head_int8, self.draft_head_scale = w_int8, scale.float()
+
+    def attach_int4_draft_head(self) -> None:
+        """The int4 draft head (``numerics.quantize_rows_int4`` of the verify head), held widened
+        to int8 codes in [-7, 7]: the same exact integer logits as the kernels' packed rows."""
+        packed, scale = quantize_rows_int4(self.head_weight.detach())
+        self.attach_draft_head(unpack_int4_rows(packed, self.head_weight.shape[1]), scale)
+        self.draft_head_kind = "int4"
