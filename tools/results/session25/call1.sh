@@ -24,8 +24,10 @@ run_replay() {  # name, extra args...
 }
 run_replay replay_int8 --widths 1,d9,16 --draft-head int8
 run_replay replay_int4 --widths 1,d9,16 --draft-head int4
-DISABLE_MMA_V3=1 BITMTP_PDL=0 run_replay sm8_int8 --sms 8 --tables board=none --widths 1,d9 --repeats 20 --draft-head int8
-DISABLE_MMA_V3=1 BITMTP_PDL=0 run_replay sm8_int4 --sms 8 --tables board=none --widths 1,d9 --repeats 20 --draft-head int4
+export DISABLE_MMA_V3=1 BITMTP_PDL=0  # the board proxy: an Orin's mma.sync, no programmatic launch
+run_replay sm8_int8 --sms 8 --tables board=none --widths 1,d9 --repeats 20 --draft-head int8
+run_replay sm8_int4 --sms 8 --tables board=none --widths 1,d9 --repeats 20 --draft-head int4
+unset DISABLE_MMA_V3 BITMTP_PDL
 run_replay replay_int8_b --widths 1,d9,16 --draft-head int8
 run_replay replay_int4_b --widths 1,d9,16 --draft-head int4
 cd $OUT && tar czf results.tgz call1 && ls -la results.tgz
