@@ -97,19 +97,20 @@ def _head_partial_kernel(
             acc0 = _row_tile_dot(wb & -16, h_ptr, rm, M, HP + j0 + rb, (HP + j0 + rb) < H, stride_hm, acc0,
                                  True, False)
         acc0 = acc0 >> 4  # every product was 16 x its weight's
-    for h0 in range(0, 0 if INT4 else H, BLOCK_H):
-        mask_h = (h0 + rh) < H
-        w = tl.load(w_ptr + rv[:, None] * stride_wv + (h0 + rh)[None, :],
-                    mask=mask_v[:, None] & mask_h[None, :], other=0)  # [BLOCK_V, BLOCK_H]
-        # each row tile is the same dot a one-tile program makes: a row's logits do not depend
-        # on how many tiles share the program (row invariance of the 16-bit head)
-        acc0 = _row_tile_dot(w, h_ptr, rm, M, h0 + rh, mask_h, stride_hm, acc0, INT8, UPCAST)
-        if ROW_TILES > 1:
-            acc1 = _row_tile_dot(w, h_ptr, rm + BLOCK_M, M, h0 + rh, mask_h, stride_hm, acc1, INT8, UPCAST)
-        if ROW_TILES > 2:
-            acc2 = _row_tile_dot(w, h_ptr, rm + 2 * BLOCK_M, M, h0 + rh, mask_h, stride_hm, acc2, INT8, UPCAST)
-        if ROW_TILES > 3:
-            acc3 = _row_tile_dot(w, h_ptr, rm + 3 * BLOCK_M, M, h0 + rh, mask_h, stride_hm, acc3, INT8, UPCAST)
+    else:
+        for h0 in range(0, H, BLOCK_H):
+            mask_h = (h0 + rh) < H
+            w = tl.load(w_ptr + rv[:, None] * stride_wv + (h0 + rh)[None, :],
+                        mask=mask_v[:, None] & mask_h[None, :], other=0)  # [BLOCK_V, BLOCK_H]
+            # each row tile is the same dot a one-tile program makes: a row's logits do not depend
+            # on how many tiles share the program (row invariance of the 16-bit head)
+            acc0 = _row_tile_dot(w, h_ptr, rm, M, h0 + rh, mask_h, stride_hm, acc0, INT8, UPCAST)
+            if ROW_TILES > 1:
+                acc1 = _row_tile_dot(w, h_ptr, rm + BLOCK_M, M, h0 + rh, mask_h, stride_hm, acc1, INT8, UPCAST)
+            if ROW_TILES > 2:
+                acc2 = _row_tile_dot(w, h_ptr, rm + 2 * BLOCK_M, M, h0 + rh, mask_h, stride_hm, acc2, INT8, UPCAST)
+            if ROW_TILES > 3:
+                acc3 = _row_tile_dot(w, h_ptr, rm + 3 * BLOCK_M, M, h0 + rh, mask_h, stride_hm, acc3, INT8, UPCAST)
     _row_tile_partials(acc0, rm, M, pid, rv, mask_v, ws, hs, pmax_ptr, pidx_ptr, psum_ptr, INT8, BLOCK_V)
     if ROW_TILES > 1:
         _row_tile_partials(acc1, rm + BLOCK_M, M, pid, rv, mask_v, ws, _row_scales(h_scale_ptr, rm + BLOCK_M, M, INT8,
