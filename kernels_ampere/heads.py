@@ -15,11 +15,10 @@ only when strictly larger, so ties keep the lowest index.
 The int8 head accumulates exactly in int32 and scales in the twin's order
 ``(float(acc) * h_scale) * w_row_scale``, so its top-1 equals the twin's bit for bit. The int4
 head (``numerics.pack_int4_rows``: half a row's columns in the low nibbles, half in the high
-ones) is the same computation over half the bytes: per step one packed byte tile gives both
-halves' int8 operands, ``byte << 4`` and ``byte & 0xF0`` (each code times 16: no sign
-extension, one operation per byte and half), and the sum is shifted back by 4 at the end,
-exactly. Its point is the board: a draft step of a 2B model streams the head as well as the
-ternary stack, and int4 halves the head's share of those bytes. The
+ones, each as code + 8) is the same computation over half the bytes: per step one packed byte
+tile gives both halves' int8 operands by bitwise operations on whole bytes (``_int4_tile_sums``),
+and the integer sum is exact. Its point is the board: a draft step of a 2B model streams the
+head as well as the ternary stack, and int4 halves the head's share of those bytes. The
 16-bit head accumulates in float32 in tile order, so a near-tie (two logits within float32
 rounding of each other) may resolve differently from the twin.
 """
@@ -86,17 +85,8 @@ def _head_partial_kernel(
     acc2 = tl.zeros((BLOCK_V, BLOCK_M), tl.int32 if INT8 else tl.float32)
     acc3 = tl.zeros((BLOCK_V, BLOCK_M), tl.int32 if INT8 else tl.float32)
     if INT4:
-        # one tile of rows (int8: exact whatever the tiling); BLOCK_H columns a step, half of
-        # them from the low nibbles of BLOCK_H / 2 bytes, half from their high nibbles
-        rb = tl.arange(0, BLOCK_H // 2)
-        for j0 in range(0, HP, BLOCK_H // 2):
-            mask_j = (j0 + rb) < HP
-            wb = tl.load(w_ptr + rv[:, None] * stride_wv + (j0 + rb)[None, :],
-                         mask=mask_v[:, None] & mask_j[None, :], other=0).to(tl.int8, bitcast=True)
-            acc0 = _row_tile_dot(wb << 4, h_ptr, rm, M, j0 + rb, mask_j, stride_hm, acc0, True, False)
-            acc0 = _row_tile_dot(wb & -16, h_ptr, rm, M, HP + j0 + rb, (HP + j0 + rb) < H, stride_hm, acc0,
-                                 True, False)
-        acc0 = acc0 >> 4  # every product was 16 x its weight's
+        acc0 = _int4_tile_sums(w_ptr, h_ptr, rv, mask_v, rm, M, H, HP, stride_wv, stride_hm, BLOCK_V, BLOCK_M,
+                               BLOCK_H)
     else:
         for h0 in range(0, H, BLOCK_H):
             mask_h = (h0 + rh) < H
@@ -121,6 +111,33 @@ def _head_partial_kernel(
     if ROW_TILES > 3:
         _row_tile_partials(acc3, rm + 3 * BLOCK_M, M, pid, rv, mask_v, ws, _row_scales(h_scale_ptr, rm + 3 * BLOCK_M,
                            M, INT8, BLOCK_M), pmax_ptr, pidx_ptr, psum_ptr, INT8, BLOCK_V)
+
+
+@triton.jit
+def _int4_tile_sums(w_ptr, h_ptr, rv, mask_v, rm, M, H, HP, stride_wv, stride_hm, BLOCK_V: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr):
+    """``sum_h W[v, h] * x[m, h]`` (exact int32, [BLOCK_V, BLOCK_M]) over packed int4 rows: per
+    step ``BLOCK_H / 2`` bytes of each row give the low half's operand ``byte & 0x0F`` (code + 8:
+    its offset ``8 * sum x`` over the low half is taken off once, at the end) and the high
+    half's ``(byte & 0xF0) ^ 0x80`` (16 x code). Both are bitwise operations on whole bytes,
+    which the compiler does four to a register; a shift of each byte would go a byte at a time."""
+    rb = tl.arange(0, BLOCK_H // 2)
+    acc_lo = tl.zeros((BLOCK_V, BLOCK_M), tl.int32)
+    acc_hi = tl.zeros((BLOCK_V, BLOCK_M), tl.int32)
+    x_sum = tl.zeros((16, BLOCK_M), tl.int32)  # 16 equal rows: the low half's activation sums
+    ones = tl.full((16, BLOCK_H // 2), 1, tl.int8)
+    for j0 in range(0, HP, BLOCK_H // 2):
+        mask_j = (j0 + rb) < HP
+        wb = tl.load(w_ptr + rv[:, None] * stride_wv + (j0 + rb)[None, :],
+                     mask=mask_v[:, None] & mask_j[None, :], other=0)  # [BLOCK_V, BLOCK_H / 2] uint8 (masked: x is 0 there)
+        x_lo = tl.load(h_ptr + rm[None, :] * stride_hm + (j0 + rb)[:, None],
+                       mask=(rm < M)[None, :] & mask_j[:, None], other=0)  # [BLOCK_H / 2, BLOCK_M]
+        x_hi = tl.load(h_ptr + rm[None, :] * stride_hm + (HP + j0 + rb)[:, None],
+                       mask=(rm < M)[None, :] & ((HP + j0 + rb) < H)[:, None], other=0)
+        acc_lo = tl.dot((wb & 0x0F).to(tl.int8, bitcast=True), x_lo, acc_lo, out_dtype=tl.int32)
+        acc_hi = tl.dot(((wb & 0xF0) ^ 0x80).to(tl.int8, bitcast=True), x_hi, acc_hi, out_dtype=tl.int32)
+        x_sum = tl.dot(ones, x_lo, x_sum, out_dtype=tl.int32)
+    return acc_lo - 8 * tl.max(x_sum, axis=0)[None, :] + (acc_hi >> 4)
 
 
 @triton.jit

@@ -121,13 +121,14 @@ def quantize_rows_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def pack_int4_rows(codes: torch.Tensor) -> torch.Tensor:
     """[V, H] int8 in [-8, 7] -> [V, ceil(H / 2)] uint8. Byte ``j`` of a row holds column ``j``
-    in its low nibble and column ``ceil(H / 2) + j`` in its high nibble, two's complement (an
-    odd H leaves the last high nibble 0): the two halves of a row's columns are two int8 tiles
-    a kernel decodes with one shift or one AND per byte, each times 16."""
+    in its low nibble and column ``ceil(H / 2) + j`` in its high nibble, each as ``code + 8``
+    (0..15; an odd H leaves the last high nibble 8, a zero): the two halves of a row's columns
+    are two int8 operands a kernel takes with one or two bitwise operations per four bytes
+    (``byte & 0x0F`` = code + 8; ``(byte & 0xF0) ^ 0x80`` = 16 x code, as int8)."""
     v, h = codes.shape
     half = -(-h // 2)
     hi = torch.nn.functional.pad(codes[:, half:], (0, 2 * half - h))
-    return ((codes[:, :half].to(torch.int16) & 0xF) | ((hi.to(torch.int16) & 0xF) << 4)).to(torch.uint8)
+    return ((codes[:, :half].to(torch.int16) + 8) | ((hi.to(torch.int16) + 8) << 4)).to(torch.uint8)
 
 
 def unpack_int4_rows(packed: torch.Tensor, h: int) -> torch.Tensor:
@@ -136,9 +137,7 @@ def unpack_int4_rows(packed: torch.Tensor, h: int) -> torch.Tensor:
         raise ValueError(f"unpack_int4_rows: want [V, {-(-h // 2)}] uint8 for H = {h}, got "
                          f"{packed.dtype} {tuple(packed.shape)}")
     b = packed.to(torch.int16)
-    lo = ((b & 0xF) ^ 8) - 8
-    hi = ((b >> 4) ^ 8) - 8
-    return torch.cat([lo, hi], dim=1)[:, :h].to(torch.int8)
+    return torch.cat([(b & 0xF) - 8, (b >> 4) - 8], dim=1)[:, :h].to(torch.int8)
 
 
 def int_matmul(a_int8: torch.Tensor, w_int8: torch.Tensor) -> torch.Tensor:

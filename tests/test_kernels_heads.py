@@ -81,7 +81,7 @@ def int4_head(m, v, h, gen):
     return [t.to(DEVICE) for t in (h_int8, h_scale, w_packed, w_scale)]
 
 
-@pytest.mark.parametrize("m,v,h", WIDTH_VH + [(4, 300, 201), (2, 129, 63)])  # odd H: a half-empty last byte
+@pytest.mark.parametrize("m,v,h", WIDTH_VH + [(4, 300, 201), (2, 129, 63)])  # odd H: a half-filled last byte
 @pytest.mark.parametrize("config", [SMALL, None], ids=["small_tiles", "default"])
 def test_int4_head_matches_twin(m, v, h, config):
     args = int4_head(m, v, h, torch.Generator().manual_seed(m * v + h + 1))

@@ -121,6 +121,12 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _shown(path: str) -> str:
+    """A path as the report names it: relative to the repository where it lies inside."""
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default=str(CHECKPOINTS / "bitmtp-d8-27m"))
@@ -148,7 +154,7 @@ def main(argv=None) -> int:
             parts = list(pool.map(_evaluate_job, jobs))
     report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit(),
               "command": " ".join(["python tools/draft_head_acceptance.py", *(argv if argv is not None else sys.argv[1:])]),
-              "settings": {"checkpoint": args.checkpoint, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+              "settings": {"checkpoint": _shown(args.checkpoint), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                            "tau": args.tau, "min_prefix": args.min_prefix},
               "result": summarise(parts)}
     args.out.mkdir(parents=True, exist_ok=True)
