@@ -151,7 +151,7 @@ def test_bench_cli_writes_json_table_and_plots(artifact, prompts_file, tmp_path)
     # provenance
     assert report["command"].startswith("bitmtp bench --artifact ") and "--policies ar,hybrid,speculative" in report["command"]
     assert report["engine"] == {"backend": "reference", "device": "cpu", "runtime": None, "head": "16bit",
-                                "candidate_chooser": None}  # nothing timed at load on the reference backend
+                                "draft_head": "int8", "candidate_chooser": None}  # nothing timed at load on the reference backend
     assert len(report["artifact"]["manifest_sha256"]) == 64 and report["artifact"]["block_size"] == 4
     assert report["posture"]["on_jetson"] is False and report["device"]
     assert report["workload"]["source"] == str(prompts_file) and len(report["workload"]["prompts"]) == 2
@@ -441,5 +441,7 @@ def test_bench_reports_what_share_the_certified_head_answered():
     assert _head_note({"head": "certified", "certified_head": {"calls": 0, "certified": 0}}).endswith(
         "(no greedy head call in these runs)")
     assert _head_note({"head": "16bit"}) == "" and _head_note({"head": "int8"}) == ", int8 verify head"
+    assert _head_note({"head": "int8", "draft_head": "int4"}) == ", int8 verify head, int4 draft head"
+    assert _head_note({"head": "16bit", "draft_head": "int8"}) == ""
     assert B._certified_totals(types.SimpleNamespace(head="16bit", backend=engine.backend), runs) is None
     assert B._certified_totals(types.SimpleNamespace(head="certified", backend=object()), runs) is None

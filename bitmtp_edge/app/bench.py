@@ -648,6 +648,7 @@ def describe_run(engine: Engine, posture: PowerPosture, config: BenchConfig, com
             "device": str(engine.device),
             "runtime": _runtime(engine),
             "head": engine.head,
+            "draft_head": engine.draft_head,
         },
         "artifact": {
             "path": str(engine.path),

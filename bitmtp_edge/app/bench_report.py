@@ -162,8 +162,13 @@ def _posture_line(p: dict) -> str:
 
 
 def _head_note(engine: dict) -> str:
-    """The verify head where it is not the 16-bit one; the certified head's share of greedy head
-    calls the int8 rows answered alone."""
+    """The verify head where it is not the 16-bit one (the certified head's share of greedy head
+    calls the int8 rows answered alone), and the draft head where it is int4."""
+    draft = ", int4 draft head" if engine.get("draft_head") == "int4" else ""
+    return _verify_head_note(engine) + draft
+
+
+def _verify_head_note(engine: dict) -> str:
     if engine.get("head") == "int8":
         return ", int8 verify head"
     if engine.get("head") != "certified":
