@@ -267,13 +267,7 @@ def int8_head_argmax(
     config: HeadConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (top1 [M] int64, confidence [M] float32)
     """The int8 draft head: exact int32 logits, then argmax and max-softmax."""
-    check_dtype(h_int8, (torch.int8,), "int8_head_argmax: h_int8")
-    check_dtype(w_int8, (torch.int8,), "int8_head_argmax: w_int8")
-    check_dtype(h_scale, (torch.float32,), "int8_head_argmax: h_scale")
-    check_dtype(w_row_scale, (torch.float32,), "int8_head_argmax: w_row_scale")
-    if h_scale.shape != (h_int8.shape[0],) or w_row_scale.shape != (w_int8.shape[0],):
-        raise ValueError(f"int8_head_argmax: h_scale must be [M] and w_row_scale [V]; got "
-                         f"{tuple(h_scale.shape)}, {tuple(w_row_scale.shape)}")
+    _check_integer_head("int8_head_argmax", h_int8, h_scale, w_int8, "w_int8", torch.int8, w_row_scale)
     return _head_argmax(h_int8, h_scale, w_int8, w_row_scale, config, "int8_head_argmax")
 
 
@@ -286,14 +280,19 @@ def int4_head_argmax(
     config: HeadConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (top1 [M] int64, confidence [M] float32)
     """The int4 draft head: exact int32 logits from packed int4 rows, then argmax and max-softmax."""
-    check_dtype(h_int8, (torch.int8,), "int4_head_argmax: h_int8")
-    check_dtype(w_packed, (torch.uint8,), "int4_head_argmax: w_packed")
-    check_dtype(h_scale, (torch.float32,), "int4_head_argmax: h_scale")
-    check_dtype(w_row_scale, (torch.float32,), "int4_head_argmax: w_row_scale")
-    if h_scale.shape != (h_int8.shape[0],) or w_row_scale.shape != (w_packed.shape[0],):
-        raise ValueError(f"int4_head_argmax: h_scale must be [M] and w_row_scale [V]; got "
-                         f"{tuple(h_scale.shape)}, {tuple(w_row_scale.shape)}")
+    _check_integer_head("int4_head_argmax", h_int8, h_scale, w_packed, "w_packed", torch.uint8, w_row_scale)
     return _head_argmax(h_int8, h_scale, w_packed, w_row_scale, config, "int4_head_argmax", int4=True)
+
+
+def _check_integer_head(op, h_int8, h_scale, w, w_name, w_dtype, w_row_scale) -> None:
+    """The dtypes and the scales' shapes of an int8 or int4 head call (``_head_argmax`` checks the rest)."""
+    check_dtype(h_int8, (torch.int8,), f"{op}: h_int8")
+    check_dtype(w, (w_dtype,), f"{op}: {w_name}")
+    check_dtype(h_scale, (torch.float32,), f"{op}: h_scale")
+    check_dtype(w_row_scale, (torch.float32,), f"{op}: w_row_scale")
+    if h_scale.shape != (h_int8.shape[0],) or w_row_scale.shape != (w.shape[0],):
+        raise ValueError(f"{op}: h_scale must be [M] and w_row_scale [V]; got "
+                         f"{tuple(h_scale.shape)}, {tuple(w_row_scale.shape)}")
 
 
 def f16_head_argmax(

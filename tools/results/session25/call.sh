@@ -1,9 +1,11 @@
 #!/bin/bash
-# Session 25, call 3 (the int4 decode as whole-byte AND/XOR, masked bytes loaded as 0: 256 instead of 664 loop instructions on sm_87): the int4 draft head -- its tests compiled, the head kernels (int8 / int4 /
-# bf16) at the 2B vocabulary tuned and timed, and the 2B-shape replays (AR, draft 9, fused 16)
-# with the int8 and the int4 draft head, on the whole H200 and on 8 SMs (the board proxy).
+# Session 25, calls 1-3 (the same commands on three trees; README.md): the int4 draft head -- its
+# tests compiled, the head kernels (int8 / int4 / bf16) at the 2B vocabulary tuned and timed, and
+# the 2B-shape replays (AR, draft 9, fused 16) with the int8 and the int4 draft head, on the whole
+# H200 and on 8 SMs (the board proxy).  Usage: bash tools/results/session25/call.sh callN
 export PYTHONPATH=.
-O=$OUT/call3; mkdir -p $O
+CALL=${1:?give the call's name, e.g. call3}
+O=$OUT/$CALL; mkdir -p $O
 start=$(date +%s)
 left() { echo $(( 570 - ($(date +%s) - start) )); }
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv > $O/gpu.txt 2>&1
@@ -30,4 +32,4 @@ run_replay sm8_int4 --sms 8 --tables board=none --widths 1,d9 --repeats 20 --dra
 unset DISABLE_MMA_V3 BITMTP_PDL
 run_replay replay_int8_b --widths 1,d9,16 --draft-head int8
 run_replay replay_int4_b --widths 1,d9,16 --draft-head int4
-cd $OUT && tar czf results.tgz call3 && ls -la results.tgz
+cd $OUT && tar czf results.tgz $CALL && ls -la results.tgz
